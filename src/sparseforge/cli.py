@@ -1,0 +1,134 @@
+"""The `sparseforge` command line: info, prune (and bench, see bench/)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from .formats import SparseFormatError, SparseMatrix
+from .prune import NMError, PruneReport, prune_state_dict
+from .suite import discover
+
+# Wide enough for full layer names when piped to a file or CI log (rich assumes 80 columns there).
+console = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _info(args) -> int:
+    path = Path(args.path)
+    wrap = (lambda files: track(files, description="reading", console=console, transient=True)) if path.is_dir() else None
+    cases = discover(path, batch=args.batch, tokens=args.tokens, n=args.n, progress=wrap)
+    table = Table(title=f"{path} ({len(cases)} matrices)")
+    for col in ("matrix", "M", "K", "nnz", "density", "N", "nnz/row mean", "std", "max", "empty rows", "col reuse"):
+        table.add_column(col, justify="left" if col == "matrix" else "right")
+    stats_iter = track(cases, description="statistics", console=console, transient=True) if len(cases) > 1 else cases
+    for case in stats_iter:
+        s = case.load().stats()
+        table.add_row(case.name, str(s.rows), str(s.cols), str(s.nnz), f"{s.density:.4f}",
+                      "?" if case.N is None else str(case.N), f"{s.row_nnz_mean:.1f}", f"{s.row_nnz_std:.1f}",
+                      str(s.row_nnz_max), str(s.empty_rows), f"{s.column_reuse:.2f}")
+    console.print(table)
+    return 0
+
+
+def _load_state(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a bad file
+        raise ValueError(f"{path}: cannot read a torch state dict ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: holds a {type(state).__name__}, expected a state dict (name -> tensor); "
+                         "save model.state_dict(), not the model")
+    return state
+
+
+def _save_state(state: dict, path: Path) -> None:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:
+        import torch
+
+        torch.save(state, path)
+
+
+def print_prune_report(report: PruneReport) -> None:
+    table = Table(title=f"pruned: {report.method}")
+    for col in ("layer", "shape", "nonzeros before", "after", "sparsity"):
+        table.add_column(col, justify="left" if col == "layer" else "right")
+    for layer in report.layers:
+        table.add_row(layer.name, "x".join(map(str, layer.shape)), str(layer.nonzero_before),
+                      str(layer.nonzero_after), f"{layer.sparsity:.4f}")
+    console.print(table)
+    if report.skipped:
+        skipped = Table(title="skipped")
+        skipped.add_column("tensor")
+        skipped.add_column("reason")
+        for item in report.skipped:
+            skipped.add_row(item.name, item.reason)
+        console.print(skipped)
+    console.print(f"{len(report.layers)} layers pruned, overall sparsity {report.sparsity:.4f}; "
+                  f"{len(report.skipped)} skipped")
+
+
+def _prune(args) -> int:
+    state = _load_state(Path(args.input))
+    pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
+                                      include=args.include, exclude=args.exclude)
+    _save_state(pruned, Path(args.output))
+    print_prune_report(report)
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparseforge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="statistics of one .smtx file or a DLMC-style directory")
+    info.add_argument("path")
+    info.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
+    info.add_argument("--tokens", type=int, default=256, help="N for Transformer layers")
+    info.add_argument("--n", type=int, default=None, help="force one N for every matrix")
+    info.set_defaults(run=_info)
+
+    prune = sub.add_parser("prune", help="prune a saved state dict (.pt/.pth) or .safetensors file")
+    prune.add_argument("input")
+    prune.add_argument("output")
+    how = prune.add_mutually_exclusive_group(required=True)
+    how.add_argument("--sparsity", type=float, help="magnitude pruning: fraction of weights removed")
+    how.add_argument("--nm", help="N:M pruning along the input dimension, e.g. 2:4")
+    prune.add_argument("--scope", choices=("layer", "global"), default="layer")
+    prune.add_argument("--include", help="regex: prune only tensors whose name matches")
+    prune.add_argument("--exclude", help="regex: leave tensors whose name matches dense")
+    prune.set_defaults(run=_prune)
+
+    from .bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (SparseFormatError, NMError, ValueError, FileNotFoundError, RuntimeError) as err:
+        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

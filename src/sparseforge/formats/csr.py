@@ -1,0 +1,271 @@
+"""SparseMatrix: the host-side sparse weight every later stage reads (CSR, validated, immutable)."""
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import SparseFormatError
+from .smtx import read_smtx, write_smtx
+
+# Values are kept in numpy; bfloat16 has no numpy dtype, so its values are held exactly in float32.
+_STORAGE = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.float32}
+_FORMAT_VERSION = 1
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).replace("torch.", "")
+    name = {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+    if name not in _STORAGE:
+        raise SparseFormatError(f"dtype {dtype} is not supported; use one of {sorted(_STORAGE)}")
+    return name
+
+
+@dataclass(frozen=True)
+class MatrixStats:
+    rows: int
+    cols: int
+    nnz: int
+    density: float
+    row_nnz_mean: float
+    row_nnz_std: float
+    row_nnz_max: int
+    empty_rows: int
+    distinct_cols: int
+    column_reuse: float  # nonzeros per distinct column used: how often one loaded B row serves several W rows
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.density
+
+
+def validate_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> None:
+    """Raise SparseFormatError naming the first problem found in a CSR triple."""
+    if len(shape) != 2:
+        raise SparseFormatError(f"a SparseMatrix is 2-D; got shape {tuple(shape)}. Reshape first "
+                                "(a Conv2d weight is viewed as Cout x Cin*kh*kw)")
+    m, k = shape
+    if m < 1 or k < 1:
+        raise SparseFormatError(f"shape {shape}: both dimensions must be >= 1")
+    if indptr.ndim != 1 or len(indptr) != m + 1:
+        raise SparseFormatError(f"indptr must have M+1 = {m + 1} entries, found {indptr.size}")
+    if indptr[0] != 0:
+        raise SparseFormatError(f"indptr must start at 0, starts at {indptr[0]}")
+    steps = np.diff(indptr)
+    if (steps < 0).any():
+        row = int(np.argmax(steps < 0))
+        raise SparseFormatError(f"indptr is not monotone: row {row} ends at {indptr[row + 1]} before it starts at {indptr[row]}")
+    nnz = int(indptr[-1])
+    if indices.ndim != 1 or len(indices) != nnz:
+        raise SparseFormatError(f"indptr says nnz = {nnz} but there are {indices.size} column indices")
+    if values.ndim != 1 or len(values) != nnz:
+        raise SparseFormatError(f"indptr says nnz = {nnz} but there are {values.size} values")
+    if nnz and (indices.min() < 0 or indices.max() >= k):
+        pos = int(np.argmax((indices < 0) | (indices >= k)))
+        row = int(np.searchsorted(indptr, pos, side="right") - 1)
+        raise SparseFormatError(f"row {row}: column index {indices[pos]} is out of range [0, {k})")
+    _check_sorted_rows(indptr, indices)
+    if not np.isfinite(values).all():
+        pos = int(np.argmax(~np.isfinite(values)))
+        row = int(np.searchsorted(indptr, pos, side="right") - 1)
+        raise SparseFormatError(f"row {row}, column {indices[pos]}: value {values[pos]} is not finite; "
+                                "NaN/inf weights would poison every output that uses them, fix the weights first")
+
+
+def _check_sorted_rows(indptr: np.ndarray, indices: np.ndarray) -> None:
+    if len(indices) < 2:
+        return
+    within_row = np.ones(len(indices) - 1, dtype=bool)
+    row_starts = indptr[1:-1]
+    row_starts = row_starts[(row_starts > 0) & (row_starts < len(indices))]
+    within_row[row_starts - 1] = False
+    steps = np.diff(indices.astype(np.int64))
+    bad = within_row & (steps <= 0)
+    if bad.any():
+        pos = int(np.argmax(bad))
+        row = int(np.searchsorted(indptr, pos, side="right") - 1)
+        what = "duplicate" if steps[pos] == 0 else "unsorted"
+        raise SparseFormatError(f"row {row}: {what} column indices ({indices[pos]} then {indices[pos + 1]}); "
+                                "columns must be strictly increasing within a row (scipy: .sum_duplicates())")
+
+
+class SparseMatrix:
+    """A sparse weight matrix W (M x K) in CSR form, immutable and validated on construction.
+
+    indptr: int64[M+1]; indices: int32[nnz], strictly increasing within each row; values: [nnz],
+    finite; dtype: "float32" | "float16" | "bfloat16" | "float64" (the dtype kernels will use).
+    """
+
+    __slots__ = ("indptr", "indices", "values", "shape", "dtype")
+
+    def __init__(self, indptr, indices, values, shape, dtype: Any = None, *, validate: bool = True):
+        indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
+        indices = np.ascontiguousarray(np.asarray(indices), dtype=np.int32)
+        values = np.asarray(values)
+        name = _dtype_name(dtype if dtype is not None else values.dtype)
+        values = np.ascontiguousarray(values, dtype=_STORAGE[name])
+        shape = tuple(int(s) for s in shape)
+        if validate:
+            validate_csr(indptr, indices, values, shape)
+        for array in (indptr, indices, values):
+            array.setflags(write=False)
+        object.__setattr__(self, "indptr", indptr)
+        object.__setattr__(self, "indices", indices)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("SparseMatrix is immutable; build a new one")
+
+    # -- constructors --------------------------------------------------------------------------
+    @classmethod
+    def from_dense(cls, dense) -> "SparseMatrix":
+        """From a 2-D numpy array or torch tensor of any float dtype; exact zeros (and -0.0) are dropped."""
+        array, name = _dense_to_numpy(dense)
+        if array.ndim != 2:
+            raise SparseFormatError(f"expected a 2-D weight, got shape {array.shape}; "
+                                    "view a Conv2d weight as weight.flatten(1) first")
+        if not np.isfinite(array).all():
+            r, c = np.argwhere(~np.isfinite(array))[0]
+            raise SparseFormatError(f"weight[{r}, {c}] = {array[r, c]} is not finite; fix NaN/inf weights first")
+        rows, cols = np.nonzero(array)
+        indptr = np.zeros(array.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=array.shape[0]), out=indptr[1:])
+        return cls(indptr, cols, array[rows, cols], array.shape, name)
+
+    @classmethod
+    def from_scipy(cls, matrix, dtype: Any = None) -> "SparseMatrix":
+        """From any scipy.sparse matrix or array; its stored pattern is kept, duplicates are summed."""
+        import scipy.sparse as sp
+
+        if not sp.issparse(matrix):
+            raise SparseFormatError(f"expected a scipy.sparse matrix, got {type(matrix).__name__}")
+        csr = sp.csr_array(matrix, copy=True)
+        csr.sum_duplicates()
+        return cls(csr.indptr, csr.indices, csr.data, csr.shape, dtype or csr.data.dtype)
+
+    @classmethod
+    def from_smtx(cls, path: str | Path, seed: int = 0, dtype: Any = "float32") -> "SparseMatrix":
+        """From a DLMC `.smtx` pattern; values are a seeded standard normal (same seed, same values)."""
+        shape, indptr, indices = read_smtx(path)
+        values = np.random.default_rng(seed).standard_normal(len(indices))
+        name = _dtype_name(dtype)
+        try:
+            return cls(indptr, indices, _round_to(values, name), shape, name)
+        except SparseFormatError as err:
+            raise SparseFormatError(f"{path}: {err}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SparseMatrix":
+        """Load a matrix written by save() (one .npz file, pattern and values)."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                version = int(f["format_version"])
+                if version != _FORMAT_VERSION:
+                    raise SparseFormatError(f"{path}: format version {version}, this sparseforge reads {_FORMAT_VERSION}")
+                return cls(f["indptr"], f["indices"], f["values"], tuple(f["shape"]), str(f["dtype"]))
+        except (KeyError, zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
+            if isinstance(err, SparseFormatError):
+                raise
+            raise SparseFormatError(f"{path}: not a readable sparseforge matrix file ({err}); "
+                                    "write one with SparseMatrix.save()") from None
+
+    # -- conversions ---------------------------------------------------------------------------
+    def to_dense(self) -> np.ndarray:
+        out = np.zeros(self.shape, dtype=self.values.dtype)
+        out[np.repeat(np.arange(self.shape[0]), np.diff(self.indptr)), self.indices] = self.values
+        return out
+
+    def to_torch(self, device=None):
+        import torch
+
+        return torch.from_numpy(self.to_dense()).to(device=device, dtype=getattr(torch, self.dtype))
+
+    def to_scipy(self):
+        import scipy.sparse as sp
+
+        return sp.csr_array((self.values.copy(), self.indices.copy(), self.indptr.copy()), shape=self.shape)
+
+    def to_smtx(self, path: str | Path) -> None:
+        """Write the pattern only (values are not part of the .smtx format)."""
+        write_smtx(path, self.shape, self.indptr, self.indices)
+
+    def save(self, path: str | Path) -> None:
+        """Write pattern and values into one .npz file."""
+        with open(path, "wb") as f:
+            np.savez(f, format_version=_FORMAT_VERSION, indptr=self.indptr, indices=self.indices,
+                     values=self.values, shape=np.array(self.shape), dtype=np.array(self.dtype))
+
+    def astype(self, dtype: Any) -> "SparseMatrix":
+        name = _dtype_name(dtype)
+        return SparseMatrix(self.indptr, self.indices, _round_to(self.values, name), self.shape, name)
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    @property
+    def density(self) -> float:
+        return self.nnz / (self.shape[0] * self.shape[1])
+
+    @property
+    def row_nnz(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+    def stats(self) -> MatrixStats:
+        counts = self.row_nnz
+        distinct = int(np.unique(self.indices).size)
+        return MatrixStats(
+            rows=self.shape[0], cols=self.shape[1], nnz=self.nnz, density=self.density,
+            row_nnz_mean=float(counts.mean()), row_nnz_std=float(counts.std()), row_nnz_max=int(counts.max()),
+            empty_rows=int((counts == 0).sum()), distinct_cols=distinct,
+            column_reuse=self.nnz / distinct if distinct else 0.0)
+
+    def digest(self) -> str:
+        """sha256 over shape, dtype, pattern and values: the identity of this weight for caches."""
+        h = hashlib.sha256(f"{self.shape}|{self.dtype}|".encode())
+        for array in (self.indptr, self.indices, self.values):
+            h.update(array.tobytes())
+        return h.hexdigest()
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, SparseMatrix):
+            return NotImplemented
+        return (self.shape == other.shape and self.dtype == other.dtype
+                and np.array_equal(self.indptr, other.indptr) and np.array_equal(self.indices, other.indices)
+                and np.array_equal(self.values, other.values))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, density={self.density:.4f}, dtype={self.dtype})"
+
+
+def _round_to(values: np.ndarray, name: str) -> np.ndarray:
+    """Round values to dtype `name` (bfloat16 through torch: numpy has no bfloat16)."""
+    if name == "bfloat16":
+        import torch
+
+        return torch.tensor(np.asarray(values, dtype=np.float32)).bfloat16().float().numpy()
+    return np.asarray(values).astype(_STORAGE[name])
+
+
+def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
+    if type(dense).__module__.startswith("torch"):
+        import torch
+
+        if not torch.is_floating_point(dense):
+            raise SparseFormatError(f"expected a floating-point weight, got {dense.dtype}")
+        name = _dtype_name(dense.dtype)
+        tensor = dense.detach().cpu()
+        return (tensor.float() if name == "bfloat16" else tensor).numpy(), name
+    array = np.asarray(dense)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise SparseFormatError(f"expected a floating-point weight, got {array.dtype}")
+    return array, _dtype_name(array.dtype)

@@ -1,0 +1,5 @@
+"""Errors raised for malformed sparse weights and files."""
+
+
+class SparseFormatError(ValueError):
+    """A sparse matrix or file breaks the format; the message names the problem and the fix."""

@@ -1,0 +1,55 @@
+"""Gradual magnitude pruning (Zhu & Gupta, "To prune, or not to prune", 2017).
+
+Sparsity rises from s_i to s_f over n pruning steps spaced dt apart, starting at t0:
+    s_t = s_f + (s_i - s_f) * (1 - (t - t0) / (n * dt)) ** 3
+pruning fast while many redundant weights remain and slowly near the target.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from .api import PruneReport, prune_model
+from .targets import LayerFilter
+
+
+def cubic_sparsity(step: int, final_sparsity: float, begin_step: int, end_step: int,
+                   initial_sparsity: float = 0.0) -> float:
+    """The target sparsity at `step` (clamped to [initial, final] outside [begin_step, end_step])."""
+    if end_step <= begin_step:
+        raise ValueError(f"end_step ({end_step}) must be after begin_step ({begin_step})")
+    if not 0.0 <= initial_sparsity <= final_sparsity < 1.0:
+        raise ValueError(f"need 0 <= initial_sparsity <= final_sparsity < 1, got {initial_sparsity}, {final_sparsity}")
+    progress = min(max((step - begin_step) / (end_step - begin_step), 0.0), 1.0)
+    return final_sparsity + (initial_sparsity - final_sparsity) * (1.0 - progress) ** 3
+
+
+class GradualPruner:
+    """Call .step() once per training step (after optimizer.step()); every `frequency` steps between
+    begin_step and end_step it re-ranks weights and tightens the masks to the cubic schedule. Masks
+    stay applied between updates (see masking.py), so the optimizer never revives a pruned weight."""
+
+    def __init__(self, model: nn.Module, final_sparsity: float, begin_step: int, end_step: int,
+                 frequency: int = 100, initial_sparsity: float = 0.0, scope: str = "layer",
+                 include: LayerFilter = None, exclude: LayerFilter = None):
+        if frequency < 1:
+            raise ValueError(f"frequency must be >= 1, got {frequency}")
+        cubic_sparsity(begin_step, final_sparsity, begin_step, end_step, initial_sparsity)  # validates
+        self.model, self.scope, self.include, self.exclude = model, scope, include, exclude
+        self.final_sparsity, self.initial_sparsity = final_sparsity, initial_sparsity
+        self.begin_step, self.end_step, self.frequency = begin_step, end_step, frequency
+        self.step_count = 0
+        self.last_report: PruneReport | None = None
+
+    def sparsity_at(self, step: int) -> float:
+        return cubic_sparsity(step, self.final_sparsity, self.begin_step, self.end_step, self.initial_sparsity)
+
+    def step(self) -> bool:
+        """Advance one step; returns True when the masks were updated at this step."""
+        t = self.step_count
+        self.step_count += 1
+        due = self.begin_step <= t <= self.end_step and (t - self.begin_step) % self.frequency == 0
+        if not due and t != self.end_step:
+            return False
+        self.last_report = prune_model(self.model, sparsity=self.sparsity_at(t), scope=self.scope,
+                                       include=self.include, exclude=self.exclude)
+        return True

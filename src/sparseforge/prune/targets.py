@@ -1,0 +1,87 @@
+"""Which layers of a model get pruned, and why the others are skipped."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Union
+
+import torch
+from torch import nn
+
+# A name filter: a regular expression searched in the qualified name, or a callable (name, module) -> bool.
+LayerFilter = Union[str, Callable[[str, nn.Module], bool], None]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    reason: str
+
+
+def _matches(spec: LayerFilter, name: str, module: nn.Module) -> bool:
+    if spec is None:
+        return False
+    if callable(spec):
+        return bool(spec(name, module))
+    return re.search(spec, name) is not None
+
+
+def weight_matrix_view(weight: torch.Tensor) -> torch.Tensor:
+    """The 2-D view pruning works on: Linear as out x in, Conv2d as Cout x (Cin/groups * kh * kw)."""
+    return weight.reshape(weight.shape[0], -1)
+
+
+def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerFilter = None
+                  ) -> tuple[list[tuple[str, nn.Module]], list[Skipped]]:
+    """Split the model's weighted modules into (prunable Linear/Conv2d layers, skipped with reasons)."""
+    chosen: list[tuple[str, nn.Module]] = []
+    skipped: list[Skipped] = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or name == "":
+            continue
+        if not isinstance(module, (nn.Linear, nn.Conv2d)):
+            skipped.append(Skipped(name, f"{type(module).__name__} is not nn.Linear or nn.Conv2d"))
+        elif include is not None and not _matches(include, name, module):
+            skipped.append(Skipped(name, "not matched by include"))
+        elif _matches(exclude, name, module):
+            skipped.append(Skipped(name, "matched by exclude"))
+        elif not torch.is_floating_point(weight):
+            skipped.append(Skipped(name, f"weight dtype {weight.dtype} is not floating point"))
+        else:
+            chosen.append((name, module))
+    return chosen, skipped
+
+
+def select_state_dict(state: dict[str, torch.Tensor], include: LayerFilter = None, exclude: LayerFilter = None
+                      ) -> tuple[list[str], list[Skipped]]:
+    """The same choice over a bare state dict: 2-D (Linear) and 4-D (Conv2d) floating 'weight' tensors."""
+    chosen: list[str] = []
+    skipped: list[Skipped] = []
+    for name, tensor in state.items():
+        reason = _state_skip_reason(name, tensor, include, exclude)
+        if reason:
+            skipped.append(Skipped(name, reason))
+        else:
+            chosen.append(name)
+    return chosen, skipped
+
+
+def _state_skip_reason(name: str, tensor, include: LayerFilter, exclude: LayerFilter) -> str | None:
+    if not isinstance(tensor, torch.Tensor):
+        return f"not a tensor ({type(tensor).__name__})"
+    if not name.endswith("weight"):
+        return "not a weight (bias, buffer or statistic)"
+    if tensor.ndim not in (2, 4):
+        return f"{tensor.ndim}-D tensor: only 2-D (Linear) and 4-D (Conv2d) weights are pruned"
+    if not torch.is_floating_point(tensor):
+        return f"dtype {tensor.dtype} is not floating point"
+    if include is not None and not (re.search(include, name) if isinstance(include, str) else include(name, None)):
+        return "not matched by include"
+    if exclude is not None and (re.search(exclude, name) if isinstance(exclude, str) else exclude(name, None)):
+        return "matched by exclude"
+    return None
+
+
+def names(items: Iterable[tuple[str, nn.Module]]) -> list[str]:
+    return [name for name, _ in items]

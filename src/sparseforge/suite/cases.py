@@ -1,0 +1,107 @@
+"""The benchmark case suite: DLMC-style directories of `<model>/<method>/<sparsity>/<layer>.smtx`.
+
+A case is one weight matrix W (M x K) and the N of the dense operand it multiplies:
+- ResNet-50 (`rn50`): N = output pixels per image (rn50_batchsizes.txt) x batch size;
+- Transformer: N = tokens (default 256);
+- anything else: N must be given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..formats import SparseMatrix, read_smtx
+
+SAMPLE_DIR = Path(__file__).resolve().parent.parent / "data" / "dlmc_sample"
+BATCHSIZES_FILE = "rn50_batchsizes.txt"
+DEFAULT_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Case:
+    path: Path
+    model: str          # "rn50", "transformer", or the folder name
+    method: str         # pruning method folder, e.g. "magnitude_pruning"
+    sparsity: float | None  # from the folder name; None when the path does not say
+    layer: str          # file stem
+    M: int
+    K: int
+    nnz: int
+    N: int | None       # columns of the dense operand; None when unknown (give n=...)
+
+    @property
+    def name(self) -> str:
+        tag = f"{self.sparsity:g}" if self.sparsity is not None else "?"
+        return f"{self.model}/{self.method}/{tag}/{self.layer}"
+
+    @property
+    def density(self) -> float:
+        return self.nnz / (self.M * self.K)
+
+    def load(self, seed: int = 0, dtype="float32") -> SparseMatrix:
+        return SparseMatrix.from_smtx(self.path, seed=seed, dtype=dtype)
+
+
+def read_batchsizes(path: Path) -> dict[str, int]:
+    """rn50_batchsizes.txt: lines of `layer,N` (N = output pixels at batch 1)."""
+    table = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            layer, n = line.rsplit(",", 1)
+            table[layer.strip()] = int(n)
+        except ValueError:
+            raise ValueError(f"{path}: line {lineno}: expected 'layer,N', found {line!r}") from None
+    return table
+
+
+def _find_batchsizes(start: Path) -> dict[str, int]:
+    for folder in [start, *start.parents]:
+        candidate = folder / BATCHSIZES_FILE
+        if candidate.is_file():
+            return read_batchsizes(candidate)
+    return read_batchsizes(SAMPLE_DIR / BATCHSIZES_FILE)
+
+
+def _parse_sparsity(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value < 1.0 else None
+
+
+def _case(path: Path, batch: int, tokens: int, n: int | None, batchsizes: dict[str, int]) -> Case:
+    (m, k), indptr, _ = read_smtx(path)
+    sparsity = _parse_sparsity(path.parent.name)
+    model = path.parent.parent.parent.name if sparsity is not None else path.parent.name
+    method = path.parent.parent.name if sparsity is not None else ""
+    if n is None and model == "rn50" and path.stem in batchsizes:
+        n = batchsizes[path.stem] * batch
+    elif n is None and model == "transformer":
+        n = tokens
+    return Case(path, model, method, sparsity, path.stem, m, k, int(indptr[-1]), n)
+
+
+def discover(root: str | Path, batch: int = 1, tokens: int = DEFAULT_TOKENS, n: int | None = None,
+             progress=None) -> list[Case]:
+    """All cases under `root` (a DLMC-style directory at any level, or one .smtx file), sorted by path.
+
+    batch: ResNet-50 batch size (N = pixels x batch); tokens: N for Transformer layers; n: force one N
+    for every case. progress: optional callable wrapping the file list (e.g. a progress bar).
+    """
+    root = Path(root)
+    if batch < 1 or tokens < 1 or (n is not None and n < 1):
+        raise ValueError(f"batch, tokens and n must be >= 1, got batch={batch}, tokens={tokens}, n={n}")
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(root.rglob("*.smtx"))
+        if not files:
+            raise FileNotFoundError(f"no .smtx files under {root}; expected <model>/<method>/<sparsity>/<layer>.smtx")
+    else:
+        raise FileNotFoundError(f"{root} does not exist; give a .smtx file or a DLMC-style directory")
+    batchsizes = _find_batchsizes(root if root.is_dir() else root.parent)
+    iterate = progress(files) if progress else files
+    return [_case(path, batch, tokens, n, batchsizes) for path in iterate]
