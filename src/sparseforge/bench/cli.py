@@ -1,5 +1,115 @@
-"""`sparseforge bench`: registered by the kernel-generation stage."""
+"""`sparseforge bench PATH`: every case of a DLMC-style directory (or one .smtx) on the GPU against cuBLAS
+and cuSPARSE, or, without a GPU, the CPU reference and ptxas assembly of every generated kernel."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def add_bench_parser(sub) -> None:
-    return None
+    bench = sub.add_parser("bench", help="benchmark generated kernels against cuBLAS and cuSPARSE")
+    bench.add_argument("path", help="a .smtx file or a DLMC-style directory")
+    bench.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
+    bench.add_argument("--tokens", type=int, default=256, help="N for Transformer layers")
+    bench.add_argument("--n", type=int, default=None, help="force one N for every case")
+    bench.add_argument("--dtype", choices=[*DTYPES, "all"], default="fp32")
+    bench.add_argument("--layout", choices=["kn", "nk", "both"], default="kn")
+    bench.add_argument("--tune-budget", type=float, default=3.0, help="seconds of autotuning per kernel (0: none)")
+    bench.add_argument("--limit", type=int, default=None, help="only the first LIMIT cases")
+    bench.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    bench.add_argument("--plot", type=Path, default=None, help="write a speedup plot (PNG) here")
+    bench.add_argument("--cpu", action="store_true", help="CPU mode even where a GPU is present")
+    bench.set_defaults(run=run_bench)
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def run_bench(args) -> int:
+    from rich.progress import Progress
+
+    from ..cli import console
+    from ..suite import discover
+    from .report import plot, summarize, write_json
+
+    cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n)[: args.limit]
+    missing = [c.name for c in cases if c.N is None]
+    if missing:
+        raise ValueError(f"no N known for {missing[:3]}...: pass --n")
+    dtypes = list(DTYPES.values()) if args.dtype == "all" else [DTYPES[args.dtype]]
+    layouts = ["kn", "nk"] if args.layout == "both" else [args.layout]
+    gpu = _gpu_present() and not args.cpu
+    jobs = [(c, d, l) for c in cases for d in dtypes for l in layouts]
+    records = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking" if gpu else "CPU reference + ptxas", total=len(jobs))
+        for case, dtype, layout in jobs:
+            progress.update(task, description=f"{case.layer[:40]} {dtype} {layout}")
+            record = _one(case, dtype, layout, gpu, args)
+            record["batch"] = args.batch
+            records.append(record)
+            progress.advance(task)
+    summary = summarize(records) if gpu else []
+    _print(console, records, summary, gpu)
+    if args.out:
+        write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu"})
+        console.print(f"wrote {args.out}")
+    if args.plot and gpu:
+        plot(args.plot, records)
+        console.print(f"wrote {args.plot}")
+    if not gpu:
+        console.print("[yellow]No GPU here: plans were checked on the CPU reference and the PTX assembled with "
+                      "ptxas. Timings need an NVIDIA GPU (sm_80+).[/]")
+    return 0 if all(r.get("error_ok", True) for r in records) else 1
+
+
+def _one(case, dtype, layout, gpu: bool, args) -> dict:
+    if gpu:
+        from .gpu import run_case
+
+        return run_case(case, dtype, layout, case.N, args.tune_budget or None)
+    from .cpu import run_case_cpu
+
+    return run_case_cpu(case, dtype, layout, case.N, assemble=True)
+
+
+def _print(console, records, summary, gpu: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title="sparseforge bench" + ("" if gpu else " (CPU mode)"))
+    cols = ["case", "dtype", "layout", "M", "K", "N", "nnz", "config"]
+    cols += ["sf us", "cuBLAS us", "x cuBLAS", "x TF32", "cuSPARSE us", "x cuSPARSE", "rel err", "compile s"] if gpu \
+        else ["ref rel err", "assemble s"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("case", "config") else "right")
+    for r in records:
+        row = [r["case"], r["dtype"], r["layout"], str(r["M"]), str(r["K"]), str(r["N"]), str(r["nnz"]), r["config"]]
+        if gpu:
+            row += [f"{r['sparseforge_us']:.2f}", f"{r['cublas_us']:.2f}", f"{r['speedup_vs_cublas']:.2f}",
+                    f"{r.get('speedup_vs_cublas_tf32', float('nan')):.2f}",
+                    f"{r['cusparse_us']:.1f}" if r.get("cusparse_us") else "-",
+                    f"{r['speedup_vs_cusparse']:.1f}" if r.get("speedup_vs_cusparse") else "-",
+                    f"{r['rel_error']:.1e}" + ("" if r["error_ok"] else " FAIL"), f"{r['compile_seconds']:.2f}"]
+        else:
+            row += [f"{r['reference_rel_error']:.1e}", f"{r.get('assemble_seconds', float('nan')):.2f}"]
+        table.add_row(*row)
+    console.print(table)
+    if summary:
+        s = Table(title="geomean speedups")
+        for col in ("model", "sparsity", "dtype", "layout", "batch", "cases", "x cuBLAS", "x cuBLAS TF32",
+                    "x cuSPARSE", "correct"):
+            s.add_column(col)
+        for row in summary:
+            s.add_row(row["model"], str(row["sparsity"]), row["dtype"], row["layout"], str(row["batch"]),
+                      str(row["cases"]), f"{row['geomean_speedup_vs_cublas']:.2f}",
+                      f"{row['geomean_speedup_vs_cublas_tf32']:.2f}", f"{row['geomean_speedup_vs_cusparse']:.1f}",
+                      str(row["all_correct"]))
+        console.print(s)

@@ -100,7 +100,7 @@ class SparseMatrix:
     finite; dtype: "float32" | "float16" | "bfloat16" | "float64" (the dtype kernels will use).
     """
 
-    __slots__ = ("indptr", "indices", "values", "shape", "dtype")
+    __slots__ = ("indptr", "indices", "values", "shape", "dtype", "_digest")
 
     def __init__(self, indptr, indices, values, shape, dtype: Any = None, *, validate: bool = True):
         indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
@@ -118,6 +118,7 @@ class SparseMatrix:
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", name)
+        object.__setattr__(self, "_digest", None)
 
     def __setattr__(self, name, value):
         raise AttributeError("SparseMatrix is immutable; build a new one")
@@ -229,10 +230,12 @@ class SparseMatrix:
 
     def digest(self) -> str:
         """sha256 over shape, dtype, pattern and values: the identity of this weight for caches."""
-        h = hashlib.sha256(f"{self.shape}|{self.dtype}|".encode())
-        for array in (self.indptr, self.indices, self.values):
-            h.update(array.tobytes())
-        return h.hexdigest()
+        if self._digest is None:  # computed once: the matrix is immutable, and spmm() looks it up per call
+            h = hashlib.sha256(f"{self.shape}|{self.dtype}|".encode())
+            for array in (self.indptr, self.indices, self.values):
+                h.update(array.tobytes())
+            object.__setattr__(self, "_digest", h.hexdigest())
+        return self._digest
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, SparseMatrix):

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [dlmc-batch] [nk]
+# Needs the DLMC archive copied to .dlmc/ (git-ignored, carried) for the dlmc stages.
+set -uo pipefail
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-.out}; mkdir -p "$OUT"
+SF="python3 -m sparseforge"
+DLMC=/tmp/dlmc/dlmc
+stage() { [[ " $* " == *" all "* ]] || [[ " $STAGES " == *" $1 "* ]]; }
+STAGES=" ${*:-all} "
+if [ -f .dlmc/dlmc-subset.tar.xz ] && [ ! -d $DLMC ]; then mkdir -p /tmp/dlmc && tar -xJf .dlmc/dlmc-subset.tar.xz -C /tmp/dlmc; fi
+
+if stage probe; then
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+  which ptxas nvlink; ptxas --version | tail -1
+  python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, torch.cuda.get_device_name())"
+fi
+if stage tests; then
+  python3 -m pytest tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+fi
+if stage sample; then
+  $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget 2 --out "$OUT/sample.json" 2>&1 | tail -45
+fi
+if stage compile; then
+  python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -8
+fi
+if stage dlmc; then
+  for s in 0.9 0.95; do
+    $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype all --tune-budget 2 --out "$OUT/rn50_${s}_b1.json" 2>&1 | tail -12
+  done
+fi

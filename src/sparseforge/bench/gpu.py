@@ -1,0 +1,109 @@
+"""One benchmark case on the GPU: sparseforge vs cuBLAS (dense, TF32 off and on) vs cuSPARSE (torch CSR),
+all timed by graph replay in this process, every output checked against a float64 reference."""
+from __future__ import annotations
+
+import math
+
+from ..suite import Case
+from .timing import eager_time_us, graph_time_us
+
+TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
+H200 = {"bandwidth": 4.3e12, "fp32_fma": 67e12}  # measured copy bandwidth; datasheet FP32 (CUDA cores)
+
+
+def relative_error(out, ref) -> float:
+    import torch
+
+    out = out.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _inputs(shape, dtype, count: int, seed: int):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(shape, device="cuda", generator=g).to(dtype) for _ in range(count)]
+
+
+def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0) -> dict:
+    import torch
+
+    from ..spmm import compile_spmm
+
+    dtype = getattr(torch, dtype_name)
+    w = case.load(seed=seed, dtype=dtype_name)
+    kernel = compile_spmm(w, n, dtype, layout, tune_budget=tune_budget)
+    shape = (case.K, n) if layout == "kn" else (n, case.K)
+    inputs = _inputs(shape, dtype, 4, seed + 1)
+    dense = w.to_torch("cuda")
+    ref_w = dense.double()
+    # correctness: NaN-poisoned output, float64 reference on the same (rounded) operands
+    out = torch.full(kernel.out_shape, float("nan"), device="cuda", dtype=dtype)
+    kernel(inputs[0], out=out)
+    ref = ref_w @ inputs[0].double() if layout == "kn" else inputs[0].double() @ ref_w.T
+    error = relative_error(out, ref)
+
+    record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,
+              "N": n, "nnz": case.nnz, "dtype": dtype_name, "layout": layout, "rel_error": error,
+              "error_ok": error <= TOLERANCE[dtype_name], "config": kernel.plan.config.short(),
+              "compile_seconds": kernel.compile_seconds, "tune_seconds": kernel.tune_seconds,
+              "cache_hit": kernel.cache_hit, "registers": kernel.registers}
+    out_buf = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
+    record["sparseforge_us"] = graph_time_us(lambda b: kernel(b, out=out_buf), inputs)
+    record.update(_dense_times(dense, inputs, layout, dtype))
+    record.update(_cusparse_time(dense, inputs, layout))
+    _add_ratios_and_roofline(record, case, n, dtype_name)
+    return record
+
+
+def _dense_times(dense, inputs, layout: str, dtype) -> dict:
+    import torch
+
+    result = {}
+    out = torch.empty((dense.shape[0], inputs[0].shape[1]) if layout == "kn" else (inputs[0].shape[0], dense.shape[0]),
+                      device="cuda", dtype=dtype)
+    wt = dense.t()
+    fn = (lambda b: torch.mm(dense, b, out=out)) if layout == "kn" else (lambda x: torch.mm(x, wt, out=out))
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        result["cublas_us"] = graph_time_us(fn, inputs)
+        if dtype == torch.float32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            result["cublas_tf32_us"] = graph_time_us(fn, inputs)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return result
+
+
+def _cusparse_time(dense, inputs, layout: str) -> dict:
+    import torch
+
+    try:
+        csr = dense.to_sparse_csr()
+        fn = (lambda b: torch.mm(csr, b)) if layout == "kn" else (lambda x: torch.mm(csr, x.t()).t())
+        try:
+            return {"cusparse_us": graph_time_us(fn, inputs), "cusparse_timing": "graph"}
+        except Exception:
+            torch.cuda.synchronize()
+            return {"cusparse_us": eager_time_us(fn, inputs), "cusparse_timing": "eager (graph capture refused)"}
+    except Exception as err:
+        return {"cusparse_us": None, "cusparse_error": f"{type(err).__name__}: {str(err)[:200]}"}
+
+
+def _add_ratios_and_roofline(record: dict, case: Case, n: int, dtype_name: str) -> None:
+    t = record["sparseforge_us"]
+    record["speedup_vs_cublas"] = record["cublas_us"] / t
+    if record.get("cublas_tf32_us"):
+        record["speedup_vs_cublas_tf32"] = record["cublas_tf32_us"] / t
+    if record.get("cusparse_us"):
+        record["speedup_vs_cusparse"] = record["cusparse_us"] / t
+    es = 4 if dtype_name == "float32" else 2
+    bytes_min = (case.K * n + case.M * n) * es
+    flops = 2 * case.nnz * n
+    record["bytes_min"], record["flops"] = bytes_min, flops
+    record["floor_us"] = max(bytes_min / H200["bandwidth"], flops / H200["fp32_fma"]) * 1e6
+    record["achieved_gbs"] = bytes_min / (t * 1e-6) / 1e9
+    record["achieved_tflops"] = flops / (t * 1e-6) / 1e12

@@ -1,0 +1,87 @@
+"""Benchmark reports: the per-case table, geomean speedups per group, JSON with provenance, a PNG plot."""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Geomean speedups per (model, sparsity, dtype, layout, N-kind) over the timed records."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if "sparseforge_us" in r:
+            groups[(r["model"], r["sparsity"], r["dtype"], r["layout"], r.get("batch", 1))].append(r)
+    rows = []
+    for (model, sparsity, dtype, layout, batch), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        row = {"model": model, "sparsity": sparsity, "dtype": dtype, "layout": layout, "batch": batch,
+               "cases": len(items), "all_correct": all(r["error_ok"] for r in items)}
+        for key in ("speedup_vs_cublas", "speedup_vs_cublas_tf32", "speedup_vs_cusparse"):
+            row[f"geomean_{key}"] = geomean(r.get(key) for r in items)
+        rows.append(row)
+    return rows
+
+
+def provenance(command: list[str]) -> dict:
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(command), "python": platform.python_version(), "host": platform.node()}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                        cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except OSError:
+        info["commit"] = "unknown"
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+            info["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
+    except Exception:
+        pass
+    return info
+
+
+def write_json(path: Path, records: list[dict], summary: list[dict], extra: dict) -> None:
+    payload = {"provenance": provenance(sys.argv), **extra, "summary": summary, "cases": records}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=1, default=str))
+
+
+def plot(path: Path, records: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in records if "sparseforge_us" in r]
+    if not timed:
+        return
+    series = sorted({(r["dtype"], r["layout"]) for r in timed})
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for dtype, layout in series:
+        items = [r for r in timed if r["dtype"] == dtype and r["layout"] == layout]
+        ax.scatter([r["cublas_us"] for r in items], [r["speedup_vs_cublas"] for r in items], s=18,
+                   label=f"{dtype} {layout} (geomean {geomean(r['speedup_vs_cublas'] for r in items):.2f}x)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("dense cuBLAS time, same dtype (us)")
+    ax.set_ylabel("speedup of sparseforge over cuBLAS")
+    gpu = next((r.get("gpu") for r in timed if r.get("gpu")), "")
+    ax.set_title(f"sparseforge generated SpMM vs cuBLAS {gpu}".strip())
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

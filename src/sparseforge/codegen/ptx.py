@@ -1,0 +1,294 @@
+"""Lowering a Plan to PTX: every nonzero weight an immediate FMA operand, every operand read at a constant
+offset from the lane's base in shared memory.
+
+render(plan) is a pure function: the same plan always gives the same text, and nothing here touches a GPU.
+Kernel shape: a block = one column tile (32*vec columns; nk: 32 tokens) x warps_per_block row groups, one
+warp per group. For each chunk of K the block stages the operand into shared memory (operands.py), then
+a jump table (brx.idx) on the warp's group sends it to that group's section: straight-line code that
+reads each needed k once, widens 16-bit inputs to fp32 and feeds every row with a nonzero there, in fp32
+accumulators (bias preloaded). The last chunk's section applies ReLU, rounds and stores.
+
+Each (group, chunk) section is a separate function, and the functions are packed into several modules
+compiled apart: ptxas time grows faster than linearly with function and module size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import Plan, RowGroup
+from .emitter import Emitter, f32_immediate
+from .operands import RegionBases, operand_for
+
+PTX_VERSION = "8.0"
+MODULE_INSTRUCTIONS = 3000  # instructions per compiled module (see compiler.py for the measurements)
+_LOAD_KIND = {(4, 1): "b32", (4, 2): "v2.b32", (4, 4): "v4.b32", (2, 1): "b16", (2, 2): "b32", (2, 4): "v2.b32"}
+_REG_KINDS = {"a": "b32", "b": "b32", "x": "b32", "w": "b32", "rc": "b32", "h": "b16", "o": "b16", "rh": "b16",
+              "rx": "b16", "pk": "pred"}
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    name: str
+    modules: tuple[str, ...]   # modules[0] holds the entry; the rest hold the sections it calls
+    shared_bytes: int          # static shared memory of the entry
+
+    @property
+    def text(self) -> str:
+        return "\n// ---- module boundary ----\n".join(self.modules)
+
+
+def _vec(plan: Plan) -> int:
+    return plan.config.vec if plan.layout == "kn" else 1
+
+
+# -- inside a section ------------------------------------------------------------------------------
+def _emit_load(e: Emitter, plan: Plan, operand, k: int, j: int) -> None:
+    """Read the lane's value(s) for column k into fp32 registers %b{j*vec + v} (16-bit: raw first)."""
+    es, vec = plan.element_bytes, _vec(plan)
+    kind = _LOAD_KIND[(es, vec)]
+    if es == 4:
+        regs = [e.reg("b", j * vec + v) for v in range(vec)]
+        target = regs[0] if vec == 1 else "{" + ", ".join(regs) + "}"
+    elif vec == 1:
+        target = e.reg("h", j)
+    else:
+        words = [e.reg("x", j * (vec // 2) + w) for w in range(vec // 2)]
+        target = words[0] if len(words) == 1 else "{" + ", ".join(words) + "}"
+    e.line(f"ld.{operand.space}.{kind} {target}, {operand.address(k)};")
+
+
+def _emit_widen(e: Emitter, plan: Plan, j: int) -> None:
+    if plan.element_bytes == 4:
+        return
+    vec, bf16 = _vec(plan), plan.dtype == "bfloat16"
+    if vec == 1:
+        b, h = e.reg("b", j), e.reg("h", j)
+        if bf16:  # bf16 is the top half of an fp32
+            e.lines([f"cvt.u32.u16 {b}, {h};", f"shl.b32 {b}, {b}, 16;"])
+        else:
+            e.line(f"cvt.f32.f16 {b}, {h};")
+        return
+    for w in range(vec // 2):
+        x = e.reg("x", j * (vec // 2) + w)
+        lo, hi = e.reg("b", j * vec + 2 * w), e.reg("b", j * vec + 2 * w + 1)
+        if bf16:
+            e.lines([f"shl.b32 {lo}, {x}, 16;", f"and.b32 {hi}, {x}, -65536;"])
+        else:
+            hl, hh = e.reg("h", 2 * (j * (vec // 2) + w)), e.reg("h", 2 * (j * (vec // 2) + w) + 1)
+            e.lines([f"mov.b32 {{{hl}, {hh}}}, {x};", f"cvt.f32.f16 {lo}, {hl};", f"cvt.f32.f16 {hi}, {hh};"])
+
+
+def _acc(e: Emitter, slot: int, v: int, vec: int) -> str:
+    return e.reg("a", slot * vec + v)
+
+
+def _emit_accumulate(e: Emitter, plan: Plan, group: RowGroup, operand, k0: int, k1: int) -> None:
+    """Software-pipelined: the reads of batch i+1 are issued before the FMAs of batch i."""
+    vec, depth = _vec(plan), plan.config.load_batch
+    columns = [c for c in group.columns if k0 <= c.k < k1]
+    batches = [columns[i:i + depth] for i in range(0, len(columns), depth)]
+    for column_index, column in enumerate(batches[0] if batches else []):
+        _emit_load(e, plan, operand, column.k, column_index)
+    for i, batch in enumerate(batches):
+        if i + 1 < len(batches):
+            for offset, column in enumerate(batches[i + 1]):
+                _emit_load(e, plan, operand, column.k, (i + 1) * depth + offset)
+        for offset, column in enumerate(batch):
+            j = i * depth + offset
+            _emit_widen(e, plan, j)
+            for slot, weight in column.uses:
+                imm = f32_immediate(weight)
+                for v in range(vec):
+                    a = _acc(e, slot, v, vec)
+                    e.line(f"fma.rn.f32 {a}, {e.reg('b', j * vec + v)}, {imm}, {a};")
+
+
+def _emit_init(e: Emitter, plan: Plan, group: RowGroup) -> None:
+    vec = _vec(plan)
+    for slot, row in enumerate(group.rows):
+        start = f32_immediate(plan.bias[row] if plan.bias is not None else 0.0)
+        for v in range(vec):
+            e.line(f"mov.b32 {_acc(e, slot, v, vec)}, {start};")
+
+
+def _emit_store(e: Emitter, plan: Plan, group: RowGroup, out: RegionBases, row_stride: int) -> None:
+    vec, es = _vec(plan), plan.element_bytes
+    for slot, row in enumerate(group.rows):
+        accs = [_acc(e, slot, v, vec) for v in range(vec)]
+        if plan.relu:
+            e.lines([f"max.f32 {a}, {a}, 0f00000000;" for a in accs])
+        address = out.address(row * row_stride)
+        if es == 4:
+            values = accs[0] if vec == 1 else "{" + ", ".join(accs) + "}"
+            e.line(f"@%pv st.global.{ {1: 'b32', 2: 'v2.b32', 4: 'v4.b32'}[vec]} {address}, {values};")
+            continue
+        cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+        halves = [e.reg("o", v) for v in range(vec)]
+        e.lines([f"{cvt} {h}, {a};" for h, a in zip(halves, accs)])
+        if vec == 1:
+            e.line(f"@%pv st.global.b16 {address}, {halves[0]};")
+            continue
+        words = [e.reg("w", i) for i in range(vec // 2)]
+        e.lines([f"mov.b32 {w}, {{{halves[2 * i]}, {halves[2 * i + 1]}}};" for i, w in enumerate(words)])
+        values = words[0] if len(words) == 1 else "{" + ", ".join(words) + "}"
+        e.line(f"@%pv st.global.{'b32' if vec == 2 else 'v2.b32'} {address}, {values};")
+
+
+def _declare(e: Emitter) -> list[str]:
+    return [f".reg .{_REG_KINDS[prefix]} %{prefix}<{top + 1}>;" for prefix, top in sorted(e.max_index.items())]
+
+
+def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: RegionBases, row_stride: int,
+             first: bool, last: bool) -> tuple[str, str, list[str]]:
+    """(function text, its .extern declaration, call-site lines) for group g on chunk ci."""
+    group, vec = plan.groups[g], _vec(plan)
+    name, n_acc = f"{plan.name}_g{g}_c{ci}", len(plan.groups[g].rows) * vec
+    e = Emitter()
+    e.comment(f"group {g}: rows {_rows_text(group.rows)}; k {k0}..{k1 - 1}; {group.nnz} nonzeros and "
+              f"{len(group.columns)} distinct k in all chunks")
+    operand.section_prologue(e)
+    if last:
+        out.emit(e, ["ld.param.u64 %rdc0, [p_c];"])
+        e.lines(["ld.param.b32 %rt0, [p_v];", "setp.ne.u32 %pv, %rt0, 0;"])
+    if first:
+        _emit_init(e, plan, group)
+    else:
+        e.lines([f"ld.param.b32 {_acc(e, j // vec, j % vec, vec)}, [acc_in+{4 * j}];" for j in range(n_acc)])
+    _emit_accumulate(e, plan, group, operand, k0, k1)
+    if last:
+        _emit_store(e, plan, group, out, row_stride)
+    else:
+        e.lines([f"st.param.b32 [acc_out+{4 * j}], {_acc(e, j // vec, j % vec, vec)};" for j in range(n_acc)])
+    e.line("ret;")
+    params = ([] if first else [f".param .align 16 .b8 acc_in[{4 * n_acc}]"])
+    params.append(".param .b32 p_s" if operand.staged else ".param .b64 p_b")
+    if last:
+        params += [".param .b64 p_c", ".param .b32 p_v"]
+    ret = "" if last else f"(.param .align 16 .b8 acc_out[{4 * n_acc}]) "
+    header = f"{ret}{name}({', '.join(params)})"
+    wide = (out.registers if last else []) + ([] if operand.staged else operand.bases.registers)
+    regs = [".reg .pred %pv;", ".reg .b32 %rt0, %rs0;"] + ([".reg .b64 " + ", ".join(wide) + ";"] if wide else [])
+    text = "\n".join([f".visible .func {header}", "{"] + ["    " + r for r in regs + _declare(e)] + [e.text(), "}", ""])
+    return text, f".extern .func {header};", _call_site(name, n_acc, first, last, operand.staged)
+
+
+def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool) -> list[str]:
+    if staged:
+        lines, args = ["{", ".param .b32 p_s;", "st.param.b32 [p_s], %rs0;"], ["p_s"]
+    else:
+        lines, args = ["{", ".param .b64 p_b;", "st.param.b64 [p_b], %rdb;"], ["p_b"]
+    if not first:
+        lines += [f".param .align 16 .b8 acc_in[{4 * n_acc}];"]
+        lines += [f"st.param.b32 [acc_in+{4 * j}], %a{j};" for j in range(n_acc)]
+        args = ["acc_in"] + args
+    if last:
+        lines += [".param .b64 p_c;", "st.param.b64 [p_c], %rdc0;", ".param .b32 p_v;", "st.param.b32 [p_v], %rvalid;"]
+        args += ["p_c", "p_v"]
+        lines.append(f"call.uni {name}, ({', '.join(args)});")
+    else:
+        lines += [f".param .align 16 .b8 acc_out[{4 * n_acc}];", f"call.uni (acc_out), {name}, ({', '.join(args)});"]
+        lines += [f"ld.param.b32 %a{j}, [acc_out+{4 * j}];" for j in range(n_acc)]
+    return lines + ["}"]
+
+
+# -- the entry -------------------------------------------------------------------------------------
+def _output_bases(plan: Plan) -> tuple[RegionBases, int, list[str]]:
+    """Output base register(s), the byte stride between output rows of W, and the lines computing them."""
+    es = plan.element_bytes
+    if plan.layout == "kn":
+        row_stride = plan.N * es
+        base = [f"mul.lo.u64 %rdt0, %rdz, {plan.M * plan.N};", "cvt.u64.u32 %rdt1, %rn;"]
+    else:
+        row_stride = es
+        base = [f"mul.lo.u64 %rdt0, %rdz, {plan.N * plan.M};", f"mul.wide.u32 %rdt1, %rn, {plan.M};"]
+    base += ["add.u64 %rdt0, %rdt0, %rdt1;", f"mad.lo.u64 %rdc0, %rdt0, {es}, %rdC;"]
+    return RegionBases("rdc", [plan.M * row_stride]), row_stride, base
+
+
+def _emit_prologue(e: Emitter, plan: Plan, operand, out: RegionBases, out_lines: list[str]) -> None:
+    cfg, vec = plan.config, _vec(plan)
+    e.lines([
+        "ld.param.u64 %rdB, [param_b];", "ld.param.u64 %rdC, [param_c];",
+        "cvta.to.global.u64 %rdB, %rdB;", "cvta.to.global.u64 %rdC, %rdC;",
+        "mov.u32 %rtid, %tid.x;", "shr.u32 %rwarp, %rtid, 5;", "and.b32 %rlane, %rtid, 31;",
+        "mov.u32 %rt0, %ctaid.z;", "cvt.u64.u32 %rdz, %rt0;", "mov.u32 %rt0, %ctaid.x;",
+    ])
+    if operand.staged:
+        e.lines([f"mov.u32 %rt1, %ctaid.y;", f"mad.lo.u32 %rgid, %rt1, {cfg.warps_per_block}, %rwarp;",
+                 f"min.u32 %rgid, %rgid, {len(plan.groups)};", "shl.b32 %rn0, %rt0, 5;", "add.u32 %rn, %rn0, %rlane;",
+                 f"setp.lt.u32 %ptok, %rn, {plan.N};", "selp.u32 %rvalid, 1, 0, %ptok;"])
+        e.comment("every thread stays to the end: the staging barriers need the whole block")
+    else:
+        e.comment("this thread's first column; threads past N leave (no barriers in this layout)")
+        e.lines([f"mad.lo.u32 %rt1, %rt0, {cfg.threads}, %rtid;", f"mul.lo.u32 %rn, %rt1, {vec};",
+                 f"setp.ge.u32 %pt, %rn, {plan.N};", "@%pt bra DONE;", "mov.u32 %rvalid, 1;",
+                 "mov.u32 %rt1, %ctaid.y;", f"mul.lo.u32 %rgid, %rt1, {cfg.groups_per_block};",
+                 f"add.u32 %rgend, %rgid, {cfg.groups_per_block};", f"min.u32 %rgend, %rgend, {len(plan.groups)};"])
+    operand.prologue(e)
+    e.comment("output base for this thread")
+    out.emit(e, out_lines)
+
+
+def _pack(functions: list[str], preamble: list[str]) -> list[str]:
+    modules, current, size = [], [], 0
+    for text in functions:
+        current.append(text)
+        size += text.count("\n")
+        if size >= MODULE_INSTRUCTIONS:
+            modules.append("\n".join(preamble + current))
+            current, size = [], 0
+    if current:
+        modules.append("\n".join(preamble + current))
+    return modules
+
+
+def render(plan: Plan) -> KernelSource:
+    """PTX of the kernel `plan.name` (parameters: B or X pointer, C or Y pointer), as linkable modules."""
+    operand = operand_for(plan)
+    out, row_stride, out_lines = _output_bases(plan)
+    entry = Emitter()
+    _emit_prologue(entry, plan, operand, out, out_lines)
+    chunks = operand.chunks()
+    functions, externs = [], []
+    if not operand.staged:
+        entry.label("NEXT_GROUP")
+        entry.lines(["setp.ge.u32 %pt, %rgid, %rgend;", "@%pt bra DONE;"])
+    for ci, (k0, k1) in enumerate(chunks):
+        first, last = ci == 0, ci == len(chunks) - 1
+        operand.stage(entry, k0, k1)
+        targets = [f"G{g}_C{ci}" for g in range(len(plan.groups))] + ([f"JOIN_C{ci}"] if operand.staged else [])
+        entry.line(f"TABLE_C{ci}: .branchtargets {', '.join(targets)};")
+        entry.line(f"brx.idx %rgid, TABLE_C{ci};")
+        for g in range(len(plan.groups)):
+            text, extern, call = _section(plan, g, ci, k0, k1, operand, out, row_stride, first, last)
+            functions.append(text)
+            externs.append(extern)
+            entry.label(f"G{g}_C{ci}")
+            entry.lines(call)
+            entry.line(f"bra.uni JOIN_C{ci};")
+        entry.label(f"JOIN_C{ci}")
+    if not operand.staged:
+        entry.lines(["add.u32 %rgid, %rgid, 1;", "bra.uni NEXT_GROUP;"])
+    entry.label("DONE")
+    entry.line("ret;")
+    accs = max((len(g.rows) for g in plan.groups), default=1) * _vec(plan)
+    preamble = [f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", ""]
+    head = [f"// sparseforge generated kernel: {plan.name}",
+            f"// W {plan.M}x{plan.K}, nnz {plan.nnz}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
+            *preamble] + ([f".shared .align 16 .b8 stage[{operand.stage_bytes}];", ""] if operand.staged else [""])
+    decl = [".reg .pred %pt, %pv, %ptok, %pcol, %prow, %pcp;",
+            ".reg .b32 %rtid, %rwarp, %rlane, %rgid, %rn, %rn0, %rt0, %rt1, %rt2, %rt3, %rsb, %rs0, %rsw, %rpc, "
+            "%rpr, %rvalid, %rgend;",
+            ".reg .b64 " + ", ".join(["%rdB", "%rdC", "%rdz", "%rdt0", "%rdt1", "%rdb"] + operand.global_bases.registers
+                                     + out.registers) + ";",
+            f".reg .b32 %a<{accs}>;"] + _declare(entry)
+    entry_text = [f".visible .entry {plan.name}(", "    .param .u64 param_b,", "    .param .u64 param_c", ")",
+                  f".maxntid {plan.config.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [entry.text(), "}", ""]
+    entry_module = "\n".join(head + externs + [""] + entry_text)
+    return KernelSource(plan.name, (entry_module, *_pack(functions, preamble)), operand.stage_bytes)
+
+
+def _rows_text(rows: tuple[int, ...]) -> str:
+    if len(rows) > 1 and rows == tuple(range(rows[0], rows[-1] + 1)):
+        return f"{rows[0]}..{rows[-1]}"
+    return ", ".join(map(str, rows))

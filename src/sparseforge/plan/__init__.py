@@ -1,0 +1,7 @@
+"""Inspector and plan: analyse a sparsity pattern, balance rows over warps, describe the kernel to generate."""
+from .config import WARP, TileConfig
+from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS, ColumnUse, Plan, RowGroup, make_plan, pick_vec
+from .reference import check_plan, coverage, execute
+
+__all__ = ["DTYPES", "ELEMENT_BYTES", "LAYOUTS", "WARP", "ColumnUse", "Plan", "RowGroup", "TileConfig",
+           "check_plan", "coverage", "execute", "make_plan", "pick_vec"]

@@ -1,0 +1,40 @@
+"""Tiling parameters of a generated SpMM kernel: small, frozen, hashable, self-validating (Sputnik style)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARP = 32
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    rows_per_group: int = 4   # max rows of W one warp computes; their shared B columns are loaded once
+    # kn: warps side by side over columns, all running the same group's code (one instruction fetch
+    # serves them all); nk: row groups (one warp each) sharing one staged tile of X
+    warps_per_block: int = 4
+    vec: int = 1              # consecutive output columns per thread (vector loads/stores of this width)
+    load_batch: int = 8       # B loads issued ahead of their FMAs (software pipelining depth)
+    groups_per_block: int = 1  # kn: row groups a block runs one after another
+
+    def __post_init__(self):
+        if not 1 <= self.rows_per_group <= 32:
+            raise ValueError(f"rows_per_group must be in 1..32, got {self.rows_per_group}")
+        if self.warps_per_block not in (1, 2, 4, 8, 16):
+            raise ValueError(f"warps_per_block must be 1, 2, 4, 8 or 16, got {self.warps_per_block}")
+        if self.vec not in (1, 2, 4):
+            raise ValueError(f"vec must be 1, 2 or 4, got {self.vec}")
+        if not 1 <= self.load_batch <= 64:
+            raise ValueError(f"load_batch must be in 1..64, got {self.load_batch}")
+        if not 1 <= self.groups_per_block <= 64:
+            raise ValueError(f"groups_per_block must be in 1..64, got {self.groups_per_block}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps_per_block * WARP
+
+    @property
+    def columns_per_warp(self) -> int:
+        return WARP * self.vec
+
+    def short(self) -> str:
+        return f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}"

@@ -1,0 +1,154 @@
+"""The inspector: a sparsity pattern + problem -> Plan, the plain data object that codegen renders.
+
+A Plan is a list of row groups. One warp runs one group for 32*vec output columns: it loads each B row
+(column k of W) used by any of the group's rows once, and feeds it to every row that has a nonzero there.
+Groups are contiguous rows balanced by nonzeros, so no warp carries much more work than the mean.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formats import SparseMatrix
+from .config import WARP, TileConfig
+
+LAYOUTS = ("kn", "nk")
+DTYPES = ("float32", "float16", "bfloat16")
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class ColumnUse:
+    k: int                                   # column of W = row of B (kn) / column of X (nk)
+    uses: tuple[tuple[int, float], ...]      # (slot of the row within the group, weight value)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    rows: tuple[int, ...]                    # rows of W (= rows of C) this group writes
+    columns: tuple[ColumnUse, ...]           # union of the rows' columns, ascending k
+
+    @property
+    def nnz(self) -> int:
+        return sum(len(c.uses) for c in self.columns)
+
+
+@dataclass(frozen=True)
+class Plan:
+    M: int
+    K: int
+    N: int
+    layout: str                              # "kn": C[M,N] = W @ B[K,N]; "nk": Y[N,M] = X[N,K] @ W^T
+    dtype: str                               # operand dtype; accumulation is always fp32
+    config: TileConfig
+    groups: tuple[RowGroup, ...]
+    bias: tuple[float, ...] | None = None    # per output row, baked into the accumulator's start
+    relu: bool = False
+    arch: int = 90                           # target compute capability x10
+    digest: str = field(default="", compare=False)  # of the weight; names the kernel
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def columns_per_block(self) -> int:
+        c = self.config
+        return c.warps_per_block * c.columns_per_warp if self.layout == "kn" else 32
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(column tiles, row-group blocks) of one batch entry."""
+        per_block = self.config.groups_per_block if self.layout == "kn" else self.config.warps_per_block
+        return math.ceil(self.N / self.columns_per_block), math.ceil(len(self.groups) / per_block)
+
+    @property
+    def nnz(self) -> int:
+        return sum(g.nnz for g in self.groups)
+
+    @property
+    def b_loads(self) -> int:
+        """B rows loaded per column tile, over all groups (nnz minus what column sharing saves)."""
+        return sum(len(g.columns) for g in self.groups)
+
+    @property
+    def name(self) -> str:
+        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "")
+        return (f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}"
+                f"{epi}_{self.digest[:12]}")
+
+    def describe(self) -> str:
+        sizes = [g.nnz for g in self.groups] or [0]
+        return (f"Plan {self.name}\n"
+                f"  W {self.M}x{self.K}, nnz {self.nnz}; N {self.N}; layout {self.layout}; dtype {self.dtype}\n"
+                f"  {len(self.groups)} row groups (<= {self.config.rows_per_group} rows), nnz per group "
+                f"mean {np.mean(sizes):.1f} max {max(sizes)}; B loads {self.b_loads} "
+                f"(sharing saves {1 - self.b_loads / max(self.nnz, 1):.1%})\n"
+                f"  grid {self.grid} x batch, {self.config.threads} threads, vec {self.config.vec}; "
+                f"bias {'yes' if self.bias is not None else 'no'}, relu {self.relu}")
+
+
+def _balanced_groups(row_nnz: np.ndarray, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
+    """Cut rows into contiguous groups of <= max_rows rows whose nonzero counts stay near the mean.
+
+    A row heavier than the mean gets a group of its own rather than dragging neighbours along."""
+    cap = max(int(np.ceil(row_nnz.sum() / max(n_groups_hint, 1))), 1)
+    groups, current, load = [], [], 0
+    for row, count in enumerate(row_nnz.tolist()):
+        if current and (len(current) == max_rows or load + count > cap):
+            groups.append(tuple(current))
+            current, load = [], 0
+        current.append(row)
+        load += count
+    if current:
+        groups.append(tuple(current))
+    return groups
+
+
+def _group_program(w: SparseMatrix, rows: tuple[int, ...]) -> RowGroup:
+    by_column: dict[int, list[tuple[int, float]]] = {}
+    for slot, row in enumerate(rows):
+        lo, hi = w.indptr[row], w.indptr[row + 1]
+        for k, value in zip(w.indices[lo:hi].tolist(), w.values[lo:hi].astype(np.float32).tolist()):
+            by_column.setdefault(k, []).append((slot, value))
+    return RowGroup(rows, tuple(ColumnUse(k, tuple(by_column[k])) for k in sorted(by_column)))
+
+
+def pick_vec(n: int, layout: str, wanted: int) -> int:
+    """Widest vector width <= wanted that divides N (kn only: nk stages through shared memory)."""
+    if layout == "nk":
+        return 1
+    for vec in (4, 2, 1):
+        if vec <= wanted and n % vec == 0:
+            return vec
+    return 1
+
+
+def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+              config: TileConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> Plan:
+    """Inspect W's pattern and build the plan for C = W @ B (kn) or Y = X @ W^T (nk), N columns/tokens."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if n < 1:
+        raise ValueError(f"N must be >= 1, got {n}")
+    config = config or TileConfig()
+    vec = pick_vec(n, layout, config.vec)
+    if vec != config.vec:
+        config = TileConfig(config.rows_per_group, config.warps_per_block, vec, config.load_batch,
+                            config.groups_per_block)
+    bias_values = None
+    if bias is not None:
+        bias_values = np.asarray(bias, dtype=np.float64).reshape(-1)
+        if bias_values.shape != (w.shape[0],):
+            raise ValueError(f"bias must have M = {w.shape[0]} entries, got {bias_values.size}")
+        if not np.isfinite(bias_values).all():
+            raise ValueError("bias holds NaN or inf values")
+        bias_values = tuple(bias_values.astype(np.float32).tolist())
+    hint = math.ceil(w.shape[0] / config.rows_per_group)
+    rows = _balanced_groups(w.row_nnz, config.rows_per_group, hint)
+    groups = tuple(_group_program(w, r) for r in rows)
+    return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, groups, bias_values, relu, arch, w.digest())

@@ -1,0 +1,87 @@
+"""The CUDA driver through cuda-python (cuda.bindings): contexts, module loading, linking, launches.
+
+Imported lazily: nothing here runs on a machine without a GPU unless a kernel is actually launched.
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+from cuda.bindings import driver as cu
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+def check(result):
+    """cuda.bindings returns (status, *values): raise on failure, return the values."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if status != cu.CUresult.CUDA_SUCCESS:
+        _, text = cu.cuGetErrorString(status)
+        raise CudaError(f"CUDA driver error {status.name}: {text.decode() if text else ''}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@lru_cache(maxsize=None)
+def _init() -> None:
+    check(cu.cuInit(0))
+
+
+def driver_version() -> int:
+    _init()
+    return check(cu.cuDriverGetVersion())
+
+
+def use_device(ordinal: int) -> None:
+    """Make the device's primary context (the one torch uses) current on this thread."""
+    _init()
+    ctx = _primary_context(ordinal)
+    check(cu.cuCtxSetCurrent(ctx))
+
+
+@lru_cache(maxsize=None)
+def _primary_context(ordinal: int):
+    device = check(cu.cuDeviceGet(ordinal))
+    return check(cu.cuDevicePrimaryCtxRetain(device))
+
+
+class LoadedKernel:
+    """A kernel function in a loaded module; launch() puts it on a given stream."""
+
+    def __init__(self, cubin: bytes, name: str, ordinal: int):
+        use_device(ordinal)
+        self.module = check(cu.cuModuleLoadData(cubin))
+        self.function = check(cu.cuModuleGetFunction(self.module, name.encode()))
+        self._types = (ctypes.c_void_p, ctypes.c_void_p)
+
+    def launch(self, grid: tuple[int, int, int], block: int, stream: int, b_ptr: int, c_ptr: int) -> None:
+        check(cu.cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, 0,
+                                cu.CUstream(stream), ((b_ptr, c_ptr), self._types), 0))
+
+    def attribute(self, attribute) -> int:
+        return check(cu.cuFuncGetAttribute(attribute, self.function))
+
+    @property
+    def registers(self) -> int:
+        return self.attribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS)
+
+    @property
+    def local_bytes(self) -> int:
+        return self.attribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+
+
+def link_ptx(modules: tuple[str, ...]) -> bytes:
+    """Compile and link PTX modules with the driver's JIT linker; returns the cubin."""
+    _init()
+    use_device(0)
+    state = check(cu.cuLinkCreate(0, [], []))
+    try:
+        for i, text in enumerate(modules):
+            data = text.encode() + b"\0"
+            check(cu.cuLinkAddData(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, data, len(data),
+                                   f"m{i}.ptx".encode(), 0, [], []))
+        cubin_ptr, size = check(cu.cuLinkComplete(state))
+        return ctypes.string_at(int(cubin_ptr), size)
+    finally:
+        cu.cuLinkDestroy(state)

@@ -1,0 +1,128 @@
+"""SpmmKernel: a compiled, loaded kernel for one plan, callable on torch CUDA tensors."""
+from __future__ import annotations
+
+import time
+
+from ..codegen import KernelSource, render
+from ..plan import Plan
+from .cache import KernelCache, cache_key
+from .compiler import default_compiler
+
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+_VERSION = "0.1.0"
+
+
+class SpmmKernel:
+    """C = W @ B (layout "kn": B [batch,] K x N -> C [batch,] M x N) or Y = X @ W^T (layout "nk":
+    X [batch,] N x K -> Y [batch,] N x M), with W, N, dtype and epilogue fixed at compile time.
+
+    k(B) returns a new output; k(B, out=C) writes into C. Inputs: torch tensors on the kernel's CUDA
+    device, of the kernel's dtype, contiguous. Launches on torch's current stream (CUDA-graph safe).
+    Attributes: plan, source (PTX text), compile_seconds (generation + compile, 0 when cached),
+    load_seconds, cache_hit.
+    """
+
+    def __init__(self, plan: Plan, source: KernelSource, cubin: bytes, device_index: int,
+                 compile_seconds: float, cache_hit: bool):
+        from .driver import LoadedKernel
+
+        start = time.perf_counter()
+        self.plan, self._source, self.device_index = plan, source, device_index
+        self._loaded = LoadedKernel(cubin, plan.name, device_index)
+        self.load_seconds = time.perf_counter() - start
+        self.compile_seconds, self.cache_hit = compile_seconds, cache_hit
+        self.tune_seconds = 0.0
+        self.tuning: list[dict] = []
+        import torch
+
+        self._dtype = getattr(torch, plan.dtype)
+        self._device = torch.device("cuda", device_index)
+
+    @property
+    def source(self) -> str:
+        return self._source.text
+
+    @property
+    def in_shape(self) -> tuple[int, int]:
+        p = self.plan
+        return (p.K, p.N) if p.layout == "kn" else (p.N, p.K)
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        p = self.plan
+        return (p.M, p.N) if p.layout == "kn" else (p.N, p.M)
+
+    def _check(self, b, what: str, shape: tuple[int, int]):
+        import torch
+
+        if not isinstance(b, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(b).__name__}")
+        if b.device != self._device:
+            raise ValueError(f"{what} is on {b.device}, the kernel was compiled for {self._device}; "
+                             f"move it with .to('{self._device}')")
+        if b.dtype != self._dtype:
+            raise TypeError(f"{what} has dtype {b.dtype}, the kernel was compiled for {self._dtype}; "
+                            f"convert with .to({self._dtype}) or compile for {b.dtype}")
+        if b.dim() not in (2, 3) or tuple(b.shape[-2:]) != shape:
+            raise ValueError(f"{what} has shape {tuple(b.shape)}, expected {shape} or (batch, *{shape}) "
+                             f"(layout {self.plan.layout!r}, W {self.plan.M}x{self.plan.K}, N {self.plan.N})")
+        if not b.is_contiguous():
+            raise ValueError(f"{what} is not contiguous; call .contiguous() first")
+
+    def __call__(self, b, out=None):
+        import torch
+
+        self._check(b, "B" if self.plan.layout == "kn" else "X", self.in_shape)
+        batch = b.shape[0] if b.dim() == 3 else 1
+        shape = (*b.shape[:-2], *self.out_shape)
+        if out is None:
+            out = torch.empty(shape, dtype=self._dtype, device=self._device)
+        else:
+            self._check(out, "out", self.out_shape)
+            if tuple(out.shape) != shape:
+                raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
+        if b.data_ptr() % 16:
+            b = b.clone()  # a fresh allocation is 256-byte aligned: staging copies use 16-byte loads
+        align = self.plan.config.vec * self.plan.element_bytes
+        target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
+        self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream)
+        if target is not out:
+            out.copy_(target)
+        return out
+
+    def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int) -> None:
+        """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops)."""
+        tiles, blocks = self.plan.grid
+        self._loaded.launch((tiles, blocks, batch), self.plan.config.threads, stream, b_ptr, c_ptr)
+
+    @property
+    def registers(self) -> int:
+        return self._loaded.registers
+
+    def __repr__(self) -> str:
+        return (f"SpmmKernel({self.plan.name}, compile {self.compile_seconds:.3f}s, "
+                f"{'cache hit' if self.cache_hit else 'built'})")
+
+
+def build_kernel(plan: Plan, device_index: int, cache: KernelCache | None = None, compiler=None) -> SpmmKernel:
+    """Render, compile (or fetch from the disk cache) and load the kernel of `plan`."""
+    from .. import env
+
+    start = time.perf_counter()
+    source = render(plan)
+    compiler = compiler or default_compiler()
+    cache = cache or KernelCache()
+    key = cache_key(source.text, str(plan.arch), compiler.version, _VERSION)
+    dump = env.dump_source_dir()
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"{plan.name}.ptx").write_text(source.text)
+
+    def build():
+        cubin = compiler.compile(source.modules, plan.arch)
+        return cubin, {"name": plan.name, "compiler": compiler.version,
+                       "compile_seconds": time.perf_counter() - start}
+
+    cubin, meta, hit = cache.get_or_build(key, plan.arch, build)
+    seconds = 0.0 if hit else time.perf_counter() - start
+    return SpmmKernel(plan, source, cubin, device_index, seconds, hit)

@@ -1,0 +1,155 @@
+"""GPU numerics of generated SpMM kernels against a float64 reference (run on the device)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from sparseforge import SparseMatrix, compile_spmm, spmm
+from sparseforge.plan import TileConfig
+from sparseforge.suite import SAMPLE_DIR, discover
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def random_matrix(m, k, nnz=None, density=None, seed=0, empty_rows=()):
+    rng = np.random.default_rng(seed)
+    if density is not None:
+        nnz = int(round(density * m * k))
+    flat = rng.choice(m * k, size=min(nnz, m * k), replace=False)
+    dense = np.zeros(m * k, np.float32)
+    dense[flat] = rng.standard_normal(len(flat)).astype(np.float32)
+    dense = dense.reshape(m, k)
+    dense[list(empty_rows)] = 0
+    return SparseMatrix.from_dense(dense)
+
+
+def reference(w, b, layout, bias=None, relu=False):
+    wd = torch.from_numpy(w.to_dense().astype(np.float64)).cuda()
+    out = wd @ b.double() if layout == "kn" else b.double() @ wd.T
+    if bias is not None:
+        bias64 = torch.as_tensor(bias, dtype=torch.float64, device="cuda")
+        out = out + (bias64[:, None] if layout == "kn" else bias64[None, :])
+    return out.clamp_min(0) if relu else out
+
+
+def check(kernel, w, b, layout, dtype, bias=None, relu=False):
+    out = torch.full((*b.shape[:-2], *kernel.out_shape), float("nan"), device="cuda", dtype=dtype)
+    kernel(b, out=out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten (NaN) outputs"
+    wr = w.astype(str(dtype).replace("torch.", ""))
+    ref = reference(wr, b, layout, bias, relu)
+    err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    if ref.norm() == 0:
+        assert out.abs().max().item() == 0
+    else:
+        assert err <= TOL[dtype], f"relative error {err:.2e}"
+
+
+SHAPES = [  # (M, K, N, nnz or density, empty rows)
+    (7, 96, 40, dict(nnz=333), ()),
+    (1, 1, 1, dict(nnz=1), ()),
+    (33, 65, 17, dict(density=0.1), (0, 5, 32)),
+    (64, 64, 100, dict(density=0.5), ()),
+    (5, 8, 3, dict(nnz=0), ()),
+    (130, 300, 257, dict(density=0.05), (7,)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "relu", "bias_relu"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
+def test_numerics(dtype, layout, epilogue, shape):
+    m, k, n, spec, empty = shape
+    w = random_matrix(m, k, seed=m * 7 + k, empty_rows=empty, **spec)
+    bias = np.linspace(-1, 1, m) if "bias" in epilogue else None
+    relu = "relu" in epilogue
+    kernel = compile_spmm(w, n, dtype, layout, bias=bias, relu=relu, tune_budget=None)
+    b = torch.randn((k, n) if layout == "kn" else (n, k), device="cuda").to(dtype)
+    check(kernel, w, b, layout, dtype, bias, relu)
+
+
+@pytest.mark.parametrize("config", [TileConfig(1, 1, 1), TileConfig(8, 4, 4, 4), TileConfig(3, 16, 2, 16),
+                                    TileConfig(2, 2, 4, 1), TileConfig(4, 2, 2, 8, 3)], ids=lambda c: c.short())
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_configs(config, layout):
+    w = random_matrix(77, 190, density=0.1, seed=3, empty_rows=(10,))
+    for dtype in (torch.float32, torch.float16):
+        kernel = compile_spmm(w, 96, dtype, layout, config=config)
+        b = torch.randn((190, 96) if layout == "kn" else (96, 190), device="cuda").to(dtype)
+        check(kernel, w, b, layout, dtype)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_batched_input(layout):
+    w = random_matrix(40, 72, density=0.1, seed=5)
+    kernel = compile_spmm(w, 50, torch.float32, layout, tune_budget=None)
+    b = torch.randn((3, 72, 50) if layout == "kn" else (3, 50, 72), device="cuda")
+    check(kernel, w, b, layout, torch.float32)
+
+
+def test_spmm_one_call_and_graph_capture():
+    w = random_matrix(48, 64, density=0.1, seed=9)
+    b = torch.randn(64, 128, device="cuda")
+    c = spmm(w, b)
+    check_ref = reference(w, b, "kn")
+    assert ((c.double() - check_ref).norm() / check_ref.norm()).item() < 1e-5
+    kernel = compile_spmm(w, 128, torch.float32, tune_budget=None)
+    out = torch.empty(48, 128, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    kernel(b, out=out)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        kernel(b, out=out)
+    out.fill_(float("nan"))
+    b.copy_(torch.randn_like(b))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference(w, b, "kn")
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_tuning_picks_and_persists(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path))
+    w = random_matrix(128, 256, density=0.1, seed=11)
+    kernel = compile_spmm(w, 512, torch.float32, tune_budget=2.0)
+    assert len(kernel.tuning) >= 2
+    again = compile_spmm(w, 512, torch.float32, tune_budget=2.0)
+    assert again.plan.config == kernel.plan.config and again.cache_hit
+
+
+def test_bad_inputs_are_clear_errors():
+    w = random_matrix(16, 32, density=0.2, seed=1)
+    kernel = compile_spmm(w, 8, torch.float32, tune_budget=None)
+    with pytest.raises(TypeError, match="dtype"):
+        kernel(torch.randn(32, 8, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="is on cpu"):
+        kernel(torch.randn(32, 8))
+    with pytest.raises(ValueError, match="shape"):
+        kernel(torch.randn(31, 8, device="cuda"))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel(torch.randn(8, 32, device="cuda").t())
+    with pytest.raises(ValueError, match="CUDA device"):
+        compile_spmm(w, 8, device="cpu")
+    with pytest.raises(TypeError, match="dtype"):
+        compile_spmm(w, 8, dtype=torch.int8)
+
+
+def test_misaligned_input_still_correct():
+    w = random_matrix(32, 64, density=0.1, seed=2)
+    kernel = compile_spmm(w, 256, torch.float32, config=TileConfig(4, 4, 4))
+    storage = torch.randn(64 * 256 + 1, device="cuda")
+    b = storage[1:].view(64, 256)
+    check(kernel, w, b, "kn", torch.float32)
+
+
+@pytest.mark.parametrize("case", discover(SAMPLE_DIR), ids=lambda c: c.name)
+def test_bundled_dlmc_sample(case):
+    w = case.load()
+    n = min(case.N, 512)
+    for layout in ("kn", "nk"):
+        kernel = compile_spmm(w, n, torch.float32, layout, tune_budget=None)
+        b = torch.randn((case.K, n) if layout == "kn" else (n, case.K), device="cuda")
+        check(kernel, w, b, layout, torch.float32)
