@@ -20,6 +20,8 @@ demo() {
     "$VENV/bin/python" examples/make_demo_model.py "$out/tiny_cnn.safetensors"
     "$VENV/bin/sparseforge" prune "$out/tiny_cnn.safetensors" "$out/tiny_cnn_90.safetensors" --sparsity 0.9
     "$VENV/bin/sparseforge" prune "$out/tiny_cnn.safetensors" "$out/tiny_cnn_24.safetensors" --nm 2:4
+    # With a GPU: timings against cuBLAS and cuSPARSE; without: CPU reference checks and ptxas assembly.
+    "$VENV/bin/sparseforge" bench "$sample" --out "$out/bench.json" --plot "$out/bench.png"
 }
 
 case "${1:-}" in

@@ -36,10 +36,11 @@ def provenance(command: list[str]) -> dict:
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(command), "python": platform.python_version(), "host": platform.node()}
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent)
+        info["commit"] = done.stdout.strip() if done.returncode == 0 else "unknown (not a git checkout)"
     except OSError:
-        info["commit"] = "unknown"
+        info["commit"] = "unknown (no git)"
     try:
         import torch
 
@@ -68,10 +69,12 @@ def plot(path: Path, records: list[dict]) -> None:
     if not timed:
         return
     series = sorted({(r["dtype"], r["layout"]) for r in timed})
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    for dtype, layout in series:
+    colors = plt.cm.tab20.colors
+    fig, ax = plt.subplots(figsize=(11, 6))
+    for i, (dtype, layout) in enumerate(series):
         items = [r for r in timed if r["dtype"] == dtype and r["layout"] == layout]
         ax.scatter([r["cublas_us"] for r in items], [r["speedup_vs_cublas"] for r in items], s=18,
+                   color=colors[i % len(colors)], marker="o" if layout == "kn" else "^",
                    label=f"{dtype} {layout} (geomean {geomean(r['speedup_vs_cublas'] for r in items):.2f}x)")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
+from pathlib import Path
 
 from ..codegen import KernelSource, render
 from ..plan import Plan
@@ -22,7 +24,7 @@ class SpmmKernel:
     load_seconds, cache_hit.
     """
 
-    def __init__(self, plan: Plan, source: KernelSource, cubin: bytes, device_index: int,
+    def __init__(self, plan: Plan, source: KernelSource | None, cubin: bytes, device_index: int,
                  compile_seconds: float, cache_hit: bool):
         from .driver import LoadedKernel
 
@@ -40,6 +42,8 @@ class SpmmKernel:
 
     @property
     def source(self) -> str:
+        if self._source is None:  # a cache hit skips rendering; render on demand
+            self._source = render(self.plan)
         return self._source.text
 
     @property
@@ -104,21 +108,40 @@ class SpmmKernel:
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
+@lru_cache(maxsize=1)
+def generator_digest() -> str:
+    """sha256 of the code that turns a plan into PTX: editing the generator invalidates cached kernels."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "codegen").glob("*.py")) + sorted((root / "plan").glob("*.py"))
+    return cache_key(*(f.read_bytes() for f in files))
+
+
+def plan_key(plan: Plan, compiler_version: str) -> str:
+    """Everything that determines the binary: the weight (digest of its pattern and values), the problem,
+    the tiling, the epilogue, the arch, the generator's own code, the toolchain and this package's version.
+    Keying on these rather than on the rendered text lets a cache hit skip rendering altogether."""
+    bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
+    return cache_key(plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),
+                     bias, str(plan.relu), str(plan.arch), generator_digest(), compiler_version, _VERSION)
+
+
 def build_kernel(plan: Plan, device_index: int, cache: KernelCache | None = None, compiler=None) -> SpmmKernel:
-    """Render, compile (or fetch from the disk cache) and load the kernel of `plan`."""
+    """Compile (or fetch from the disk cache) and load the kernel of `plan`."""
     from .. import env
 
     start = time.perf_counter()
-    source = render(plan)
     compiler = compiler or default_compiler()
     cache = cache or KernelCache()
-    key = cache_key(source.text, str(plan.arch), compiler.version, _VERSION)
+    key = plan_key(plan, compiler.version)
     dump = env.dump_source_dir()
+    source = render(plan) if dump else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / f"{plan.name}.ptx").write_text(source.text)
 
     def build():
+        nonlocal source
+        source = source or render(plan)
         cubin = compiler.compile(source.modules, plan.arch)
         return cubin, {"name": plan.name, "compiler": compiler.version,
                        "compile_seconds": time.perf_counter() - start}

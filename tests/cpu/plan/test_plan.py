@@ -1,0 +1,92 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseforge import SparseMatrix
+from sparseforge.plan import TileConfig, check_plan, coverage, execute, make_plan
+
+
+@st.composite
+def problems(draw):
+    m, k, n = draw(st.integers(1, 24)), draw(st.integers(1, 40)), draw(st.integers(1, 70))
+    density = draw(st.sampled_from([0.0, 0.05, 0.1, 0.5, 1.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    config = TileConfig(draw(st.integers(1, 9)), draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2, 4])),
+                        draw(st.integers(1, 20)), draw(st.integers(1, 4)))
+    return SparseMatrix.from_dense(dense), n, config, draw(st.sampled_from(["kn", "nk"])), rng
+
+
+@given(problems())
+@settings(max_examples=150, deadline=None)
+def test_plan_covers_every_nonzero_once_and_matches_dense(problem):
+    w, n, config, layout, rng = problem
+    plan = make_plan(w, n, "float32", layout, config)
+    check_plan(plan, w)
+    assert all(len(g.rows) <= config.rows_per_group for g in plan.groups)
+    b = rng.standard_normal((w.shape[1], n) if layout == "kn" else (n, w.shape[1]))
+    ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
+    got = execute(plan, b)
+    np.testing.assert_allclose(got if layout == "kn" else got.T, ref, rtol=1e-6, atol=1e-9)
+
+
+def test_groups_are_balanced_by_nonzeros():
+    counts = np.array([50, 1, 1, 1, 1, 1, 1, 1, 50, 50])
+    rows = [r for r, c in enumerate(counts) for _ in range(c)]
+    dense = np.zeros((10, 64), np.float32)
+    for r, c in enumerate(counts):
+        dense[r, :c] = 1.0
+    plan = make_plan(SparseMatrix.from_dense(dense), 8, config=TileConfig(rows_per_group=8))
+    sizes = [g.nnz for g in plan.groups]
+    assert max(sizes) <= 57  # the heavy rows sit alone or with light ones, never two heavy rows together
+    assert sum(sizes) == len(rows)
+
+
+def test_bias_and_relu_in_reference():
+    w = SparseMatrix.from_dense(np.array([[1.0, -2.0], [0.0, 0.0]], np.float32))
+    plan = make_plan(w, 3, bias=[0.5, -1.0], relu=True)
+    b = np.array([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
+    np.testing.assert_allclose(execute(plan, b), np.maximum([[-0.5, 0.5, 1.5], [-1.0, -1.0, -1.0]], 0))
+
+
+def test_column_sharing_counts_loads_once():
+    dense = np.zeros((4, 8), np.float32)
+    dense[:, 3] = 1.0
+    plan = make_plan(SparseMatrix.from_dense(dense), 4, config=TileConfig(rows_per_group=4))
+    assert plan.b_loads == 1 and plan.nnz == 4 and len(plan.groups) == 1
+
+
+def test_vec_divides_n_and_describe():
+    w = SparseMatrix.from_dense(np.eye(8, dtype=np.float32))
+    assert make_plan(w, 6, config=TileConfig(vec=4)).config.vec == 2
+    assert make_plan(w, 7, config=TileConfig(vec=4)).config.vec == 1
+    assert make_plan(w, 64, layout="nk", config=TileConfig(vec=4)).config.vec == 1
+    text = make_plan(w, 64).describe()
+    assert "W 8x8, nnz 8" in text and "row groups" in text
+
+
+def test_coverage_detects_a_missing_nonzero():
+    w = SparseMatrix.from_dense(np.eye(3, dtype=np.float32))
+    plan = make_plan(w, 2)
+    counts = coverage(plan)
+    assert counts.sum() == 3 and counts.trace() == 3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layout": "mk"}, "layout"), ({"dtype": "int8"}, "dtype"), ({"n": 0}, "N must be"),
+    ({"bias": [1.0]}, "bias must have"), ({"bias": [np.nan, 1.0]}, "NaN"),
+])
+def test_bad_plan_arguments(kwargs, message):
+    w = SparseMatrix.from_dense(np.eye(2, dtype=np.float32))
+    args = {"n": 4, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        make_plan(w, **args)
+
+
+@pytest.mark.parametrize("kwargs", [{"rows_per_group": 0}, {"warps_per_block": 3}, {"vec": 3}, {"load_batch": 0},
+                                    {"groups_per_block": 0}])
+def test_bad_tile_config(kwargs):
+    with pytest.raises(ValueError):
+        TileConfig(**kwargs)

@@ -1,0 +1,20 @@
+import pytest
+
+from sparseforge.tune import candidates, default_config
+
+
+@pytest.mark.parametrize("n", [1, 7, 49, 196, 256, 784, 3136, 12544])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_candidates_are_valid_unique_and_start_with_default(n, layout):
+    configs = candidates(n, layout)
+    assert configs[0] == default_config(n, layout)
+    assert len(configs) == len(set(configs)) >= 3
+    for config in configs:
+        assert n % config.vec == 0
+        if layout == "nk":
+            assert config.vec == 1
+
+
+def test_column_warps_cover_n_without_idle_warps():
+    config = default_config(256, "kn")
+    assert config.warps_per_block * 32 * config.vec <= 2 * 256
