@@ -46,7 +46,7 @@ def _as_sparse(w) -> SparseMatrix:
     return w if isinstance(w, SparseMatrix) else SparseMatrix.from_dense(w)
 
 
-def _bias_values(bias, m: int):
+def _bias_values(bias):
     if bias is None:
         return None
     if hasattr(bias, "detach"):
@@ -74,7 +74,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         raise ValueError(f"n must be a positive integer, got {n!r}")
     index, arch = _device_index(device)
     w = w.astype(name)
-    bias_values = _bias_values(bias, w.shape[0])
+    bias_values = _bias_values(bias)
 
     def build(cfg: TileConfig):
         plan = make_plan(w, int(n), name, layout, cfg, bias_values, relu, arch)
@@ -112,7 +112,7 @@ def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune
         raise ValueError(f"B must be 2-D or 3-D (batched), got shape {tuple(B.shape)}")
     w = _as_sparse(W)
     n = B.shape[-1] if layout == "kn" else B.shape[-2]
-    bias_tag = None if bias is None else _bias_values(bias, w.shape[0]).tobytes()
+    bias_tag = None if bias is None else _bias_values(bias).tobytes()
     key = (w.digest(), n, str(B.dtype), layout, bias_tag, relu, str(B.device))
     kernel = _LOADED.get(key)
     if kernel is None:

@@ -276,9 +276,8 @@ def render(plan: Plan) -> KernelSource:
     head = [f"// sparseforge generated kernel: {plan.name}",
             f"// W {plan.M}x{plan.K}, nnz {plan.nnz}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
             *preamble] + ([f".shared .align 16 .b8 stage[{operand.stage_bytes}];", ""] if operand.staged else [""])
-    decl = [".reg .pred %pt, %pv, %ptok, %pcol, %prow, %pcp;",
-            ".reg .b32 %rtid, %rwarp, %rlane, %rgid, %rn, %rn0, %rt0, %rt1, %rt2, %rt3, %rsb, %rs0, %rsw, %rpc, "
-            "%rpr, %rvalid, %rgend;",
+    decl = [".reg .pred %pt, %pv, %ptok, %prow;",
+            ".reg .b32 %rtid, %rwarp, %rlane, %rgid, %rn, %rn0, %rt0, %rt1, %rt3, %rsb, %rs0, %rsw, %rvalid, %rgend;",
             ".reg .b64 " + ", ".join(["%rdB", "%rdC", "%rdz", "%rdt0", "%rdt1", "%rdb"] + operand.global_bases.registers
                                      + out.registers) + ";",
             f".reg .b32 %a<{accs}>;"] + _declare(entry)

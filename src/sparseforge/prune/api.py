@@ -36,6 +36,7 @@ class PruneReport:
     method: str
     layers: list[LayerPruned] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    notes: list[Skipped] = field(default_factory=list)  # pruned, but with a caveat (e.g. will run dense)
 
     @property
     def sparsity(self) -> float:
