@@ -73,8 +73,8 @@ def kept_magnitudes(model, budget: float) -> list[dict]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--permute", action="store_true", help="permute FFN channels before pruning")
     parser.add_argument("--permutation-budget", type=float, default=2.0, help="seconds of search per layer")
@@ -106,6 +106,9 @@ def main():
     print(f"held-out mean cosine vs dense, one-shot 2:4: {before:.4f}")
 
     optimizer = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=0.01)
+    steps = args.epochs * ((len(train) + args.batch - 1) // args.batch)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=max(steps, 1),
+                                                   pct_start=0.1, anneal_strategy="cos")
     history = []
     for epoch in range(args.epochs):
         student.train()
@@ -118,6 +121,7 @@ def main():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
         history.append(mean_cosine(student, teacher_eval, held_out))
         print(f"epoch {epoch + 1}: held-out mean cosine {history[-1]:.4f}")
     after = history[-1] if history else before
