@@ -66,13 +66,21 @@ def test_every_module_assembles_without_spills(arch, layout, dtype):
             assert "bytes spill" not in report or re.search(r"[1-9]\d* bytes spill", report) is None, report
 
 
+@pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("name, n", [("bottleneck_3_block_group2_1_1", 784), ("initial_conv", 12544),
                                      ("bottleneck_1_block_group3_1_1", 196)])
-def test_dlmc_kernels_link_into_one_cubin(name, n):
+def test_dlmc_kernels_assemble_without_spills_and_link(name, n, arch):
+    from sparseforge.tune import default_config
+
     w = SparseMatrix.from_smtx(SAMPLE_DIR / f"rn50/magnitude_pruning/0.9/{name}.smtx")
-    plan = make_plan(w, n, "float16", "kn", TileConfig(4, 4, 2))
-    cubin = PtxasCompiler.available().compile(render(plan).modules, 90)
-    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+    for dtype in ("float32", "float16"):
+        plan = make_plan(w, n, dtype, "kn", default_config(n, "kn"), arch=arch)
+        modules = render(plan).modules
+        for module in modules:
+            report = _assemble(module, arch)
+            assert re.search(r"[1-9]\d* bytes spill", report) is None, report
+        cubin = PtxasCompiler.available().compile(modules, arch)
+        assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
 
 
 def test_large_offsets_get_region_bases():
