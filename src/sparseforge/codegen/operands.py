@@ -1,10 +1,9 @@
 """Where the dense operand's value for (k, this thread's columns) lives: the only part of the lowering that
 knows the memory layout. An implicit-im2col convolution changes this mapping and nothing else.
 
-Both layouts stage the operand through shared memory, one chunk of K at a time, shared by every warp of
-the block: a B element fetched from L2 once serves all the block's row groups (direct per-warp loads made
-L2 bandwidth the limit: 20-40 us on 0.5-1 MB operands, measured on the H200). Within a chunk a lane reads
-its value for column k at a constant offset from its own base: no index arithmetic in the FMA stream.
+kn (B is K x N): direct coalesced loads at k*N*es from the lane's base (DirectKN). nk (X is N x K, lanes
+are tokens): X is staged through shared memory, one chunk of K at a time, transposed so that a lane reads
+its token's value at a constant offset (StagedNK). Measured alternatives are in benchmarks/NOTES.md.
 """
 from __future__ import annotations
 
