@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
-#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [dlmc-batch] [nk]
-# Needs the DLMC archive copied to .dlmc/ (git-ignored, carried) for the dlmc stages.
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [semi] [bench24] [minilm]
+# Carried, git-ignored inputs: .dlmc/ (the DLMC archive, dlmc stages), .whl/ (nvmath-python for cp312: the
+# image lacks it), .minilm/ (all-MiniLM-L6-v2 as float16 safetensors: the wheel is over the carry limit).
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-.out}; mkdir -p "$OUT"
@@ -9,12 +10,20 @@ SF="python3 -m sparseforge"
 DLMC=/tmp/dlmc/dlmc
 stage() { [[ " $* " == *" all "* ]] || [[ " $STAGES " == *" $1 "* ]]; }
 STAGES=" ${*:-all} "
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=src:/tmp/site
+  # nvmath-python wants cuda-pathfinder >= 1.5.1; bring ours only where the image's is older.
+  python3 -c "from nvmath.bindings import cusparseLt as L; L.init()" 2>/dev/null || python3 -m pip install -q \
+    --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fallback/*.whl
+fi
 if [ -f .dlmc/dlmc-subset.tar.xz ] && [ ! -d $DLMC ]; then mkdir -p /tmp/dlmc && tar -xJf .dlmc/dlmc-subset.tar.xz -C /tmp/dlmc; fi
 
 if stage probe; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
   which ptxas nvlink; ptxas --version | tail -1
   python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, torch.cuda.get_device_name())"
+  python3 -c "import nvmath, cuda.pathfinder as p; from nvmath.bindings import cusparseLt as L; h = L.init(); print('nvmath', nvmath.__version__, 'pathfinder', p.__version__, 'cuSPARSELt', L.get_version(h))"
 fi
 if stage tests; then
   python3 -m pytest tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
@@ -44,4 +53,13 @@ if stage final; then
     $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp16 --tune-budget 0 --out "$OUT/rn50_${s}_fp16_b1.json" 2>&1 | tail -9
   done
   $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -6
+fi
+if stage semi; then
+  python3 -m pytest tests/gpu/test_semi_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/semi_tests.log" | tail -30
+fi
+if stage bench24; then
+  $SF bench24 --out "$OUT/bench24.json" --plot "$OUT/bench24.png" 2>&1 | tee "$OUT/bench24.log" | tail -120
+fi
+if stage minilm; then
+  python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" 2>&1 | tail -45
 fi

@@ -115,9 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--exclude", help="regex: leave tensors whose name matches dense")
     prune.set_defaults(run=_prune)
 
-    from .bench.cli import add_bench_parser
+    from .bench.cli import add_bench24_parser, add_bench_parser
 
     add_bench_parser(sub)
+    add_bench24_parser(sub)
     return parser
 
 

@@ -113,3 +113,71 @@ def _print(console, records, summary, gpu: bool) -> None:
                       f"{row['geomean_speedup_vs_cublas_tf32']:.2f}", f"{row['geomean_speedup_vs_cusparse']:.1f}",
                       str(row["all_correct"]))
         console.print(s)
+
+
+def add_bench24_parser(sub) -> None:
+    from .semi import SHAPES, WIDTHS
+
+    bench = sub.add_parser("bench24", help="2:4 on Sparse Tensor Cores vs cuBLAS vs torch's semi-structured path")
+    bench.add_argument("--shapes", default="bert,llama",
+                       help=f"comma-separated groups ({', '.join(SHAPES)}) or MxK shapes (out x in), e.g. 4096x4096")
+    bench.add_argument("--n", default=",".join(map(str, WIDTHS)), help="comma-separated input widths (tokens)")
+    bench.add_argument("--dtype", choices=["fp16", "bf16", "all"], default="all")
+    bench.add_argument("--no-torch", action="store_true", help="skip torch's semi-structured baseline")
+    bench.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    bench.add_argument("--plot", type=Path, default=None, help="write a speedup plot (PNG) here")
+    bench.set_defaults(run=run_bench24)
+
+
+def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """'bert,4096x11008' -> [(group, out, in), ...]."""
+    from .semi import SHAPES
+
+    shapes = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        if item in SHAPES:
+            shapes += [(item, m, k) for m, k in SHAPES[item]]
+            continue
+        try:
+            m, k = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"shape {item!r}: give a group ({', '.join(SHAPES)}) or OUTxIN such as 4096x11008") from None
+        shapes.append(("custom", m, k))
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
+def run_bench24(args) -> int:
+    from rich.progress import Progress
+
+    from ..cli import console
+    from .report import write_json
+    from .semi import host_overhead_us, run_case24
+    from .semi_report import plot24, print24, summarize24
+
+    if not _gpu_present():
+        raise RuntimeError("bench24 times Sparse Tensor Cores and needs an NVIDIA GPU (sm_80+); none is visible")
+    shapes = parse_shapes(args.shapes)
+    widths = [int(v) for v in args.n.split(",") if v.strip()]
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--n needs positive widths, got {args.n!r}")
+    dtypes = ["float16", "bfloat16"] if args.dtype == "all" else [DTYPES[args.dtype]]
+    jobs = [(g, m, k, n, d) for d in dtypes for g, m, k in shapes for n in widths]
+    records = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("2:4 benchmark", total=len(jobs))
+        for group, m, k, n, dtype in jobs:
+            progress.update(task, description=f"{group} {m}x{k} N={n} {dtype}")
+            records.append({"group": group, **run_case24(m, k, n, dtype, with_torch=not args.no_torch)})
+            progress.advance(task)
+    overhead = host_overhead_us()
+    summary = summarize24(records)
+    print24(console, records, summary, overhead)
+    if args.out:
+        write_json(args.out, records, summary, {"mode": "gpu", "host_overhead_us": overhead})
+        console.print(f"wrote {args.out}")
+    if args.plot:
+        plot24(args.plot, records)
+        console.print(f"wrote {args.plot}")
+    return 0 if all(r["error_ok"] for r in records) else 1

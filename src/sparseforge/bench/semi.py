@@ -1,0 +1,140 @@
+"""2:4 on Sparse Tensor Cores against dense cuBLAS and torch's semi-structured path, one Linear shape and
+input width at a time, on the GPU. Graph replay gives GPU time; eager timing adds each path's host cost,
+which is where torch's semi-structured path spends its 450-800 us."""
+from __future__ import annotations
+
+import time
+
+# Linear layers (out_features, in_features) of BERT-base and Llama-class models.
+SHAPES = {
+    "bert": [(768, 768), (3072, 768), (768, 3072)],
+    "llama": [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)],
+}
+WIDTHS = (1, 16, 64, 256, 2048, 8192)
+# Relative error bounds against a float64 reference (fp32 accumulation, 16-bit output rounding).
+TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2}
+
+
+def random_24_weight(m: int, k: int, dtype, seed: int = 0):
+    import torch
+
+    from ..prune.nm import nm_mask
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(m, k, generator=g) / k ** 0.5
+    return (w * nm_mask(w)).to("cuda", getattr(torch, dtype))
+
+
+def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed: int = 0) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from ..semi.runtime import Linear24Runtime
+    from .timing import eager_time_us, graph_time_us
+
+    w = random_24_weight(m, k, dtype, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    xs = [torch.randn(n, k, device="cuda", generator=g).to(w.dtype) for _ in range(3)]
+    record = {"M": m, "K": k, "N": n, "dtype": dtype, "gpu": torch.cuda.get_device_name()}
+
+    started = time.perf_counter()
+    forced = Linear24Runtime(w, None, policy="sparse")
+    decision, plan = forced.prepare(xs[0])
+    record["setup_seconds"] = time.perf_counter() - started  # compression + cuSPARSELt search
+    if plan is None:  # cuSPARSELt refused the shape: a result to report, not a crash
+        return {**record, "sparse24_error": decision.reason, "error_ok": False}
+    record.update(config_id=decision.config_id, padded_n=plan.padded_n, compressed_bytes=forced.compressed.nbytes)
+    record.update(_check(plan, xs[0], w, dtype))
+
+    record["dense_us"] = graph_time_us(lambda x: F.linear(x, w), xs)
+    record["sparse24_us"] = graph_time_us(forced, xs)
+    measured = Linear24Runtime(w, None, policy="measure")
+    chosen = measured.prepare(xs[0])[0]
+    record["decision"] = chosen.path
+    record["with_fallback_us"] = graph_time_us(measured, xs)
+    record["dense_eager_us"] = eager_time_us(lambda x: F.linear(x, w), xs)
+    record["sparse24_eager_us"] = eager_time_us(forced, xs)
+    record["speedup_vs_dense"] = record["dense_us"] / record["sparse24_us"]
+    record["fallback_speedup_vs_dense"] = record["dense_us"] / record["with_fallback_us"]
+    if with_torch:
+        record.update(_torch_semi_structured(w, xs, record))
+    return record
+
+
+def _check(plan, x, w, dtype: str) -> dict:
+    """Output of one plan run into a NaN-poisoned buffer, against float64."""
+    import torch
+
+    from ..semi.runtime import _padded_input
+
+    out = torch.full((plan.padded_n, w.shape[0]), float("nan"), dtype=w.dtype, device=w.device)
+    plan.run(_padded_input(plan, x), out)
+    got = out[: x.shape[0]].double()
+    ref = x.double() @ w.double().T
+    err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+    return {"rel_error": err, "error_ok": err <= TOLERANCE[dtype]}
+
+
+def _torch_semi_structured(w, xs, record: dict) -> dict:
+    """torch.sparse.to_sparse_semi_structured (cuSPARSELt backend) through F.linear, as a user would call it."""
+    import torch
+    import torch.nn.functional as F
+
+    from .timing import eager_time_us, graph_time_us
+
+    try:
+        from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+
+        SparseSemiStructuredTensor._FORCE_CUTLASS = False
+        ws = to_sparse_semi_structured(w)
+        out = {"torch_semi_eager_us": eager_time_us(lambda x: F.linear(x, ws), xs, repeats=10)}
+    except Exception as exc:  # the baseline's own refusals are results too
+        return {"torch_semi_error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    out["speedup_vs_torch_semi_eager"] = out["torch_semi_eager_us"] / record["sparse24_eager_us"]
+    try:
+        out["torch_semi_us"] = graph_time_us(lambda x: F.linear(x, ws), xs, calls_per_graph=5, repeats=10)
+    except Exception as exc:
+        out["torch_semi_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    torch.cuda.synchronize()
+    return out
+
+
+def host_overhead_us(m: int = 768, k: int = 768, n: int = 16, dtype: str = "float16", calls: int = 300) -> dict:
+    """Host microseconds per call (no synchronisation inside the loop) of each path on a small layer,
+    where the GPU keeps up and the host is what is measured."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..nn import SparseLinear24
+
+    w = random_24_weight(m, k, dtype)
+    x = torch.randn(n, k, device="cuda").to(w.dtype)
+    linear = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=w.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    module = SparseLinear24.from_dense(linear, policy="sparse")
+    runtime = module.runtime()
+    paths = {"sparseforge_module": module, "sparseforge_runtime": runtime, "dense_F_linear": lambda t: F.linear(t, w)}
+    try:
+        from torch.sparse import to_sparse_semi_structured
+
+        ws = to_sparse_semi_structured(w)
+        paths["torch_semi_structured"] = lambda t: F.linear(t, ws)
+    except Exception:
+        pass
+    result = {"shape": [m, k, n], "dtype": dtype}
+    with torch.no_grad():
+        for name, fn in paths.items():
+            for _ in range(20):
+                fn(x)
+            torch.cuda.synchronize()
+            count = calls if name != "torch_semi_structured" else 30
+            samples = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                fn(x)
+                samples.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+            samples.sort()
+            result[name] = samples[len(samples) // 2]
+    return result

@@ -1,0 +1,133 @@
+"""SparseLinear24: an nn.Linear whose 2:4 weight runs on Sparse Tensor Cores (cuSPARSELt) for the input
+widths where that measured faster than dense cuBLAS, and dense everywhere else."""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..semi.cusparselt import ALIGN_BYTES, Sparse24Error, check_weight
+from ..semi.decide import DENSE, MIN_SPEEDUP, Decision, fixed
+from ..semi.runtime import Linear24Runtime, check_policy
+
+_ids = itertools.count()
+# layer id -> module, for the torch.library op (ops take tensors and integers, not modules).
+LAYERS: "weakref.WeakValueDictionary[int, SparseLinear24]" = weakref.WeakValueDictionary()
+
+
+class SparseLinear24(nn.Module):
+    """y = x W^T + b with W 2:4 sparse along in_features (float16 or bfloat16, both dimensions multiples of
+    16). On a CUDA device each input width n (tokens = x.numel() / in_features) is decided once: cuSPARSELt's
+    algorithm search, then 2:4 and dense timed and the faster kept (`policy="measure"`; "sparse" and
+    "dense" force a path). `decisions` lists what was chosen and why. On the CPU, and whenever autograd
+    needs a gradient, it computes the same result densely.
+
+    Memory: the masked dense weight is kept next to the compressed one (about 0.56x of it), since dense
+    is the fallback."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=torch.float16, policy: str = "measure", min_speedup: float = MIN_SPEEDUP):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.policy, self.min_speedup = check_policy(policy), min_speedup
+        weight = torch.zeros(out_features, in_features, device=device, dtype=dtype)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype),
+                                 requires_grad=False) if bias else None
+        self.layer_id = next(_ids)
+        LAYERS[self.layer_id] = self
+        self._runtime: Linear24Runtime | None = None
+        self._runtime_key: tuple | None = None
+        self._capture_fallbacks: dict[int, Decision] = {}
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, policy: str = "measure",
+                   min_speedup: float = MIN_SPEEDUP) -> "SparseLinear24":
+        """A copy of `linear` (a plain or mask-parametrized nn.Linear whose weight is 2:4). Raises
+        Sparse24Error naming the problem when the weight cannot run on Sparse Tensor Cores."""
+        weight = linear.weight.detach()  # with a mask parametrization: the masked weight
+        check_weight(weight, name="weight")
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, device=weight.device,
+                    dtype=weight.dtype, policy=policy, min_speedup=min_speedup)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias.detach().to(weight.dtype))
+        return layer
+
+    def to_dense(self) -> nn.Linear:
+        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                           device=self.weight.device, dtype=self.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+    @property
+    def decisions(self) -> list[Decision]:
+        found = dict(self._capture_fallbacks)
+        if self._runtime is not None:
+            found.update({d.n: d for d in self._runtime.decisions})
+        return [found[n] for n in sorted(found)]
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, dtype={self.weight.dtype}, policy={self.policy!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cuda" or self.policy == "dense" or (
+                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            return torch.ops.sparseforge.linear24(x, self.weight, self.bias, self.layer_id)
+        return self.sparse_forward(x)
+
+    def sparse_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The CUDA path, also the body of the torch.library op."""
+        if x.shape[-1] != self.in_features or x.dtype != self.weight.dtype or x.device != self.weight.device:
+            raise Sparse24Error(self._input_problem(x))
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] == 0:
+            return x.new_empty(*x.shape[:-1], self.out_features)
+        if not rows.is_contiguous() or rows.data_ptr() % ALIGN_BYTES:
+            rows = rows.contiguous() if not rows.is_contiguous() else rows.clone()
+        runtime = self._runtime if self._runtime_key == self._current_key() else self.runtime()
+        if runtime is None:
+            n = rows.shape[0]
+            self._capture_fallbacks.setdefault(n, fixed(n, DENSE, "first seen during CUDA graph capture, before "
+                                                                  "the layer was prepared: dense"))
+            return F.linear(x, self.weight, self.bias)
+        return runtime(rows).view(*x.shape[:-1], self.out_features)
+
+    def runtime(self) -> Linear24Runtime | None:
+        """The compressed weight and plans, (re)built when the weights changed place or value. None while a
+        CUDA graph is being captured and nothing was built before (that width then runs dense)."""
+        if self._runtime_key == self._current_key():
+            return self._runtime
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        self._runtime = Linear24Runtime(self.weight, self.bias, self.policy, self.min_speedup)
+        self._runtime_key = self._current_key()
+        return self._runtime
+
+    def _current_key(self) -> tuple:
+        # In-place updates (load_state_dict, optimizer steps) bump _version; moves change the pointer.
+        bias = self.bias
+        return (self.weight.data_ptr(), self.weight._version,
+                None if bias is None else (bias.data_ptr(), bias._version))
+
+    def _input_problem(self, x: torch.Tensor) -> str:
+        if x.shape[-1] != self.in_features:
+            return f"input has {x.shape[-1]} features in its last dimension; this layer takes {self.in_features}"
+        if x.dtype != self.weight.dtype:
+            return f"input dtype {x.dtype}, layer dtype {self.weight.dtype}: cast the input (x.to({self.weight.dtype}))"
+        return f"input on {x.device}, layer on {self.weight.device}: move one of them"
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() / .half(): the runtime belongs to the old tensors; forget it.
+        self._runtime, self._runtime_key = None, None
+        return super()._apply(fn, recurse)

@@ -1,0 +1,103 @@
+"""One Linear layer's 2:4 state on one GPU: the compressed weight, and per input width n a decision
+(2:4 or dense, by measurement) with its cuSPARSELt plan. Built once, looked up on every call."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
+from .decide import DENSE, MIN_SPEEDUP, SPARSE, Decision, decide, fixed
+
+POLICIES = ("measure", "sparse", "dense")
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}: 'measure' picks 2:4 or dense per "
+                         "input width by timing both, 'sparse' always runs 2:4, 'dense' never does")
+    return policy
+
+
+class Linear24Runtime:
+    """Y = X W^T + b for a 2:4 weight on one CUDA device. `weight` (M x K, the masked dense weight) and
+    `bias` stay referenced: dense is the fallback wherever 2:4 does not pay."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, policy: str = "measure",
+                 min_speedup: float = MIN_SPEEDUP):
+        self.policy = check_policy(policy)
+        self.min_speedup = min_speedup
+        self.weight, self.bias = weight, bias
+        self.compressed = CompressedWeight(weight)
+        self.entries: dict[int, tuple[Decision, MatmulPlan | None]] = {}
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return [decision for decision, _ in self.entries.values()]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (n, K) contiguous, 16-byte aligned, the weight's dtype and device. Returns (n, M)."""
+        n = x.shape[0]
+        entry = self.entries.get(n)
+        if entry is None:
+            entry = self.prepare(x)
+        plan = entry[1]
+        if plan is None:
+            return F.linear(x, self.weight, self.bias)
+        return _run_padded(plan, x)
+
+    def prepare(self, x: torch.Tensor) -> tuple[Decision, MatmulPlan | None]:
+        """Decide (and build the plan) for x's width; later calls of that width only look it up."""
+        n = x.shape[0]
+        if torch.cuda.is_current_stream_capturing():
+            # Nothing can be timed or searched inside a capture; dense is never slower than dense.
+            entry = (fixed(n, DENSE, "first seen during CUDA graph capture, where nothing can be measured; "
+                                     "call sparseforge.semi.prepare(model, widths) before capturing"), None)
+        elif self.policy == "dense":
+            entry = (fixed(n, DENSE, "policy 'dense'"), None)
+        else:
+            entry = self._measured(x)
+        self.entries[n] = entry
+        return entry
+
+    def _measured(self, x: torch.Tensor) -> tuple[Decision, MatmulPlan | None]:
+        n = x.shape[0]
+        try:
+            plan = MatmulPlan(self.compressed, n, self.bias)
+            padded = _padded_input(plan, x)
+            out = torch.empty(plan.padded_n, self.compressed.rows, dtype=x.dtype, device=x.device)
+            plan.search(padded, out)
+        except Sparse24Error as exc:
+            return fixed(n, DENSE, f"cuSPARSELt cannot run this width: {exc}"), None
+        extra = {"config_id": plan.config_id, "padded_n": plan.padded_n if plan.padded_n != n else None}
+        if self.policy == "sparse":
+            return Decision(n, SPARSE, "policy 'sparse': 2:4 without comparing to dense", **extra), plan
+        sparse_us = _time_us(lambda: _run_padded(plan, x))
+        dense_us = _time_us(lambda: F.linear(x, self.weight, self.bias))
+        decision = decide(n, sparse_us, dense_us, self.min_speedup, **extra)
+        return decision, (plan if decision.path == SPARSE else None)
+
+
+def _padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
+    if plan.padded_n == x.shape[0]:
+        return x
+    # Rows past n only feed output rows that are dropped, so they need no particular value.
+    padded = torch.empty(plan.padded_n, x.shape[1], dtype=x.dtype, device=x.device)
+    padded[: x.shape[0]].copy_(x)
+    return padded
+
+
+def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(plan.padded_n, plan.weight.rows, dtype=x.dtype, device=x.device)
+    plan.run(_padded_input(plan, x), out)
+    return out[: x.shape[0]]  # the leading rows of a row-major buffer: contiguous, no copy
+
+
+def _time_us(fn) -> float:
+    """Median GPU microseconds per call, by CUDA-graph replay (what a graph-captured model sees); eager
+    CUDA-event timing where a graph cannot be captured."""
+    from ..bench.timing import eager_time_us, graph_time_us
+
+    try:
+        return graph_time_us(lambda _: fn(), [None], calls_per_graph=10, repeats=15)
+    except RuntimeError:
+        return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)

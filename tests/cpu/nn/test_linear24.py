@@ -1,0 +1,136 @@
+"""SparseLinear24 and to_sparse24 on the CPU: validation, conversion reports, the dense path."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparseforge import SparseLinear24, prepare, sparsify_24, to_sparse24
+from sparseforge.prune import is_nm, nm_mask
+from sparseforge.semi import Sparse24Error, check_weight
+from sparseforge.semi.cusparselt import CompressedWeight
+
+
+def weight_24(m, k, dtype=torch.float16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(m, k, generator=g)
+    return (w * nm_mask(w)).to(dtype)
+
+
+def linear_from(w, bias=True):
+    linear = nn.Linear(w.shape[1], w.shape[0], bias=bias, dtype=w.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    return linear
+
+
+@pytest.mark.parametrize("weight,match", [
+    (weight_24(32, 32, torch.float32), "float16 or bfloat16"),
+    (weight_24(24, 32), "multiples of 16"),
+    (weight_24(32, 40), "multiples of 16"),
+    (torch.ones(32, 32, dtype=torch.float16), r"row 0, input columns 0\.\.3 .*not 2:4"),
+    (torch.ones(32, dtype=torch.float16), "2-D"),
+])
+def test_check_weight_names_the_problem(weight, match):
+    with pytest.raises(Sparse24Error, match=match):
+        check_weight(weight)
+
+
+def test_check_weight_rejects_nan_and_inf():
+    for value in (float("nan"), float("inf")):
+        w = weight_24(32, 32)
+        w[3, 4] = value
+        with pytest.raises(Sparse24Error, match="NaN or inf"):
+            check_weight(w)
+
+
+def test_check_weight_accepts_24_bf16():
+    check_weight(weight_24(48, 64, torch.bfloat16))
+
+
+def test_compressing_on_the_cpu_is_refused():
+    with pytest.raises(Sparse24Error, match="CUDA device"):
+        CompressedWeight(weight_24(32, 32))
+
+
+def test_from_dense_cpu_forward_is_the_dense_result():
+    w = weight_24(64, 32)
+    linear = linear_from(w)
+    layer = SparseLinear24.from_dense(linear)
+    x = torch.randn(2, 5, 32, dtype=torch.float16)
+    assert torch.equal(layer(x), F.linear(x, w, linear.bias))
+    assert layer.decisions == []
+    back = layer.to_dense()
+    assert torch.equal(back.weight, w) and torch.equal(back.bias, linear.bias)
+
+
+def test_from_dense_refuses_unpruned_weights():
+    with pytest.raises(Sparse24Error, match="sparsify_24"):
+        SparseLinear24.from_dense(nn.Linear(32, 32, dtype=torch.float16))
+
+
+def test_state_dict_round_trip():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(32, 64)))
+    fresh = SparseLinear24(64, 32)
+    fresh.load_state_dict(layer.state_dict())
+    assert torch.equal(fresh.weight, layer.weight) and torch.equal(fresh.bias, layer.bias)
+
+
+def test_policy_is_validated():
+    with pytest.raises(ValueError, match="policy must be one of"):
+        SparseLinear24(16, 16, policy="fast")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 64)
+        self.head = nn.Linear(64, 10)
+        self.conv = nn.Conv2d(16, 32, 1)
+        self.dense = nn.Linear(64, 64)
+
+
+def test_to_sparse24_converts_pruned_layers_and_lists_the_rest():
+    torch.manual_seed(0)
+    model = Net()
+    sparsify_24(model, exclude="dense")
+    model.half()
+    x = torch.randn(3, 64, dtype=torch.float16)
+    before = model.fc2(model.fc1(x))
+    report = to_sparse24(model)
+    assert report.converted == ["fc1", "fc2"]
+    reasons = {s.name: s.reason for s in report.skipped}
+    assert "multiples of 16" in reasons["head"]
+    assert "no convolution" in reasons["conv"]
+    assert "not 2:4" in reasons["dense"]
+    assert isinstance(model.fc1, SparseLinear24) and is_nm(model.fc1.weight)
+    assert torch.equal(model.fc2(model.fc1(x)), before)
+    assert "2 Linear layers now SparseLinear24" in str(report)
+
+
+def test_to_sparse24_leaves_float32_models_with_a_reason():
+    model = Net()
+    sparsify_24(model)
+    report = to_sparse24(model, include="fc")
+    assert report.converted == []
+    assert all("float16 or bfloat16" in s.reason for s in report.skipped if s.name.startswith("fc"))
+
+
+def test_prepare_needs_a_cuda_model():
+    model = nn.Sequential(SparseLinear24.from_dense(linear_from(weight_24(32, 32))))
+    with pytest.raises(ValueError, match="CUDA device"):
+        prepare(model, [16])
+    with pytest.raises(ValueError, match="positive"):
+        prepare(model, [0])
+
+
+def test_torch_library_op_fake_shape_and_cpu_impl():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    x = torch.randn(4, 3, 32, dtype=torch.float16)
+    out = torch.ops.sparseforge.linear24(x, layer.weight, layer.bias, layer.layer_id)
+    assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.ops.sparseforge.linear24(mode.from_tensor(x), mode.from_tensor(layer.weight), None, 0)
+    assert fake.shape == (4, 3, 48)

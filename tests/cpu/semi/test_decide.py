@@ -1,0 +1,37 @@
+import pytest
+
+from sparseforge.semi.decide import DENSE, MIN_SPEEDUP, SPARSE, decide, fixed
+
+
+def test_sparse_only_with_margin():
+    assert decide(64, sparse_us=10.0, dense_us=20.0).path == SPARSE
+    assert decide(64, sparse_us=10.0, dense_us=10.0 * MIN_SPEEDUP).path == SPARSE
+    tie = decide(64, sparse_us=10.0, dense_us=10.2)
+    assert tie.path == DENSE and "dense kept" in tie.reason
+    assert decide(64, sparse_us=30.0, dense_us=10.0).path == DENSE
+
+
+def test_decision_records_timings_and_speedup():
+    d = decide(2048, sparse_us=8.0, dense_us=12.0, config_id=3, padded_n=2048)
+    assert d.speedup == pytest.approx(1.5)
+    assert d.as_dict() == {"n": 2048, "path": SPARSE, "reason": d.reason, "sparse_us": 8.0, "dense_us": 12.0,
+                           "config_id": 3, "padded_n": 2048, "speedup": pytest.approx(1.5)}
+    assert "1.50x faster" in d.reason
+
+
+def test_custom_margin():
+    assert decide(1, sparse_us=10.0, dense_us=10.5, min_speedup=1.0).path == SPARSE
+    assert decide(1, sparse_us=10.0, dense_us=14.0, min_speedup=1.5).path == DENSE
+
+
+@pytest.mark.parametrize("sparse_us,dense_us", [(0.0, 1.0), (1.0, 0.0), (-1.0, 2.0), (float("nan"), 1.0)])
+def test_bad_timings_rejected(sparse_us, dense_us):
+    with pytest.raises(ValueError, match="positive"):
+        decide(1, sparse_us, dense_us)
+
+
+def test_fixed_decisions():
+    d = fixed(16, DENSE, "policy 'dense'")
+    assert d.speedup is None and d.sparse_us is None
+    with pytest.raises(ValueError, match="path must be"):
+        fixed(16, "sparse", "typo")

@@ -1,0 +1,173 @@
+"""GPU numerics of the 2:4 cuSPARSELt path against a float64 reference (run on the device)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparseforge import SparseLinear24, prepare, sparsify_24, to_sparse24
+from sparseforge.prune import nm_mask
+from sparseforge.semi import Sparse24Error
+from sparseforge.semi.cusparselt import CompressedWeight, MatmulPlan
+from sparseforge.semi.runtime import Linear24Runtime, _padded_input
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def weight_24(m, k, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(m, k, generator=g) / k ** 0.5
+    return (w * nm_mask(w)).to("cuda", dtype)
+
+
+def rel_err(got, ref):
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k", [(16, 16), (64, 128), (768, 3072), (272, 48)])
+@pytest.mark.parametrize("n", [1, 3, 16, 17, 64, 300])
+def test_plan_matches_float64_into_poisoned_output(dtype, m, k, n):
+    w = weight_24(m, k, dtype)
+    x = torch.randn(n, k, device="cuda").to(dtype)
+    plan = MatmulPlan(CompressedWeight(w), n)
+    out = torch.full((plan.padded_n, m), float("nan"), device="cuda", dtype=dtype)
+    xp = _padded_input(plan, x)
+    plan.search(xp, out)
+    out.fill_(float("nan"))
+    plan.run(xp, out)
+    torch.cuda.synchronize()
+    got = out[:n]
+    assert torch.isfinite(got).all(), "unwritten (NaN) outputs"
+    assert rel_err(got, x.double() @ w.double().T) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_bias(dtype):
+    w = weight_24(256, 512, dtype)
+    bias = torch.randn(256, device="cuda").to(dtype)
+    x = torch.randn(40, 512, device="cuda").to(dtype)
+    runtime = Linear24Runtime(w, bias, policy="sparse")
+    got = runtime(x)
+    ref = x.double() @ w.double().T + bias.double()
+    assert runtime.decisions[0].path == "2:4"
+    assert rel_err(got, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("policy", ["measure", "sparse", "dense"])
+def test_module_matches_masked_dense_on_batched_input(dtype, policy):
+    linear = nn.Linear(384, 192, device="cuda")
+    sparsify_24(nn.Sequential(linear))
+    linear = linear.to(dtype)
+    layer = SparseLinear24.from_dense(linear, policy=policy)
+    x = torch.randn(3, 7, 384, device="cuda").to(dtype)
+    with torch.no_grad():
+        got = layer(x)
+        ref = F.linear(x.double(), linear.weight.double(), linear.bias.double())
+    assert got.shape == (3, 7, 192)
+    assert rel_err(got, ref) <= TOL[dtype]
+    decisions = layer.decisions
+    assert [d.n for d in decisions] == ([] if policy == "dense" else [21])
+    if policy == "measure":
+        d = decisions[0]
+        assert d.path in ("2:4", "dense") and d.sparse_us > 0 and d.dense_us > 0
+        assert (d.path == "2:4") == (d.speedup >= 1.03)
+
+
+def test_misaligned_and_strided_inputs():
+    w = weight_24(128, 256, torch.float16)
+    layer = SparseLinear24.from_dense(_linear_from(w), policy="sparse")
+    flat = torch.randn(33 * 256 + 1, device="cuda").half()
+    x = flat[1:].view(33, 256)  # 2-byte offset: not 16-byte aligned
+    assert x.data_ptr() % 16
+    strided = torch.randn(256, 33, device="cuda").half().t()
+    with torch.no_grad():
+        for inp in (x, strided):
+            assert rel_err(layer(inp), inp.double() @ w.double().T) <= TOL[torch.float16]
+
+
+def test_weight_update_in_place_recompresses():
+    w = weight_24(64, 64, torch.float16)
+    layer = SparseLinear24.from_dense(_linear_from(w), policy="sparse")
+    x = torch.randn(8, 64, device="cuda").half()
+    with torch.no_grad():
+        layer(x)
+        w2 = weight_24(64, 64, torch.float16, seed=5)
+        layer.load_state_dict({"weight": w2})
+        assert rel_err(layer(x), x.double() @ w2.double().T) <= TOL[torch.float16]
+
+
+def test_cuda_graph_capture_prepared_and_unprepared():
+    w = weight_24(512, 512, torch.float16)
+    layer = SparseLinear24.from_dense(_linear_from(w), policy="sparse")
+    layer_model = nn.Sequential(layer)
+    prepare(layer_model, [32])
+    static = torch.randn(32, 512, device="cuda").half()
+    cold = torch.randn(48, 512, device="cuda").half()  # width never prepared: runs dense inside the graph
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = layer_model(static)
+        out_cold = layer_model(cold)
+    fresh = torch.randn(32, 512, device="cuda").half()
+    static.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, fresh.double() @ w.double().T) <= TOL[torch.float16]
+    assert rel_err(out_cold, cold.double() @ w.double().T) <= TOL[torch.float16]
+    paths = {d.n: d.path for d in layer.decisions}
+    assert paths == {32: "2:4", 48: "dense"}
+    assert "capture" in layer.decisions[1].reason
+
+
+def test_torch_compile_fullgraph():
+    w = weight_24(256, 256, torch.float16)
+    model = nn.Sequential(SparseLinear24.from_dense(_linear_from(w), policy="sparse"), nn.ReLU())
+    x = torch.randn(64, 256, device="cuda").half()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(x)
+    assert rel_err(got, torch.relu(x.double() @ w.double().T)) <= TOL[torch.float16]
+    assert model[0].decisions[0].path == "2:4"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_to_sparse24_model_matches_masked_dense(dtype):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.Linear(256, 10)).cuda()
+    sparsify_24(model)
+    model = model.to(dtype).eval()
+    x = torch.randn(4, 50, 256, device="cuda").to(dtype)
+    with torch.no_grad():
+        ref = model(x).double()
+        report = to_sparse24(model)
+        got = model(x)
+    assert report.converted == ["0", "2"] and [s.name for s in report.skipped] == ["3"]
+    assert rel_err(got, ref) <= 2 * TOL[dtype]
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(Sparse24Error, match="float16 or bfloat16"):
+        CompressedWeight(weight_24(32, 32, torch.float32))
+    dense = torch.randn(32, 32, device="cuda").half()
+    with pytest.raises(Sparse24Error, match="not 2:4"):
+        CompressedWeight(dense)
+    bad = weight_24(32, 32, torch.float16)
+    bad[0, 0] = float("nan")
+    with pytest.raises(Sparse24Error, match="NaN"):
+        CompressedWeight(bad)
+    layer = SparseLinear24.from_dense(_linear_from(weight_24(32, 32, torch.float16)))
+    with torch.no_grad(), pytest.raises(Sparse24Error, match="cast the input"):
+        layer(torch.randn(4, 32, device="cuda"))
+    with torch.no_grad(), pytest.raises(Sparse24Error, match="takes 32"):
+        layer(torch.randn(4, 48, device="cuda").half())
+
+
+def _linear_from(w):
+    linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="cuda", dtype=w.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    return linear
