@@ -9,6 +9,7 @@ from sparseforge.prune import nm_mask
 from sparseforge.semi import Sparse24Error
 from sparseforge.semi.cusparselt import CompressedWeight, MatmulPlan
 from sparseforge.semi.runtime import Linear24Runtime, _padded_input
+from sparseforge.semi.transpose import transpose_columns
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
@@ -32,15 +33,22 @@ def test_plan_matches_float64_into_poisoned_output(dtype, m, k, n):
     w = weight_24(m, k, dtype)
     x = torch.randn(n, k, device="cuda").to(dtype)
     plan = MatmulPlan(CompressedWeight(w), n)
-    out = torch.full((plan.padded_n, m), float("nan"), device="cuda", dtype=dtype)
+    out = torch.full((m, plan.padded_n), float("nan"), device="cuda", dtype=dtype)
     xp = _padded_input(plan, x)
     plan.search(xp, out)
     out.fill_(float("nan"))
     plan.run(xp, out)
     torch.cuda.synchronize()
-    got = out[:n]
+    got = out[:, :n].t()
     assert torch.isfinite(got).all(), "unwritten (NaN) outputs"
     assert rel_err(got, x.double() @ w.double().T) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("rows,ld,n", [(64, 24, 17), (4096, 1024, 1000), (3000, 2056, 2049)])
+def test_transpose_columns_both_paths(rows, ld, n):
+    src = torch.randn(rows, ld, device="cuda").half()
+    got = transpose_columns(src, n)
+    assert got.is_contiguous() and torch.equal(got, src[:, :n].t())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -170,6 +170,8 @@ def run_bench24(args) -> int:
         for group, m, k, n, dtype in jobs:
             progress.update(task, description=f"{group} {m}x{k} N={n} {dtype}")
             records.append({"group": group, **run_case24(m, k, n, dtype, with_torch=not args.no_torch)})
+            if args.out:  # partial results survive an interrupted run
+                write_json(args.out, records, [], {"mode": "gpu", "partial": True})
             progress.advance(task)
     overhead = host_overhead_us()
     summary = summarize24(records)

@@ -67,9 +67,9 @@ def _check(plan, x, w, dtype: str) -> dict:
 
     from ..semi.runtime import _padded_input
 
-    out = torch.full((plan.padded_n, w.shape[0]), float("nan"), dtype=w.dtype, device=w.device)
+    out = torch.full((w.shape[0], plan.padded_n), float("nan"), dtype=w.dtype, device=w.device)
     plan.run(_padded_input(plan, x), out)
-    got = out[: x.shape[0]].double()
+    got = out[:, : x.shape[0]].t().double()
     ref = x.double() @ w.double().T
     err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
     return {"rel_error": err, "error_ok": err <= TOLERANCE[dtype]}

@@ -5,9 +5,12 @@ A 2:4 weight W (M x K, row-major, float16/bfloat16) is compressed once. For each
 call is one cusparseLtMatmul on torch's current stream: no descriptor, plan or allocation per call, which
 is what costs torch's semi-structured path 450-800 us a call on Hopper.
 
-Operand layout, the one PyTorch's own cuSPARSELt path uses for Linear layers: A = W (row-major M x K),
-B = X^T (X is N x K row-major, i.e. K x N column-major), D = Y^T (M x N column-major, i.e. Y = X W^T as
-N x M row-major). So X and Y are used in place, never transposed.
+Operand layout, the one PyTorch's own cuSPARSELt path uses: A = W (row-major M x K), B = X^T (X is N x K
+row-major, i.e. K x N column-major, read in place), D = Y^T (M x N row-major); `runtime` transposes D into
+Y. Measured on an H200 with cuSPARSELt 0.8.0 (benchmarks/probe_cusparselt.py): with D column-major (Y in
+place) or with the sparse operand as B, every algorithm but the default one dies with an illegal instruction
+and cusparseLtMatmulSearch fails (status 7), and the default one runs 2x slower than the searched
+row-major kernels; with D row-major all 27 algorithms run and the search works.
 """
 from __future__ import annotations
 
@@ -134,8 +137,8 @@ class CompressedWeight:
 
 
 class MatmulPlan:
-    """Y (n x M) = X (n x K) @ W^T [+ bias] for one n: cuSPARSELt descriptors, searched algorithm and
-    workspace, built once. `run` is the per-call path."""
+    """Y^T (M x n) = W @ X^T [+ bias] for X (n x K) and one n: cuSPARSELt descriptors, searched algorithm
+    and workspace, built once. `run` is the per-call path."""
 
     def __init__(self, weight: CompressedWeight, n: int, bias: torch.Tensor | None = None):
         if n < 1:
@@ -175,8 +178,8 @@ class MatmulPlan:
         w, handle = self.weight, self.weight.library.handle
         self.b_desc = self._own(L.dense_descriptor_init(handle, w.cols, padded, w.cols, ALIGN_BYTES, w.value_type,
                                                         cusparse.Order.COL), L.mat_descriptor_destroy)
-        self.d_desc = self._own(L.dense_descriptor_init(handle, w.rows, padded, w.rows, ALIGN_BYTES, w.value_type,
-                                                        cusparse.Order.COL), L.mat_descriptor_destroy)
+        self.d_desc = self._own(L.dense_descriptor_init(handle, w.rows, padded, padded, ALIGN_BYTES, w.value_type,
+                                                        cusparse.Order.ROW), L.mat_descriptor_destroy)
         op = cusparse.Operation.NON_TRANSPOSE
         self.matmul_desc = self._own(L.matmul_descriptor_init(handle, op, op, w.descriptor, self.b_desc,
                                                               self.d_desc, self.d_desc, L.ComputeType.COMPUTE_32F),
@@ -224,8 +227,8 @@ class MatmulPlan:
         return self.config_id
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        """out[:padded_n] = x[:padded_n] @ W^T (+ bias), on torch's current stream. x and out are contiguous
-        (padded_n x K) and (padded_n x M) tensors of the weight's dtype and device, 16-byte aligned."""
+        """out = W @ x^T (+ bias) on torch's current stream. x is a contiguous (padded_n x K) and out a
+        contiguous (M x padded_n) tensor of the weight's dtype and device, both 16-byte aligned."""
         self._call(self._matmul, x, out)
 
     def _call(self, fn, x: torch.Tensor, out: torch.Tensor) -> None:

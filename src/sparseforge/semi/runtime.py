@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
 from .decide import DENSE, MIN_SPEEDUP, SPARSE, Decision, decide, fixed
+from .transpose import transpose_columns
 
 POLICIES = ("measure", "sparse", "dense")
 
@@ -64,7 +65,7 @@ class Linear24Runtime:
         try:
             plan = MatmulPlan(self.compressed, n, self.bias)
             padded = _padded_input(plan, x)
-            out = torch.empty(plan.padded_n, self.compressed.rows, dtype=x.dtype, device=x.device)
+            out = torch.empty(self.compressed.rows, plan.padded_n, dtype=x.dtype, device=x.device)
             plan.search(padded, out)
         except Sparse24Error as exc:
             return fixed(n, DENSE, f"cuSPARSELt cannot run this width: {exc}"), None
@@ -87,9 +88,9 @@ def _padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
 
 
 def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(plan.padded_n, plan.weight.rows, dtype=x.dtype, device=x.device)
-    plan.run(_padded_input(plan, x), out)
-    return out[: x.shape[0]]  # the leading rows of a row-major buffer: contiguous, no copy
+    out_t = torch.empty(plan.weight.rows, plan.padded_n, dtype=x.dtype, device=x.device)
+    plan.run(_padded_input(plan, x), out_t)
+    return transpose_columns(out_t, x.shape[0])
 
 
 def _time_us(fn) -> float:

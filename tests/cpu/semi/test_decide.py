@@ -35,3 +35,13 @@ def test_fixed_decisions():
     assert d.speedup is None and d.sparse_us is None
     with pytest.raises(ValueError, match="path must be"):
         fixed(16, "sparse", "typo")
+
+
+def test_transpose_columns_small_path_on_cpu():
+    import torch
+
+    from sparseforge.semi.transpose import transpose_columns
+
+    src = torch.arange(5 * 8, dtype=torch.float16).view(5, 8)
+    got = transpose_columns(src, 3)
+    assert got.is_contiguous() and torch.equal(got, src[:, :3].t())
