@@ -29,8 +29,9 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
     import torch
     import torch.nn.functional as F
 
-    from ..semi.runtime import Linear24Runtime
-    from .timing import eager_time_us, graph_time_us
+    from ..semi.runtime import Linear24Runtime, _padded_input
+    from ..semi.transpose import transpose_columns
+    from .timing import eager_time_us
 
     w = random_24_weight(m, k, dtype, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
@@ -46,12 +47,15 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
     record.update(config_id=decision.config_id, padded_n=plan.padded_n, compressed_bytes=forced.compressed.nbytes)
     record.update(_check(plan, xs[0], w, dtype))
 
-    record["dense_us"] = graph_time_us(lambda x: F.linear(x, w), xs)
-    record["sparse24_us"] = graph_time_us(forced, xs)
     measured = Linear24Runtime(w, None, policy="measure")
     chosen = measured.prepare(xs[0])[0]
     record["decision"] = chosen.path
-    record["with_fallback_us"] = graph_time_us(measured, xs)
+    out_t = torch.empty(m, plan.padded_n, dtype=w.dtype, device="cuda")
+    padded = [_padded_input(plan, x) for x in xs]
+    paths = {"dense_us": lambda x: F.linear(x, w), "sparse24_us": forced, "with_fallback_us": measured,
+             "matmul_only_us": lambda i: plan.run(padded[i], out_t),
+             "transpose_us": lambda _: transpose_columns(out_t, n)}
+    record.update(interleaved_us(paths, xs))
     record["dense_eager_us"] = eager_time_us(lambda x: F.linear(x, w), xs)
     record["sparse24_eager_us"] = eager_time_us(forced, xs)
     record["speedup_vs_dense"] = record["dense_us"] / record["sparse24_us"]
@@ -59,6 +63,23 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
     if with_torch:
         record.update(_torch_semi_structured(w, xs, record))
     return record
+
+
+def interleaved_us(paths: dict, xs: list, rounds: int = 3) -> dict:
+    """Graph-replay medians of each path, measured in alternating rounds so clock and cache drift between
+    measurements lands on every path alike; the median over rounds is reported. A path named *_only_us or
+    transpose_us gets the input's index, the others the input."""
+    from statistics import median
+
+    from .timing import graph_time_us
+
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, fn in paths.items():
+            by_index = name in ("matmul_only_us", "transpose_us")
+            inputs = list(range(len(xs))) if by_index else xs
+            samples[name].append(graph_time_us(fn, inputs, repeats=15))
+    return {name: median(values) for name, values in samples.items()}
 
 
 def _check(plan, x, w, dtype: str) -> dict:
@@ -114,7 +135,11 @@ def host_overhead_us(m: int = 768, k: int = 768, n: int = 16, dtype: str = "floa
         linear.weight.copy_(w)
     module = SparseLinear24.from_dense(linear, policy="sparse")
     runtime = module.runtime()
-    paths = {"sparseforge_module": module, "sparseforge_runtime": runtime, "dense_F_linear": lambda t: F.linear(t, w)}
+    plan = runtime.prepare(x)[1]
+    out_t = torch.empty(m, plan.padded_n, dtype=w.dtype, device="cuda")
+    paths = {"sparseforge_module": module, "sparseforge_runtime": runtime, "dense_F_linear": lambda t: F.linear(t, w),
+             "cusparselt_matmul_call": lambda t: plan.run(t, out_t), "torch_empty": lambda t: torch.empty_like(out_t),
+             "output_transpose": lambda t: out_t.t().contiguous()}
     try:
         from torch.sparse import to_sparse_semi_structured
 
