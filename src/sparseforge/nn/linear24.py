@@ -79,35 +79,46 @@ class SparseLinear24(nn.Module):
                 f"bias={self.bias is not None}, dtype={self.weight.dtype}, policy={self.policy!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cuda" or self.policy == "dense" or (
-                torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-            return F.linear(x, self.weight, self.bias)
+        weight = self._parameters["weight"]
+        if not x.is_cuda or self.policy == "dense" or (
+                torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            return F.linear(x, weight, self._parameters.get("bias"))
         if torch.compiler.is_compiling():
-            return torch.ops.sparseforge.linear24(x, self.weight, self.bias, self.layer_id)
+            return torch.ops.sparseforge.linear24(x, weight, self._parameters.get("bias"), self.layer_id)
         return self.sparse_forward(x)
 
     def sparse_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The CUDA path, also the body of the torch.library op."""
-        if x.shape[-1] != self.in_features or x.dtype != self.weight.dtype or x.device != self.weight.device:
+        """The CUDA path, also the body of the torch.library op. Kept lean: it runs on every call, and the
+        host time of small layers is what eager models pay (direct _parameters lookups skip Module's
+        __getattr__; 2-D inputs skip the reshapes)."""
+        params = self._parameters
+        weight, bias = params["weight"], params.get("bias")
+        if x.shape[-1] != self.in_features or x.dtype != weight.dtype or x.device != weight.device:
             raise Sparse24Error(self._input_problem(x))
-        rows = x.reshape(-1, self.in_features)
+        flat = x.dim() == 2
+        rows = x if flat else x.reshape(-1, self.in_features)
         if rows.shape[0] == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
         if not rows.is_contiguous() or rows.data_ptr() % ALIGN_BYTES:
             rows = rows.contiguous() if not rows.is_contiguous() else rows.clone()
-        runtime = self._runtime if self._runtime_key == self._current_key() else self.runtime()
+        key = (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
+        runtime = self._runtime if key == self._runtime_key else self.runtime()
         if runtime is None:
             n = rows.shape[0]
             self._capture_fallbacks.setdefault(n, fixed(n, DENSE, "first seen during CUDA graph capture, before "
                                                                   "the layer was prepared: dense"))
-            return F.linear(x, self.weight, self.bias)
-        return runtime(rows).view(*x.shape[:-1], self.out_features)
+            return F.linear(x, weight, bias)
+        y = runtime(rows)
+        return y if flat else y.view(*x.shape[:-1], self.out_features)
 
     def runtime(self) -> Linear24Runtime | None:
         """The compressed weight and plans, (re)built when the weights changed place or value. None while a
         CUDA graph is being captured and nothing was built before (that width then runs dense)."""
         if self._runtime_key == self._current_key():
             return self._runtime
+        if not self.weight.is_cuda:
+            raise Sparse24Error(f"the layer's weights are on {self.weight.device}: Sparse Tensor Cores need them on "
+                                "a CUDA device (model.cuda())")
         if torch.cuda.is_current_stream_capturing():
             return None
         self._runtime = Linear24Runtime(self.weight, self.bias, self.policy, self.min_speedup)
@@ -116,9 +127,9 @@ class SparseLinear24(nn.Module):
 
     def _current_key(self) -> tuple:
         # In-place updates (load_state_dict, optimizer steps) bump _version; moves change the pointer.
-        bias = self.bias
-        return (self.weight.data_ptr(), self.weight._version,
-                None if bias is None else (bias.data_ptr(), bias._version))
+        # sparse_forward inlines this for speed: keep the two in step.
+        weight, bias = self._parameters["weight"], self._parameters.get("bias")
+        return (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
 
     def _input_problem(self, x: torch.Tensor) -> str:
         if x.shape[-1] != self.in_features:

@@ -152,6 +152,7 @@ class MatmulPlan:
         # Host addresses read on every call, computed once: the call path is a handful of integer arguments.
         self._scalars = (self._alpha.ctypes.data, self._beta.ctypes.data, self._streams.ctypes.data)
         self._matmul = bindings().matmul
+        self._handle, self._a_ptr = weight.library.handle, weight.data.data_ptr()  # fixed for the plan's life
         self._device_index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         self._owned: list = []
         self.padded_n, self.refusals = self._build(n)
@@ -237,8 +238,9 @@ class MatmulPlan:
     def _call(self, fn, x: torch.Tensor, out: torch.Tensor) -> None:
         alpha, beta, streams = self._scalars
         self._streams[0] = current_stream_handle(self._device_index)
-        fn(self.weight.library.handle, self.plan, alpha, self.weight.data.data_ptr(), x.data_ptr(), beta,
-           out.data_ptr(), out.data_ptr(), self.workspace.data_ptr(), streams, 1)
+        d = out.data_ptr()
+        fn(self._handle, self.plan, alpha, self._a_ptr, x.data_ptr(), beta, d, d, self.workspace.data_ptr(),
+           streams, 1)
 
 
 def current_stream_handle(device_index: int) -> int:

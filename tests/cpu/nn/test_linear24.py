@@ -134,3 +134,41 @@ def test_torch_library_op_fake_shape_and_cpu_impl():
     with FakeTensorMode() as mode:
         fake = torch.ops.sparseforge.linear24(mode.from_tensor(x), mode.from_tensor(layer.weight), None, 0)
     assert fake.shape == (4, 3, 48)
+
+
+class RecordingRuntime:
+    """Stands in for the CUDA runtime so sparse_forward's glue (shapes, copies, keys) runs on the CPU."""
+
+    def __init__(self, weight):
+        self.weight, self.seen = weight, []
+
+    def __call__(self, rows):
+        self.seen.append((tuple(rows.shape), rows.is_contiguous(), rows.data_ptr() % 16))
+        return F.linear(rows, self.weight)
+
+
+def test_sparse_forward_glue_shapes_copies_and_runtime_key():
+    w = weight_24(48, 32)
+    layer = SparseLinear24.from_dense(linear_from(w, bias=False))
+    stub = RecordingRuntime(w)
+    layer._runtime, layer._runtime_key = stub, layer._current_key()
+    x3 = torch.randn(2, 5, 32, dtype=torch.float16)
+    assert torch.equal(layer.sparse_forward(x3), F.linear(x3, w))
+    strided = torch.randn(32, 7, dtype=torch.float16).t()
+    assert torch.equal(layer.sparse_forward(strided), F.linear(strided, w))
+    misaligned = torch.randn(7 * 32 + 1, dtype=torch.float16)[1:].view(7, 32)
+    assert torch.equal(layer.sparse_forward(misaligned), F.linear(misaligned, w))
+    assert stub.seen == [((10, 32), True, 0), ((7, 32), True, 0), ((7, 32), True, 0)]
+    assert layer.sparse_forward(torch.empty(0, 32, dtype=torch.float16)).shape == (0, 48)
+    with torch.no_grad():
+        layer.weight.mul_(2)  # an in-place change must invalidate the runtime (rebuilt: needs CUDA here)
+    with pytest.raises(Sparse24Error, match="CUDA device"):
+        layer.sparse_forward(x3)
+
+
+def test_sparse_forward_rejects_wrong_inputs():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    with pytest.raises(Sparse24Error, match="takes 32"):
+        layer.sparse_forward(torch.randn(3, 31, dtype=torch.float16))
+    with pytest.raises(Sparse24Error, match="cast the input"):
+        layer.sparse_forward(torch.randn(3, 32))
