@@ -1,6 +1,7 @@
 """The public SpMM API: compile_spmm() and spmm()."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 
@@ -9,7 +10,7 @@ import numpy as np
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan
 from .runtime import KernelCache, build_kernel, cache_key
-from .tune import default_config, tune
+from .tune import candidates, default_config, tune
 
 _DTYPE_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
                 "float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
@@ -84,7 +85,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         return build(config or default_config(int(n), layout))
     cache = KernelCache()
     bias_tag = "none" if bias_values is None else cache_key(bias_values.astype(np.float32).tobytes())
-    key = cache_key(w.digest(), str(n), name, layout, bias_tag, str(relu), "tune-v1")
+    key = cache_key(w.digest(), str(n), name, layout, bias_tag, str(relu), "tune-v2")
     known = cache.get_tuned(key, arch)
     if known:
         kernel = build(TileConfig(**known["config"]))
@@ -95,7 +96,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
     make_input = lambda: torch.randn(shape, device=f"cuda:{index}").to(getattr(torch, name))  # noqa: E731
     start = time.perf_counter()
-    kernel, records = tune(build, int(n), layout, make_input, tune_budget)
+    group_nnz = w.nnz / max(math.ceil(w.shape[0] / default_config(int(n), layout).rows_per_group), 1)
+    configs = candidates(int(n), layout, group_nnz, relu)
+    kernel, records = tune(build, int(n), layout, make_input, tune_budget, configs)
     kernel.tune_seconds, kernel.tuning = time.perf_counter() - start, records
     cache.put_tuned(key, arch, {"config": asdict(kernel.plan.config), "records": records})
     return kernel

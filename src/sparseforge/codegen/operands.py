@@ -19,7 +19,8 @@ class RegionBases:
 
     def __init__(self, name: str, offsets: list[int]):
         self.name = name
-        self.regions = sorted({off // _REGION for off in offsets} | {0})
+        # every region up to the farthest offset: an address may fall in any of them
+        self.regions = list(range(max((off // _REGION for off in offsets), default=0) + 1))
 
     def emit(self, e, base_lines: list[str]) -> None:
         e.lines(base_lines)

@@ -106,13 +106,40 @@ def _emit_accumulate(e: Emitter, plan: Plan, group: RowGroup, operand, k0: int, 
 def _emit_init(e: Emitter, plan: Plan, group: RowGroup) -> None:
     vec = _vec(plan)
     for slot, row in enumerate(group.rows):
-        start = f32_immediate(plan.bias[row] if plan.bias is not None else 0.0)
+        start = f32_immediate(plan.bias[row] if plan.bias is not None and group.segment == 0 else 0.0)
         for v in range(vec):
             e.line(f"mov.b32 {_acc(e, slot, v, vec)}, {start};")
 
 
+def _emit_atomic_add(e: Emitter, plan: Plan, group: RowGroup, out: RegionBases, row_stride: int) -> None:
+    """A split group's partial sums added into the (zeroed) output: fp32 one value at a time, 16-bit types
+    as packed pairs where the thread holds two neighbouring columns (f16x2 / bf16x2), else singly."""
+    vec, es = _vec(plan), plan.element_bytes
+    kind = {"float16": "f16", "bfloat16": "bf16"}.get(plan.dtype)
+    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+    e.comment(f"rows {_rows_text(group.rows)} are split ({group.segment + 1} of {group.segments}): add, not store")
+    for slot, row in enumerate(group.rows):
+        accs = [_acc(e, slot, v, vec) for v in range(vec)]
+        if es == 4:
+            e.lines([f"@%pv red.global.add.f32 {out.address(row * row_stride + v * es)}, {a};"
+                     for v, a in enumerate(accs)])
+            continue
+        halves = [e.reg("o", v) for v in range(vec)]
+        e.lines([f"{cvt} {h}, {a};" for h, a in zip(halves, accs)])
+        if vec == 1:
+            e.line(f"@%pv red.global.add.noftz.{kind} {out.address(row * row_stride)}, {halves[0]};")
+            continue
+        for i in range(vec // 2):
+            word = e.reg("w", i)
+            e.lines([f"mov.b32 {word}, {{{halves[2 * i]}, {halves[2 * i + 1]}}};",
+                     f"@%pv red.global.add.noftz.{kind}x2 {out.address(row * row_stride + 2 * i * es)}, {word};"])
+
+
 def _emit_store(e: Emitter, plan: Plan, group: RowGroup, out: RegionBases, row_stride: int) -> None:
     vec, es = _vec(plan), plan.element_bytes
+    if group.partial:
+        _emit_atomic_add(e, plan, group, out, row_stride)
+        return
     for slot, row in enumerate(group.rows):
         accs = [_acc(e, slot, v, vec) for v in range(vec)]
         if plan.relu:
@@ -144,7 +171,8 @@ def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Region
     group, vec = plan.groups[g], _vec(plan)
     name, n_acc = f"{plan.name}_g{g}_c{ci}", len(plan.groups[g].rows) * vec
     e = Emitter()
-    e.comment(f"group {g}: rows {_rows_text(group.rows)}; k {k0}..{k1 - 1}; {group.nnz} nonzeros and "
+    piece = f" (piece {group.segment + 1} of {group.segments})" if group.partial else ""
+    e.comment(f"group {g}: rows {_rows_text(group.rows)}{piece}; k {k0}..{k1 - 1}; {group.nnz} nonzeros and "
               f"{len(group.columns)} distinct k in all chunks")
     operand.section_prologue(e)
     if last:

@@ -15,6 +15,11 @@ class TileConfig:
     vec: int = 1              # consecutive output columns per thread (vector loads/stores of this width)
     load_batch: int = 8       # B loads issued ahead of their FMAs (software pipelining depth)
     groups_per_block: int = 1  # kn: row groups a block runs one after another
+    # 0: a group's nonzeros are never split. N > 0: a group holding more than N nonzeros is cut along its
+    # columns into segments of at most about N, each its own work item; their partial sums meet in the
+    # output through atomic adds. Long rows then stop being one warp's serial tail, and small-N problems
+    # get more warps (split-K). Costs: the split rows are zeroed first, and ReLU cannot be fused.
+    segment_nnz: int = 0
 
     def __post_init__(self):
         if not 1 <= self.rows_per_group <= 32:
@@ -27,6 +32,8 @@ class TileConfig:
             raise ValueError(f"load_batch must be in 1..64, got {self.load_batch}")
         if not 1 <= self.groups_per_block <= 64:
             raise ValueError(f"groups_per_block must be in 1..64, got {self.groups_per_block}")
+        if self.segment_nnz < 0:
+            raise ValueError(f"segment_nnz must be >= 0 (0: no splitting), got {self.segment_nnz}")
 
     @property
     def threads(self) -> int:
@@ -37,4 +44,5 @@ class TileConfig:
         return WARP * self.vec
 
     def short(self) -> str:
-        return f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}"
+        split = f"s{self.segment_nnz}" if self.segment_nnz else ""
+        return f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}{split}"

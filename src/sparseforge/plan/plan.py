@@ -6,6 +6,7 @@ Groups are contiguous rows balanced by nonzeros, so no warp carries much more wo
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -29,10 +30,17 @@ class ColumnUse:
 class RowGroup:
     rows: tuple[int, ...]                    # rows of W (= rows of C) this group writes
     columns: tuple[ColumnUse, ...]           # union of the rows' columns, ascending k
+    segment: int = 0                         # which piece of a split group this is (0: the one adding bias)
+    segments: int = 1                        # pieces the group was split into (1: not split)
 
     @property
     def nnz(self) -> int:
         return sum(len(c.uses) for c in self.columns)
+
+    @property
+    def partial(self) -> bool:
+        """Its sums are partial: the kernel adds them into the output atomically."""
+        return self.segments > 1
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,11 @@ class Plan:
         return sum(g.nnz for g in self.groups)
 
     @property
+    def partial_rows(self) -> tuple[int, ...]:
+        """Rows written by atomic adds of split groups: the launch zeroes them first."""
+        return tuple(sorted({r for g in self.groups if g.partial for r in g.rows}))
+
+    @property
     def b_loads(self) -> int:
         """B rows loaded per column tile, over all groups (nnz minus what column sharing saves)."""
         return sum(len(g.columns) for g in self.groups)
@@ -83,7 +96,8 @@ class Plan:
         sizes = [g.nnz for g in self.groups] or [0]
         return (f"Plan {self.name}\n"
                 f"  W {self.M}x{self.K}, nnz {self.nnz}; N {self.N}; layout {self.layout}; dtype {self.dtype}\n"
-                f"  {len(self.groups)} row groups (<= {self.config.rows_per_group} rows), nnz per group "
+                f"  {len(self.groups)} row groups (<= {self.config.rows_per_group} rows; "
+                f"{len(self.partial_rows)} rows split), nnz per group "
                 f"mean {np.mean(sizes):.1f} max {max(sizes)}; B loads {self.b_loads} "
                 f"(sharing saves {1 - self.b_loads / max(self.nnz, 1):.1%})\n"
                 f"  grid {self.grid} x batch, {self.config.threads} threads, vec {self.config.vec}; "
@@ -116,6 +130,36 @@ def _group_program(w: SparseMatrix, rows: tuple[int, ...]) -> RowGroup:
     return RowGroup(rows, tuple(ColumnUse(k, tuple(by_column[k])) for k in sorted(by_column)))
 
 
+def split_group(group: RowGroup, segment_nnz: int) -> list[RowGroup]:
+    """Cut a group whose nonzeros exceed segment_nnz into consecutive column ranges of near-equal nonzeros."""
+    if not segment_nnz or group.nnz <= segment_nnz:
+        return [group]
+    pieces = math.ceil(group.nnz / segment_nnz)
+    target = group.nnz / pieces
+    cuts, current, load = [], [], 0
+    for column in group.columns:
+        current.append(column)
+        load += len(column.uses)
+        if load >= target * (len(cuts) + 1) and len(cuts) < pieces - 1:
+            cuts.append(tuple(current))
+            current = []
+    if current:
+        cuts.append(tuple(current))
+    if len(cuts) == 1:
+        return [group]
+    return [RowGroup(group.rows, columns, i, len(cuts)) for i, columns in enumerate(cuts)]
+
+
+def _check_split(config: TileConfig, relu: bool, dtype: str, arch: int) -> None:
+    if not config.segment_nnz:
+        return
+    if relu:
+        raise ValueError("segment_nnz > 0 splits rows into partial sums, which cannot be rectified: use "
+                         "relu=False (apply ReLU after the kernel) or segment_nnz=0")
+    if dtype == "bfloat16" and arch < 90:
+        raise ValueError(f"split rows in bfloat16 need bf16 atomic adds (sm_90+); sm_{arch}: use segment_nnz=0")
+
+
 def pick_vec(n: int, layout: str, wanted: int) -> int:
     """Widest vector width <= wanted that divides N (kn only: nk stages through shared memory)."""
     if layout == "nk":
@@ -136,10 +180,10 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
     config = config or TileConfig()
+    _check_split(config, relu, dtype, arch)
     vec = pick_vec(n, layout, config.vec)
     if vec != config.vec:
-        config = TileConfig(config.rows_per_group, config.warps_per_block, vec, config.load_batch,
-                            config.groups_per_block)
+        config = dataclasses.replace(config, vec=vec)
     bias_values = None
     if bias is not None:
         bias_values = np.asarray(bias, dtype=np.float64).reshape(-1)
@@ -150,5 +194,5 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
         bias_values = tuple(bias_values.astype(np.float32).tolist())
     hint = math.ceil(w.shape[0] / config.rows_per_group)
     rows = _balanced_groups(w.row_nnz, config.rows_per_group, hint)
-    groups = tuple(_group_program(w, r) for r in rows)
+    groups = tuple(piece for r in rows for piece in split_group(_group_program(w, r), config.segment_nnz))
     return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, groups, bias_values, relu, arch, w.digest())

@@ -21,14 +21,18 @@ def execute(plan: Plan, b: np.ndarray) -> np.ndarray:
         want = (plan.K, plan.N) if plan.layout == "kn" else (plan.N, plan.K)
         raise ValueError(f"B has shape {b.shape}, the plan expects {want}")
     out = np.full((plan.M, plan.N), np.nan)
+    out[list(plan.partial_rows)] = 0.0  # what the launch does before the kernel
     for group in plan.groups:
         acc = np.zeros((len(group.rows), plan.N))
-        if plan.bias is not None:
+        if plan.bias is not None and group.segment == 0:
             acc += np.array([plan.bias[r] for r in group.rows])[:, None]
         for column in group.columns:
             row_of_b = operand[column.k]
             for slot, weight in column.uses:
                 acc[slot] += weight * row_of_b
+        if group.partial:
+            out[list(group.rows)] += acc  # the kernel's atomic add
+            continue
         if plan.relu:
             acc = np.maximum(acc, 0.0)
         out[list(group.rows)] = acc
@@ -46,8 +50,15 @@ def coverage(plan: Plan) -> np.ndarray:
 
 
 def check_plan(plan: Plan, w: SparseMatrix) -> None:
-    """Raise AssertionError unless every row is written once and every nonzero used exactly once."""
-    written = np.bincount([r for g in plan.groups for r in g.rows], minlength=plan.M)
+    """Raise AssertionError unless every row is written once (a split group's pieces together count as
+    once: all of them present, none also written whole) and every nonzero used exactly once."""
+    written = np.bincount([r for g in plan.groups if not g.partial for r in g.rows], minlength=plan.M)
+    pieces: dict[tuple[int, ...], list[int]] = {}
+    for g in plan.groups:
+        if g.partial:
+            pieces.setdefault(g.rows, []).append(g.segment)
+            if sorted(pieces[g.rows]) == list(range(g.segments)):
+                written[list(g.rows)] += 1
     if not (written == 1).all():
         raise AssertionError(f"rows written other than once: {np.nonzero(written != 1)[0][:10].tolist()}")
     pattern = np.zeros(w.shape, dtype=np.int64)

@@ -39,6 +39,9 @@ class SpmmKernel:
 
         self._dtype = getattr(torch, plan.dtype)
         self._device = torch.device("cuda", device_index)
+        # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
+        self._partial = (torch.tensor(plan.partial_rows, dtype=torch.long, device=self._device)
+                         if plan.partial_rows else None)
 
     @property
     def source(self) -> str:
@@ -89,13 +92,20 @@ class SpmmKernel:
             b = b.clone()  # a fresh allocation is 256-byte aligned: staging copies use 16-byte loads
         align = self.plan.config.vec * self.plan.element_bytes
         target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
+        self.zero_partial_rows(target)
         self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream)
         if target is not out:
             out.copy_(target)
         return out
 
+    def zero_partial_rows(self, out) -> None:
+        """Zero the output rows that split groups add into (plan.partial_rows); nothing when none are split."""
+        if self._partial is not None:
+            out.index_fill_(out.dim() - 2 if self.plan.layout == "kn" else out.dim() - 1, self._partial, 0)
+
     def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int) -> None:
-        """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops)."""
+        """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops).
+        Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first."""
         tiles, blocks = self.plan.grid
         self._loaded.launch((tiles, blocks, batch), self.plan.config.threads, stream, b_ptr, c_ptr)
 

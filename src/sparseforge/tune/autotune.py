@@ -3,6 +3,7 @@ of CUDA events on fresh random input, the winner persisted under a key; a compil
 infinity; a time budget bounds the whole search (the first candidate, the heuristic pick, always runs)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -33,8 +34,19 @@ def default_config(n: int, layout: str) -> TileConfig:
     return _kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1)
 
 
-def candidates(n: int, layout: str) -> list[TileConfig]:
-    """Heuristic pick first, then neighbours in rows per group, vector width and groups per block."""
+def split_candidates(first: TileConfig, n: int, group_nnz: float | None) -> list[TileConfig]:
+    """Configs that split groups (segment_nnz), given the mean nonzeros of a default group: at twice the
+    mean only outlier groups (long rows) are cut; for small N, where few column tiles leave few warps
+    per SM, a quarter or half of the mean multiplies the warps (split-K)."""
+    if not group_nnz or group_nnz < 2:
+        return []
+    fractions = (0.25, 0.5, 2.0) if n <= 256 else (2.0,)
+    return [dataclasses.replace(first, segment_nnz=max(int(group_nnz * f), 4)) for f in fractions]
+
+
+def candidates(n: int, layout: str, group_nnz: float | None = None, relu: bool = False) -> list[TileConfig]:
+    """Heuristic pick first, then (unless relu, which splits cannot fuse) splitting variants, then
+    neighbours in rows per group, vector width and groups per block."""
     first = default_config(n, layout)
     if layout == "nk":
         pool = [TileConfig(8, 8, 1), TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]
@@ -44,7 +56,7 @@ def candidates(n: int, layout: str) -> list[TileConfig]:
                 _kn(n, 4, v, 2), _kn(n, 1, v), _kn(n, 8, max(v // 2, 1))]
         pool.insert(1, TileConfig(4, first.warps_per_block, first.vec, 32))
     out = [first]
-    for config in pool:
+    for config in ([] if relu else split_candidates(first, n, group_nnz)) + pool:
         if config not in out:
             out.append(config)
     return out
@@ -69,6 +81,7 @@ def time_kernel(kernel, b, repeats: int = 30) -> float:
 
 
 def tune(build, n: int, layout: str, make_input, budget_seconds: float = 5.0, configs=None):
+    # configs: the list to try; default candidates(n, layout) (callers with the matrix pass split variants)
     """Try configs with build(config) -> kernel, timed on make_input(); returns (best kernel, records)."""
     started = time.perf_counter()
     best, best_us, records = None, math.inf, []

@@ -91,3 +91,28 @@ def test_large_offsets_get_region_bases():
     assert "%rdb1" in text  # 2999 * 200000 * 4 bytes is past a 32-bit immediate
     for module in render(plan).modules:
         _assemble(module, 90)
+
+
+# bf16 atomic adds need sm_90: make_plan refuses bf16 splits for sm_80 (tested in test_plan)
+SPLIT_TARGETS = [(a, d) for a in (90, 80) for d in ("float32", "float16", "bfloat16") if (a, d) != (80, "bfloat16")]
+
+
+@pytest.mark.parametrize("arch,dtype", SPLIT_TARGETS)
+@pytest.mark.parametrize("layout,vec", [("kn", 1), ("kn", 2), ("kn", 4), ("nk", 1)])
+def test_split_rows_add_atomically_and_assemble(arch, layout, vec, dtype):
+    rng = np.random.default_rng(1)
+    dense = np.where(rng.random((6, 300)) < 0.3, rng.standard_normal((6, 300)), 0).astype(np.float32)
+    plan = make_plan(SparseMatrix.from_dense(dense), 256, dtype, layout,
+                     TileConfig(rows_per_group=2, vec=vec, segment_nnz=40), bias=np.arange(6.0), arch=arch)
+    assert any(g.partial for g in plan.groups)
+    text = render(plan).text
+    kind = {"float32": "red.global.add.f32", "float16": "red.global.add.noftz.f16",
+            "bfloat16": "red.global.add.noftz.bf16"}[dtype]
+    assert kind in text and "(piece 1 of" in text
+    if dtype != "float32" and vec > 1:
+        assert kind + "x2" in text
+    bias_starts = re.findall(r"mov\.b32 %a0, (0f[0-9A-F]{8});", text)
+    assert f32_immediate(0.0) in bias_starts  # later pieces start from zero, the first from the bias
+    for module in render(plan).modules:
+        report = _assemble(module, arch)
+        assert "bytes spill" not in report or " 0 bytes spill stores" in report

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -90,3 +92,55 @@ def test_bad_plan_arguments(kwargs, message):
 def test_bad_tile_config(kwargs):
     with pytest.raises(ValueError):
         TileConfig(**kwargs)
+
+
+@given(problems(), st.integers(1, 12))
+@settings(max_examples=120, deadline=None)
+def test_split_groups_cover_every_nonzero_once_and_match_dense(problem, segment_nnz):
+    w, n, config, layout, rng = problem
+    config = TileConfig(config.rows_per_group, config.warps_per_block, config.vec, config.load_batch,
+                        config.groups_per_block, segment_nnz)
+    bias = rng.standard_normal(w.shape[0]).astype(np.float32).astype(np.float64)  # the plan keeps fp32 bias
+    plan = make_plan(w, n, "float32", layout, config, bias=bias)
+    check_plan(plan, w)
+    for g in plan.groups:
+        assert g.nnz <= 2 * segment_nnz or len(g.columns) == 1 or not g.partial
+    b = rng.standard_normal((w.shape[1], n) if layout == "kn" else (n, w.shape[1]))
+    ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T) + bias[:, None]
+    got = execute(plan, b)
+    np.testing.assert_allclose(got if layout == "kn" else got.T, ref, rtol=1e-6, atol=1e-9)
+
+
+def test_long_row_is_split_into_balanced_pieces():
+    dense = np.zeros((8, 400), np.float32)
+    dense[3, ::2] = 1.0          # one row with 200 nonzeros, the others with 2
+    dense[[0, 1, 2, 4, 5, 6, 7], 0] = 1.0
+    dense[[0, 1, 2, 4, 5, 6, 7], 1] = 1.0
+    w = SparseMatrix.from_dense(dense)
+    plan = make_plan(w, 64, config=TileConfig(rows_per_group=4, segment_nnz=50))
+    pieces = [g for g in plan.groups if g.partial]
+    assert [g.rows for g in pieces] == [(3,)] * 4 and [g.segment for g in pieces] == [0, 1, 2, 3]
+    assert [g.nnz for g in pieces] == [50, 50, 50, 50]
+    assert plan.partial_rows == (3,)
+    assert "1 rows split" in plan.describe() and "s50" in plan.name
+    check_plan(plan, w)
+
+
+def test_check_plan_catches_a_missing_piece():
+    dense = np.ones((1, 40), np.float32)
+    w = SparseMatrix.from_dense(dense)
+    plan = make_plan(w, 8, config=TileConfig(segment_nnz=10))
+    broken = dataclasses.replace(plan, groups=plan.groups[:-1])
+    with pytest.raises(AssertionError, match="rows written other than once"):
+        check_plan(broken, w)
+
+
+def test_split_refuses_relu_and_bf16_before_sm90():
+    w = SparseMatrix.from_dense(np.ones((2, 40), np.float32))
+    with pytest.raises(ValueError, match="cannot be rectified"):
+        make_plan(w, 8, config=TileConfig(segment_nnz=10), relu=True)
+    with pytest.raises(ValueError, match="sm_90"):
+        make_plan(w, 8, "bfloat16", config=TileConfig(segment_nnz=10), arch=80)
+    make_plan(w, 8, "bfloat16", config=TileConfig(segment_nnz=10), arch=90)
+    with pytest.raises(ValueError, match="segment_nnz"):
+        TileConfig(segment_nnz=-1)

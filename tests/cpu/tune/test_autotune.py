@@ -18,3 +18,13 @@ def test_candidates_are_valid_unique_and_start_with_default(n, layout):
 def test_column_warps_cover_n_without_idle_warps():
     config = default_config(256, "kn")
     assert config.warps_per_block * 32 * config.vec <= 2 * 256
+
+
+def test_split_candidates_for_small_n_and_long_rows_not_with_relu():
+    small = candidates(49, "kn", group_nnz=200.0)
+    assert [c.segment_nnz for c in small[1:4]] == [50, 100, 400]
+    assert small[0].segment_nnz == 0  # the heuristic pick stays first and unsplit
+    large = candidates(3136, "kn", group_nnz=200.0)
+    assert [c.segment_nnz for c in large if c.segment_nnz] == [400]
+    assert all(c.segment_nnz == 0 for c in candidates(49, "kn", group_nnz=200.0, relu=True))
+    assert all(c.segment_nnz == 0 for c in candidates(49, "kn"))
