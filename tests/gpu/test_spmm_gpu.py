@@ -189,3 +189,17 @@ def test_split_rows_under_graph_replay():
     torch.cuda.synchronize()
     ref = reference(w, b, "kn")
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("config", [TileConfig(4, 2, 1, 8, 4, 0, 32), TileConfig(2, 4, 4, 16, 3, 0, 100),
+                                    TileConfig(4, 1, 2, 8, 2, 12, 50)], ids=lambda c: c.short())
+def test_chunked_runs(dtype, config):
+    """kn with chunk_k: the run's groups chunk by chunk, accumulators kept across chunks."""
+    w = random_matrix(45, 300, density=0.1, seed=17, empty_rows=(0, 44))
+    bias = np.linspace(-1, 1, 45)
+    relu = not config.segment_nnz
+    kernel = compile_spmm(w, 72, dtype, "kn", bias=bias, relu=relu, config=config)
+    for batch in ((), (2,)):
+        b = torch.randn((*batch, 300, 72), device="cuda").to(dtype)
+        check(kernel, w, b, "kn", dtype, bias, relu)

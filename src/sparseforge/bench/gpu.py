@@ -27,14 +27,16 @@ def _inputs(shape, dtype, count: int, seed: int):
     return [torch.randn(shape, device="cuda", generator=g).to(dtype) for _ in range(count)]
 
 
-def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0) -> dict:
+def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0,
+             config=None) -> dict:
+    """config: a fixed TileConfig (no tuning); else tuned for tune_budget seconds (None: heuristic pick)."""
     import torch
 
     from ..spmm import compile_spmm
 
     dtype = getattr(torch, dtype_name)
     w = case.load(seed=seed, dtype=dtype_name)
-    kernel = compile_spmm(w, n, dtype, layout, tune_budget=tune_budget)
+    kernel = compile_spmm(w, n, dtype, layout, config=config, tune_budget=tune_budget)
     shape = (case.K, n) if layout == "kn" else (n, case.K)
     inputs = _inputs(shape, dtype, 4, seed + 1)
     dense = w.to_torch("cuda")

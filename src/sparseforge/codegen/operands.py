@@ -89,7 +89,8 @@ class DirectKN:
         self.global_bases = RegionBases("rdg", [])
 
     def chunks(self) -> list[tuple[int, int]]:
-        return [(0, self.plan.K)]
+        k, w = self.plan.K, self.plan.config.chunk_k or self.plan.K
+        return [(k0, min(k0 + w, k)) for k0 in range(0, k, w)]
 
     def prologue(self, e) -> None:
         p = self.plan

@@ -166,7 +166,7 @@ def _declare(e: Emitter) -> list[str]:
 
 
 def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: RegionBases, row_stride: int,
-             first: bool, last: bool) -> tuple[str, str, list[str]]:
+             first: bool, last: bool, acc_base: int = 0) -> tuple[str, str, list[str]]:
     """(function text, its .extern declaration, call-site lines) for group g on chunk ci."""
     group, vec = plan.groups[g], _vec(plan)
     name, n_acc = f"{plan.name}_g{g}_c{ci}", len(plan.groups[g].rows) * vec
@@ -197,17 +197,17 @@ def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Region
     wide = (out.registers if last else []) + ([] if operand.staged else operand.bases.registers)
     regs = [".reg .pred %pv;", ".reg .b32 %rt0, %rs0;"] + ([".reg .b64 " + ", ".join(wide) + ";"] if wide else [])
     text = "\n".join([f".visible .func {header}", "{"] + ["    " + r for r in regs + _declare(e)] + [e.text(), "}", ""])
-    return text, f".extern .func {header};", _call_site(name, n_acc, first, last, operand.staged)
+    return text, f".extern .func {header};", _call_site(name, n_acc, first, last, operand.staged, acc_base)
 
 
-def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool) -> list[str]:
+def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool, acc_base: int = 0) -> list[str]:
     if staged:
         lines, args = ["{", ".param .b32 p_s;", "st.param.b32 [p_s], %rs0;"], ["p_s"]
     else:
         lines, args = ["{", ".param .b64 p_b;", "st.param.b64 [p_b], %rdb;"], ["p_b"]
     if not first:
         lines += [f".param .align 16 .b8 acc_in[{4 * n_acc}];"]
-        lines += [f"st.param.b32 [acc_in+{4 * j}], %a{j};" for j in range(n_acc)]
+        lines += [f"st.param.b32 [acc_in+{4 * j}], %a{acc_base + j};" for j in range(n_acc)]
         args = ["acc_in"] + args
     if last:
         lines += [".param .b64 p_c;", "st.param.b64 [p_c], %rdc0;", ".param .b32 p_v;", "st.param.b32 [p_v], %rvalid;"]
@@ -215,7 +215,7 @@ def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool) -> 
         lines.append(f"call.uni {name}, ({', '.join(args)});")
     else:
         lines += [f".param .align 16 .b8 acc_out[{4 * n_acc}];", f"call.uni (acc_out), {name}, ({', '.join(args)});"]
-        lines += [f"ld.param.b32 %a{j}, [acc_out+{4 * j}];" for j in range(n_acc)]
+        lines += [f"ld.param.b32 %a{acc_base + j}, [acc_out+{4 * j}];" for j in range(n_acc)]
     return lines + ["}"]
 
 
@@ -270,42 +270,78 @@ def _pack(functions: list[str], preamble: list[str]) -> list[str]:
     return modules
 
 
+def _entry_one_pass(entry: Emitter, plan: Plan, operand, sections) -> None:
+    """Staged (nk): each warp its group, chunk by chunk. Direct (kn, one chunk): the block's groups in turn."""
+    chunks = operand.chunks()
+    if not operand.staged:
+        entry.label("NEXT_GROUP")
+        entry.lines(["setp.ge.u32 %pt, %rgid, %rgend;", "@%pt bra DONE;"])
+    for ci, (k0, k1) in enumerate(chunks):
+        operand.stage(entry, k0, k1)
+        targets = [f"G{g}_C{ci}" for g in range(len(plan.groups))] + ([f"JOIN_C{ci}"] if operand.staged else [])
+        entry.line(f"TABLE_C{ci}: .branchtargets {', '.join(targets)};")
+        entry.line(f"brx.idx %rgid, TABLE_C{ci};")
+        for g in range(len(plan.groups)):
+            entry.label(f"G{g}_C{ci}")
+            entry.lines(sections(g, ci, k0, k1, ci == 0, ci == len(chunks) - 1, 0))
+            entry.line(f"bra.uni JOIN_C{ci};")
+        entry.label(f"JOIN_C{ci}")
+    if not operand.staged:
+        entry.lines(["add.u32 %rgid, %rgid, 1;", "bra.uni NEXT_GROUP;"])
+
+
+def _entry_runs(entry: Emitter, plan: Plan, operand, sections, per_group: int) -> None:
+    """kn with chunk_k: chunk-outer, group-inner over the block's run, so the run's groups read a chunk of
+    B back to back (L1 hits). Group g keeps its accumulators in slot g % groups_per_block of the entry."""
+    chunks, run = operand.chunks(), plan.config.groups_per_block
+    entry.line("mov.u32 %rgbase, %rgid;")
+    for ci, (k0, k1) in enumerate(chunks):
+        first, last = ci == 0, ci == len(chunks) - 1
+        entry.line("mov.u32 %rgid, %rgbase;")
+        entry.label(f"LOOP_C{ci}")
+        entry.lines(["setp.ge.u32 %pt, %rgid, %rgend;", f"@%pt bra END_C{ci};"])
+        entry.line(f"TABLE_C{ci}: .branchtargets {', '.join(f'G{g}_C{ci}' for g in range(len(plan.groups)))};")
+        entry.line(f"brx.idx %rgid, TABLE_C{ci};")
+        for g, group in enumerate(plan.groups):
+            entry.label(f"G{g}_C{ci}")
+            if first or last or any(k0 <= c.k < k1 for c in group.columns):
+                entry.lines(sections(g, ci, k0, k1, first, last, (g % run) * per_group))
+            entry.line(f"bra.uni NEXT_C{ci};")
+        entry.label(f"NEXT_C{ci}")
+        entry.lines(["add.u32 %rgid, %rgid, 1;", f"bra.uni LOOP_C{ci};"])
+        entry.label(f"END_C{ci}")
+
+
 def render(plan: Plan) -> KernelSource:
     """PTX of the kernel `plan.name` (parameters: B or X pointer, C or Y pointer), as linkable modules."""
     operand = operand_for(plan)
     out, row_stride, out_lines = _output_bases(plan)
     entry = Emitter()
     _emit_prologue(entry, plan, operand, out, out_lines)
-    chunks = operand.chunks()
     functions, externs = [], []
-    if not operand.staged:
-        entry.label("NEXT_GROUP")
-        entry.lines(["setp.ge.u32 %pt, %rgid, %rgend;", "@%pt bra DONE;"])
-    for ci, (k0, k1) in enumerate(chunks):
-        first, last = ci == 0, ci == len(chunks) - 1
-        operand.stage(entry, k0, k1)
-        targets = [f"G{g}_C{ci}" for g in range(len(plan.groups))] + ([f"JOIN_C{ci}"] if operand.staged else [])
-        entry.line(f"TABLE_C{ci}: .branchtargets {', '.join(targets)};")
-        entry.line(f"brx.idx %rgid, TABLE_C{ci};")
-        for g in range(len(plan.groups)):
-            text, extern, call = _section(plan, g, ci, k0, k1, operand, out, row_stride, first, last)
-            functions.append(text)
-            externs.append(extern)
-            entry.label(f"G{g}_C{ci}")
-            entry.lines(call)
-            entry.line(f"bra.uni JOIN_C{ci};")
-        entry.label(f"JOIN_C{ci}")
-    if not operand.staged:
-        entry.lines(["add.u32 %rgid, %rgid, 1;", "bra.uni NEXT_GROUP;"])
+
+    def sections(g, ci, k0, k1, first, last, acc_base):
+        text, extern, call = _section(plan, g, ci, k0, k1, operand, out, row_stride, first, last, acc_base)
+        functions.append(text)
+        externs.append(extern)
+        return call
+
+    per_group = max((len(g.rows) for g in plan.groups), default=1) * _vec(plan)
+    runs = not operand.staged and len(operand.chunks()) > 1
+    if runs:
+        _entry_runs(entry, plan, operand, sections, per_group)
+    else:
+        _entry_one_pass(entry, plan, operand, sections)
     entry.label("DONE")
     entry.line("ret;")
-    accs = max((len(g.rows) for g in plan.groups), default=1) * _vec(plan)
+    accs = per_group * (plan.config.groups_per_block if runs else 1)
     preamble = [f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", ""]
     head = [f"// sparseforge generated kernel: {plan.name}",
             f"// W {plan.M}x{plan.K}, nnz {plan.nnz}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
             *preamble] + ([f".shared .align 16 .b8 stage[{operand.stage_bytes}];", ""] if operand.staged else [""])
     decl = [".reg .pred %pt, %pv, %ptok, %prow;",
-            ".reg .b32 %rtid, %rwarp, %rlane, %rgid, %rn, %rn0, %rt0, %rt1, %rt3, %rsb, %rs0, %rsw, %rvalid, %rgend;",
+            ".reg .b32 %rtid, %rwarp, %rlane, %rgid, %rgbase, %rn, %rn0, %rt0, %rt1, %rt3, %rsb, %rs0, %rsw, %rvalid, "
+            "%rgend;",
             ".reg .b64 " + ", ".join(["%rdB", "%rdC", "%rdz", "%rdt0", "%rdt1", "%rdb"] + operand.global_bases.registers
                                      + out.registers) + ";",
             f".reg .b32 %a<{accs}>;"] + _declare(entry)

@@ -20,6 +20,10 @@ class TileConfig:
     # output through atomic adds. Long rows then stop being one warp's serial tail, and small-N problems
     # get more warps (split-K). Costs: the split rows are zeroed first, and ReLU cannot be fused.
     segment_nnz: int = 0
+    # kn only. 0: each group of a block's run reads all of K in one pass. N > 0: the run goes N rows of B
+    # at a time, every group of the run over one chunk before the next, so a chunk's B rows are re-read
+    # from L1 by the run's other groups rather than from L2 (accumulators of the whole run stay live).
+    chunk_k: int = 0
 
     def __post_init__(self):
         if not 1 <= self.rows_per_group <= 32:
@@ -32,6 +36,8 @@ class TileConfig:
             raise ValueError(f"load_batch must be in 1..64, got {self.load_batch}")
         if not 1 <= self.groups_per_block <= 64:
             raise ValueError(f"groups_per_block must be in 1..64, got {self.groups_per_block}")
+        if self.chunk_k < 0:
+            raise ValueError(f"chunk_k must be >= 0 (0: one pass over K), got {self.chunk_k}")
         if self.segment_nnz < 0:
             raise ValueError(f"segment_nnz must be >= 0 (0: no splitting), got {self.segment_nnz}")
 
@@ -45,4 +51,6 @@ class TileConfig:
 
     def short(self) -> str:
         split = f"s{self.segment_nnz}" if self.segment_nnz else ""
-        return f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}{split}"
+        chunk = f"k{self.chunk_k}" if self.chunk_k else ""
+        return (f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}"
+                f"{split}{chunk}")

@@ -181,6 +181,8 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
         raise ValueError(f"N must be >= 1, got {n}")
     config = config or TileConfig()
     _check_split(config, relu, dtype, arch)
+    if config.chunk_k and layout != "kn":
+        raise ValueError("chunk_k applies to layout 'kn' (layout 'nk' stages X in chunks of its own)")
     vec = pick_vec(n, layout, config.vec)
     if vec != config.vec:
         config = dataclasses.replace(config, vec=vec)

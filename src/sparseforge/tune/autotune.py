@@ -44,6 +44,17 @@ def split_candidates(first: TileConfig, n: int, group_nnz: float | None) -> list
     return [dataclasses.replace(first, segment_nnz=max(int(group_nnz * f), 4)) for f in fractions]
 
 
+# B rows per chunk of a run (kn): 64 rows x 32*vec columns is 8-32 KB per warp in fp32, so 8-16 warps'
+# chunks fit an SM's L1 while the run's groups re-read them; shorter chunks would multiply the per-chunk
+# section calls (accumulators passed in and out), longer ones would spill out of L1. Unmeasured yet.
+CHUNK_K = 64
+
+
+def chunked_candidates(first: TileConfig) -> list[TileConfig]:
+    """Runs of 4 and 8 groups going chunk by chunk (kn)."""
+    return [dataclasses.replace(first, groups_per_block=g, chunk_k=CHUNK_K) for g in (4, 8)]
+
+
 def candidates(n: int, layout: str, group_nnz: float | None = None, relu: bool = False) -> list[TileConfig]:
     """Heuristic pick first, then (unless relu, which splits cannot fuse) splitting variants, then
     neighbours in rows per group, vector width and groups per block."""
@@ -55,6 +66,8 @@ def candidates(n: int, layout: str, group_nnz: float | None = None, relu: bool =
         pool = [_kn(n, 8, v), _kn(n, 2, v), _kn(n, 4, max(v // 2, 1)), _kn(n, 4, min(v * 2, 4)),
                 _kn(n, 4, v, 2), _kn(n, 1, v), _kn(n, 8, max(v // 2, 1))]
         pool.insert(1, TileConfig(4, first.warps_per_block, first.vec, 32))
+    if layout == "kn":
+        pool += chunked_candidates(first)
     out = [first]
     for config in ([] if relu else split_candidates(first, n, group_nnz)) + pool:
         if config not in out:

@@ -28,3 +28,9 @@ def test_split_candidates_for_small_n_and_long_rows_not_with_relu():
     assert [c.segment_nnz for c in large if c.segment_nnz] == [400]
     assert all(c.segment_nnz == 0 for c in candidates(49, "kn", group_nnz=200.0, relu=True))
     assert all(c.segment_nnz == 0 for c in candidates(49, "kn"))
+
+
+def test_chunked_candidates_for_kn_only():
+    kn = [c for c in candidates(3136, "kn") if c.chunk_k]
+    assert [c.groups_per_block for c in kn] == [4, 8] and all(c.chunk_k == 64 for c in kn)
+    assert not any(c.chunk_k for c in candidates(256, "nk"))

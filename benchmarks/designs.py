@@ -1,0 +1,60 @@
+"""Kernel designs side by side on a DLMC directory (GPU): the heuristic config, split groups
+(segment_nnz) and chunked runs (chunk_k), each case's output checked, all timed by graph replay against
+cuBLAS in one process. Writes JSON with per-case times and geomean speedups per design.
+
+    PYTHONPATH=src python benchmarks/designs.py DLMC_DIR OUT.json [--dtype float32] [--batch 1] [--limit N]
+"""
+import argparse
+import dataclasses
+import json
+import math
+import sys
+
+from sparseforge.bench.gpu import run_case
+from sparseforge.bench.report import geomean, provenance
+from sparseforge.suite import discover
+from sparseforge.tune import default_config
+from sparseforge.tune.autotune import chunked_candidates
+
+
+def designs(case, n: int, layout: str) -> dict:
+    first = default_config(n, layout)
+    group_nnz = case.nnz / max(math.ceil(case.M / first.rows_per_group), 1)
+    out = {"default": first,
+           "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
+    if layout == "kn":
+        out["chunked"] = chunked_candidates(first)[0]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("out")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layout", default="kn")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=None)
+    args = parser.parse_args()
+    records = []
+    for case in discover(args.path, batch=args.batch)[: args.limit]:
+        for name, config in designs(case, case.N, args.layout).items():
+            try:
+                record = run_case(case, args.dtype, args.layout, case.N, None, config=config)
+            except Exception as exc:  # a design that fails to build or run is a result too
+                record = {"case": case.name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            records.append({"design": name, **record})
+            print(name, case.name, record.get("sparseforge_us"), record.get("speedup_vs_cublas"),
+                  record.get("error_ok", record.get("error")), flush=True)
+    summary = {name: {"geomean_speedup_vs_cublas": geomean(r.get("speedup_vs_cublas") for r in records
+                                                            if r["design"] == name),
+                      "all_correct": all(r.get("error_ok", False) for r in records if r["design"] == name)}
+               for name in dict.fromkeys(r["design"] for r in records)}
+    print(json.dumps(summary, indent=1))
+    with open(args.out, "w") as f:
+        json.dump({"provenance": provenance(sys.argv), "summary": summary, "cases": records}, f, indent=1)
+    return 0 if all(v["all_correct"] for v in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
