@@ -13,7 +13,7 @@ import sys
 from sparseforge.bench.gpu import run_case
 from sparseforge.bench.report import geomean, provenance
 from sparseforge.suite import discover
-from sparseforge.tune import default_config
+from sparseforge.tune import candidates, default_config
 from sparseforge.tune.autotune import chunked_candidates
 
 
@@ -24,6 +24,8 @@ def designs(case, n: int, layout: str) -> dict:
            "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
     if layout == "kn":
         out["chunked"] = chunked_candidates(first)[0]
+    else:
+        out["transposed_x"] = candidates(n, "nk")[1]
     return out
 
 

@@ -60,6 +60,7 @@ if stage designs; then
   for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
   python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" 2>&1 | tail -8
   python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer.json" 2>&1 | tail -8
+  python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer_nk.json" --layout nk 2>&1 | tail -8
   $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
 fi
 if stage semi; then

@@ -203,3 +203,21 @@ def test_chunked_runs(dtype, config):
     for batch in ((), (2,)):
         b = torch.randn((*batch, 300, 72), device="cuda").to(dtype)
         check(kernel, w, b, "kn", dtype, bias, relu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("epilogue", ["none", "bias_relu"])
+@pytest.mark.parametrize("config", [TileConfig(4, 4, 1, 16, 1, transpose_x=True),
+                                    TileConfig(2, 2, 1, 8, 3, 0, 64, transpose_x=True),
+                                    TileConfig(4, 8, 1, 16, 1, 15, transpose_x=True)], ids=lambda c: c.short())
+def test_nk_with_transposed_x(dtype, epilogue, config):
+    """nk read through a transposed copy of X, kn-style, Y written in place; tails, batches, empty rows."""
+    if config.segment_nnz and epilogue == "bias_relu":
+        epilogue = "bias"  # split rows cannot fuse ReLU (refused by make_plan, tested on the CPU)
+    w = random_matrix(70, 190, density=0.1, seed=19, empty_rows=(3, 69))
+    bias = np.linspace(-1, 1, 70) if "bias" in epilogue else None
+    relu = "relu" in epilogue
+    kernel = compile_spmm(w, 77, dtype, "nk", bias=bias, relu=relu, config=config)
+    for batch in ((), (3,)):
+        x = torch.randn((*batch, 77, 190), device="cuda").to(dtype)
+        check(kernel, w, x, "nk", dtype, bias, relu)

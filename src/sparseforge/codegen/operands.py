@@ -185,4 +185,4 @@ class StagedNK(_Staged):
 
 
 def operand_for(plan: Plan):
-    return DirectKN(plan) if plan.layout == "kn" else StagedNK(plan)
+    return DirectKN(plan) if plan.direct else StagedNK(plan)

@@ -24,6 +24,10 @@ class TileConfig:
     # at a time, every group of the run over one chunk before the next, so a chunk's B rows are re-read
     # from L1 by the run's other groups rather than from L2 (accumulators of the whole run stay live).
     chunk_k: int = 0
+    # nk only. False: X (N x K) is staged through shared memory, transposed, with one row group per warp.
+    # True: the launch transposes X into a K x N copy and the kernel reads it like B in kn (coalesced
+    # direct loads, warps side by side over tokens running one group's code), writing Y in place.
+    transpose_x: bool = False
 
     def __post_init__(self):
         if not 1 <= self.rows_per_group <= 32:
@@ -52,5 +56,6 @@ class TileConfig:
     def short(self) -> str:
         split = f"s{self.segment_nnz}" if self.segment_nnz else ""
         chunk = f"k{self.chunk_k}" if self.chunk_k else ""
+        transposed = "t" if self.transpose_x else ""
         return (f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}"
-                f"{split}{chunk}")
+                f"{split}{chunk}{transposed}")

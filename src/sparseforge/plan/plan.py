@@ -62,14 +62,19 @@ class Plan:
         return ELEMENT_BYTES[self.dtype]
 
     @property
+    def direct(self) -> bool:
+        """The operand is read K x N with direct loads (kn, or nk with X transposed by the launch)."""
+        return self.layout == "kn" or self.config.transpose_x
+
+    @property
     def columns_per_block(self) -> int:
         c = self.config
-        return c.warps_per_block * c.columns_per_warp if self.layout == "kn" else 32
+        return c.warps_per_block * c.columns_per_warp if self.direct else 32
 
     @property
     def grid(self) -> tuple[int, int]:
         """(column tiles, row-group blocks) of one batch entry."""
-        per_block = self.config.groups_per_block if self.layout == "kn" else self.config.warps_per_block
+        per_block = self.config.groups_per_block if self.direct else self.config.warps_per_block
         return math.ceil(self.N / self.columns_per_block), math.ceil(len(self.groups) / per_block)
 
     @property
@@ -181,8 +186,11 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
         raise ValueError(f"N must be >= 1, got {n}")
     config = config or TileConfig()
     _check_split(config, relu, dtype, arch)
-    if config.chunk_k and layout != "kn":
-        raise ValueError("chunk_k applies to layout 'kn' (layout 'nk' stages X in chunks of its own)")
+    if config.transpose_x and layout != "nk":
+        raise ValueError("transpose_x applies to layout 'nk' (in 'kn' the operand is already K x N)")
+    if config.chunk_k and layout != "kn" and not config.transpose_x:
+        raise ValueError("chunk_k applies to layout 'kn' or to 'nk' with transpose_x (staged X has chunks "
+                         "of its own)")
     vec = pick_vec(n, layout, config.vec)
     if vec != config.vec:
         config = dataclasses.replace(config, vec=vec)

@@ -88,7 +88,9 @@ class SpmmKernel:
             self._check(out, "out", self.out_shape)
             if tuple(out.shape) != shape:
                 raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
-        if b.data_ptr() % 16:
+        if self.plan.config.transpose_x:
+            b = b.transpose(-1, -2).contiguous()  # X^T, K x N: the kernel reads it like B in kn
+        elif b.data_ptr() % 16:
             b = b.clone()  # a fresh allocation is 256-byte aligned: staging copies use 16-byte loads
         align = self.plan.config.vec * self.plan.element_bytes
         target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
@@ -105,7 +107,8 @@ class SpmmKernel:
 
     def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int) -> None:
         """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops).
-        Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first."""
+        Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first; with
+        config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous)."""
         tiles, blocks = self.plan.grid
         self._loaded.launch((tiles, blocks, batch), self.plan.config.threads, stream, b_ptr, c_ptr)
 

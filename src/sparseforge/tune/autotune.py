@@ -60,7 +60,10 @@ def candidates(n: int, layout: str, group_nnz: float | None = None, relu: bool =
     neighbours in rows per group, vector width and groups per block."""
     first = default_config(n, layout)
     if layout == "nk":
-        pool = [TileConfig(8, 8, 1), TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]
+        # X transposed by the launch, then read like B in kn: one extra copy, coalesced direct loads
+        transposed = dataclasses.replace(_kn(n, 4, 1), transpose_x=True)
+        pool = [transposed, dataclasses.replace(transposed, rows_per_group=8),
+                TileConfig(8, 8, 1), TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]
     else:
         v = first.vec
         pool = [_kn(n, 8, v), _kn(n, 2, v), _kn(n, 4, max(v // 2, 1)), _kn(n, 4, min(v * 2, 4)),

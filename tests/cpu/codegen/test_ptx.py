@@ -140,7 +140,33 @@ def test_chunked_runs_assemble_and_visit_chunks_in_order(arch, dtype, config):
 
 def test_chunk_k_is_for_kn_only():
     w = SparseMatrix.from_dense(np.eye(4, dtype=np.float32))
-    with pytest.raises(ValueError, match="chunk_k applies to layout 'kn'"):
+    with pytest.raises(ValueError, match="chunk_k applies to layout 'kn' or to 'nk' with transpose_x"):
         make_plan(w, 8, layout="nk", config=TileConfig(chunk_k=2))
     with pytest.raises(ValueError, match="chunk_k"):
         TileConfig(chunk_k=-1)
+
+
+@pytest.mark.parametrize("arch,dtype", SPLIT_TARGETS)
+@pytest.mark.parametrize("extra", [{}, {"segment_nnz": 30}, {"groups_per_block": 3, "chunk_k": 100}],
+                         ids=["plain", "split", "chunked"])
+def test_nk_with_transposed_x_reads_like_kn_and_assembles(arch, dtype, extra):
+    rng = np.random.default_rng(2)
+    dense = np.where(rng.random((40, 300)) < 0.1, rng.standard_normal((40, 300)), 0).astype(np.float32)
+    plan = make_plan(SparseMatrix.from_dense(dense), 200, dtype, "nk",
+                     TileConfig(rows_per_group=4, warps_per_block=4, transpose_x=True, **extra), arch=arch)
+    assert plan.direct and plan.grid == (2, -(-len(plan.groups) // plan.config.groups_per_block))
+    text = render(plan).text
+    assert "ld.global.nc" in text and ".shared" not in text
+    es = plan.element_bytes
+    assert re.search(rf"\[%rdb0\+{200 * es * 7}\]", text) or 7 not in {c.k for g in plan.groups for c in g.columns}
+    source = render(plan)
+    for module in source.modules:
+        report = _assemble(module, arch)
+        assert re.search(r"[1-9]\d* bytes spill", report) is None, report
+    assert PtxasCompiler.available().compile(source.modules, arch)[:4] == b"\x7fELF"
+
+
+def test_transpose_x_is_for_nk_only():
+    w = SparseMatrix.from_dense(np.eye(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="transpose_x applies to layout 'nk'"):
+        make_plan(w, 8, layout="kn", config=TileConfig(transpose_x=True))

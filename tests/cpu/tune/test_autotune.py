@@ -34,3 +34,8 @@ def test_chunked_candidates_for_kn_only():
     kn = [c for c in candidates(3136, "kn") if c.chunk_k]
     assert [c.groups_per_block for c in kn] == [4, 8] and all(c.chunk_k == 64 for c in kn)
     assert not any(c.chunk_k for c in candidates(256, "nk"))
+
+
+def test_nk_candidates_include_transposed_x_early():
+    configs = candidates(256, "nk")
+    assert not configs[0].transpose_x and configs[1].transpose_x and configs[1].vec == 1
