@@ -53,6 +53,13 @@ def _assemble(text: str, arch: int) -> str:
     return done.stderr
 
 
+def _assemble_without_spills_and_link(source, arch: int) -> None:
+    for module in source.modules:
+        report = _assemble(module, arch)
+        assert re.search(r"[1-9]\d* bytes spill", report) is None, report
+    assert PtxasCompiler.available().compile(source.modules, arch)[:4] == b"\x7fELF"
+
+
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -132,10 +139,7 @@ def test_chunked_runs_assemble_and_visit_chunks_in_order(arch, dtype, config):
     assert [f"LOOP_C{c}:" in entry for c in range(chunks)] == [True] * chunks
     assert f"%a<{config.groups_per_block * config.rows_per_group * plan.config.vec}>" in entry
     assert "mov.u32 %rgid, %rgbase;" in entry
-    for module in source.modules:
-        report = _assemble(module, arch)
-        assert re.search(r"[1-9]\d* bytes spill", report) is None, report
-    assert PtxasCompiler.available().compile(source.modules, arch)[:4] == b"\x7fELF"
+    _assemble_without_spills_and_link(source, arch)
 
 
 def test_chunk_k_is_for_kn_only():
@@ -160,10 +164,7 @@ def test_nk_with_transposed_x_reads_like_kn_and_assembles(arch, dtype, extra):
     es = plan.element_bytes
     assert re.search(rf"\[%rdb0\+{200 * es * 7}\]", text) or 7 not in {c.k for g in plan.groups for c in g.columns}
     source = render(plan)
-    for module in source.modules:
-        report = _assemble(module, arch)
-        assert re.search(r"[1-9]\d* bytes spill", report) is None, report
-    assert PtxasCompiler.available().compile(source.modules, arch)[:4] == b"\x7fELF"
+    _assemble_without_spills_and_link(source, arch)
 
 
 def test_transpose_x_is_for_nk_only():
