@@ -177,7 +177,7 @@ def run_ctypes(layout: str, search: bool, m=64, k=64, n=16, opaque=16384, split_
                 rows.append((cid, f"status {status} ws {wsz2.value}"))
                 continue
             out.fill_(float("nan"))
-            run = lambda: lib.cusparseLtMatmul(h, p2, ctypes.byref(alpha), ctypes.c_void_p(pa.data_ptr()),  # noqa: E731
+            run = lambda p2=p2: lib.cusparseLtMatmul(h, p2, ctypes.byref(alpha), ctypes.c_void_p(pa.data_ptr()),  # noqa: E731
                                                ctypes.c_void_p(pb.data_ptr()), ctypes.byref(beta),
                                                ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(out.data_ptr()),
                                                ctypes.c_void_p(ws.data_ptr()), streams, c_int(1))
@@ -286,7 +286,6 @@ def main():
                   flush=True)
         return
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
-    extra = [f"config:{c}:{m}:{k}:{n}" for m, k, n in ((64, 64, 16), (4096, 4096, 2048)) for c in (0, 1, 5, 20)]
     combos = [f"ctypes:{lay}:sweep:{shape}" for shape in ("4096:4096:2048", "768:768:16", "14336:4096:8192")
               for lay in ("colD", "sparseB", "rowD")]
     for variant in combos:

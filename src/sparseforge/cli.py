@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from .formats import SparseFormatError, SparseMatrix
+from .formats import SparseFormatError
 from .prune import NMError, PruneReport, prune_state_dict
 from .suite import discover
 

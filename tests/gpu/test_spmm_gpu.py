@@ -1,7 +1,6 @@
 """GPU numerics of generated SpMM kernels against a float64 reference (run on the device)."""
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
 
 from sparseforge import SparseMatrix, compile_spmm, spmm

@@ -2,7 +2,6 @@
 and cuSPARSE, or, without a GPU, the CPU reference and ptxas assembly of every generated kernel."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

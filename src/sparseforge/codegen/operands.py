@@ -136,8 +136,7 @@ class StagedNK(_Staged):
                  f"mul.lo.u32 %rt1, %rwarp, {self.elems * self.row_bytes};", "add.u32 %rsw, %rs0, %rt1;"])
 
     def stage(self, e, k0: int, k1: int) -> None:
-        p, es = self.plan, self.plan.element_bytes
-        warps = p.config.warps_per_block
+        warps = self.plan.config.warps_per_block
         kind, regs = {16: ("v4.b32", 4), 8: ("v2.b32", 2), 4: ("b32", 1), 2: ("b16", 1)}[self.width]
         e.comment(f"stage X[n0:n0+32, {k0}:{k1}] transposed into shared memory")
         e.line("bar.sync 0;")
@@ -148,7 +147,7 @@ class StagedNK(_Staged):
         e.line("bar.sync 0;")
 
     def _stage_batch(self, e, passes: list[int], k0: int, k1: int, kind: str, regs: int) -> None:
-        p, es, warps = self.plan, self.plan.element_bytes, self.plan.config.warps_per_block
+        es, warps = self.plan.element_bytes, self.plan.config.warps_per_block
         names = []
         for i, j in enumerate(passes):
             first = j * warps * self.elems

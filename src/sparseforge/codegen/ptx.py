@@ -242,7 +242,7 @@ def _emit_prologue(e: Emitter, plan: Plan, operand, out: RegionBases, out_lines:
         "mov.u32 %rt0, %ctaid.z;", "cvt.u64.u32 %rdz, %rt0;", "mov.u32 %rt0, %ctaid.x;",
     ])
     if operand.staged:
-        e.lines([f"mov.u32 %rt1, %ctaid.y;", f"mad.lo.u32 %rgid, %rt1, {cfg.warps_per_block}, %rwarp;",
+        e.lines(["mov.u32 %rt1, %ctaid.y;", f"mad.lo.u32 %rgid, %rt1, {cfg.warps_per_block}, %rwarp;",
                  f"min.u32 %rgid, %rgid, {len(plan.groups)};", "shl.b32 %rn0, %rt0, 5;", "add.u32 %rn, %rn0, %rlane;",
                  f"setp.lt.u32 %ptok, %rn, {plan.N};", "selp.u32 %rvalid, 1, 0, %ptok;"])
         e.comment("every thread stays to the end: the staging barriers need the whole block")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import WARP, TileConfig
+from .config import TileConfig
 
 LAYOUTS = ("kn", "nk")
 DTYPES = ("float32", "float16", "bfloat16")
