@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
-#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs] [semi] [bench24] [minilm]
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [designs-tf] [semi] [bench24] [minilm]
 # Carried, git-ignored inputs: .dlmc/ (the DLMC archive, dlmc stages), .whl/ (nvmath-python for cp312: the
 # image lacks it), .minilm/ (all-MiniLM-L6-v2 as float16 safetensors: the wheel is over the carry limit).
 set -uo pipefail
@@ -26,7 +26,7 @@ if stage probe; then
   python3 -c "import nvmath, cuda.pathfinder as p; from nvmath.bindings import cusparseLt as L; h = L.init(); print('nvmath', nvmath.__version__, 'pathfinder', p.__version__, 'cuSPARSELt', L.get_version(h))"
 fi
 if stage tests; then
-  python3 -m pytest tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+  python3 -m pytest tests/gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if stage sample; then
   $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget 2 --out "$OUT/sample.json" 2>&1 | tail -45
@@ -54,14 +54,17 @@ if stage final; then
   done
   $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -6
 fi
-if stage designs; then
-  # split groups and chunked runs against the heuristic config (benchmarks/designs.py), then batch 32
+if stage designs-rn50; then
+  # split groups and chunked runs against the heuristic config (benchmarks/designs.py); rn50 batch 32
+  python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" 2>&1 | tail -8
+  $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
+fi
+if stage designs-tf; then
+  # the same on the Transformer layer-0 matrices, both layouts (nk: staged vs transposed X)
   T=/tmp/tf_subset/transformer/magnitude_pruning
   for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
-  python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" 2>&1 | tail -8
   python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer.json" 2>&1 | tail -8
   python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer_nk.json" --layout nk 2>&1 | tail -8
-  $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
 fi
 if stage semi; then
   python3 -m pytest tests/gpu/test_semi_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/semi_tests.log" | tail -30
