@@ -12,6 +12,7 @@ import sys
 
 from sparseforge.bench.gpu import run_case
 from sparseforge.bench.report import geomean, provenance
+from sparseforge.plan import make_plan, operand_bytes
 from sparseforge.suite import discover
 from sparseforge.tune import candidates, default_config
 from sparseforge.tune.autotune import chunked_candidates
@@ -43,6 +44,8 @@ def main() -> int:
         for name, config in designs(case, case.N, args.layout).items():
             try:
                 record = run_case(case, args.dtype, args.layout, case.N, None, config=config)
+                plan = make_plan(case.load(dtype=args.dtype), case.N, args.dtype, args.layout, config)
+                record["operand_bytes"] = operand_bytes(plan)  # the traffic model's prediction
             except Exception as exc:  # a design that fails to build or run is a result too
                 record = {"case": case.name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             records.append({"design": name, **record})

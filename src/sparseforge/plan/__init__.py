@@ -2,6 +2,7 @@
 from .config import WARP, TileConfig
 from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS, ColumnUse, Plan, RowGroup, make_plan, pick_vec
 from .reference import check_plan, coverage, execute
+from .traffic import operand_bytes
 
 __all__ = ["DTYPES", "ELEMENT_BYTES", "LAYOUTS", "WARP", "ColumnUse", "Plan", "RowGroup", "TileConfig",
-           "check_plan", "coverage", "execute", "make_plan", "pick_vec"]
+           "check_plan", "coverage", "execute", "make_plan", "operand_bytes", "pick_vec"]
