@@ -21,6 +21,8 @@ def summarize24(records: list[dict]) -> list[dict]:
     rows = []
     for (dtype, group), items in sorted(groups.items()):
         torch_ratios = [r["speedup_vs_torch_semi_eager"] for r in items if "speedup_vs_torch_semi_eager" in r]
+        fallback_ratios = [r["fallback_speedup_vs_torch_semi_eager"] for r in items
+                           if "fallback_speedup_vs_torch_semi_eager" in r]
         rows.append({
             "dtype": dtype, "group": group, "cases": len(items), "all_correct": all(r["error_ok"] for r in items),
             "geomean_2_4_vs_dense": geomean(r["speedup_vs_dense"] for r in items),
@@ -30,6 +32,7 @@ def summarize24(records: list[dict]) -> list[dict]:
             "min_with_fallback_vs_dense": min(r["fallback_speedup_vs_dense"] for r in items),
             "geomean_vs_torch_semi_eager": geomean(torch_ratios) if torch_ratios else None,
             "min_vs_torch_semi_eager": min(torch_ratios) if torch_ratios else None,
+            "geomean_with_fallback_vs_torch_semi_eager": geomean(fallback_ratios) if fallback_ratios else None,
         })
     return rows
 
