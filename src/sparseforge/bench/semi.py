@@ -40,7 +40,8 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
 
     started = time.perf_counter()
     forced = Linear24Runtime(w, None, policy="sparse")
-    decision, plan = forced.prepare(xs[0])
+    choice, plan = forced.prepare(xs[0])
+    decision = choice.graph
     record["setup_seconds"] = time.perf_counter() - started  # compression + cuSPARSELt search
     if plan is None:  # cuSPARSELt refused the shape: a result to report, not a crash
         return {**record, "sparse24_error": decision.reason, "error_ok": False}
@@ -49,7 +50,7 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
 
     measured = Linear24Runtime(w, None, policy="measure")
     chosen = measured.prepare(xs[0])[0]
-    record["decision"] = chosen.path
+    record["decision"], record["decision_eager"] = chosen.graph.path, chosen.eager.path
     out_t = torch.empty(m, plan.padded_n, dtype=w.dtype, device="cuda")
     padded = [_padded_input(plan, x) for x in xs]
     paths = {"dense_us": lambda x: F.linear(x, w), "sparse24_us": forced, "with_fallback_us": measured,

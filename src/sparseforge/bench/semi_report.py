@@ -41,7 +41,8 @@ def print24(console, records: list[dict], summary: list[dict], overhead: dict) -
     from rich.table import Table
 
     table = Table(title="2:4 (cuSPARSELt via sparseforge) vs dense cuBLAS, CUDA-graph replay")
-    for col in ("shape", "N", "dtype", "dense us", "2:4 us", "x dense", "decision", "fallback x", "torch semi us",
+    for col in ("shape", "N", "dtype", "dense us", "2:4 us", "x dense", "decision graph / eager", "fallback x",
+                "torch semi us",
                 "x torch (eager)", "rel err"):
         table.add_column(col, justify="left" if col in ("shape", "decision") else "right")
     for r in records:
@@ -50,7 +51,8 @@ def print24(console, records: list[dict], summary: list[dict], overhead: dict) -
                           f"refused: {r.get('sparse24_error', '?')[:60]}", "-", "-", "-", "FAIL")
             continue
         table.add_row(f"{r['group']} {r['M']}x{r['K']}", str(r["N"]), r["dtype"], f"{r['dense_us']:.1f}",
-                      f"{r['sparse24_us']:.1f}", f"{r['speedup_vs_dense']:.2f}", r["decision"],
+                      f"{r['sparse24_us']:.1f}", f"{r['speedup_vs_dense']:.2f}",
+                      r["decision"] + (f" / {r['decision_eager']}" if "decision_eager" in r else ""),
                       f"{r['fallback_speedup_vs_dense']:.2f}",
                       f"{r['torch_semi_eager_us']:.0f}" if "torch_semi_eager_us" in r else r.get("torch_semi_error", "-")[:30],
                       f"{r['speedup_vs_torch_semi_eager']:.1f}" if "speedup_vs_torch_semi_eager" in r else "-",

@@ -71,5 +71,5 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
         runtime = module.runtime()
         for n in widths:
             x = torch.randn(n, module.in_features, generator=generator).to(module.weight.device, module.weight.dtype)
-            made.append(runtime.prepare(x)[0])
+            made.extend(runtime.prepare(x)[0].decisions())
     return made

@@ -69,10 +69,11 @@ class SparseLinear24(nn.Module):
 
     @property
     def decisions(self) -> list[Decision]:
-        found = dict(self._capture_fallbacks)
+        """Per input width and execution mode ("eager", "graph"; "any" where not measured), sorted by width."""
+        found = {(d.n, d.mode): d for d in self._capture_fallbacks.values()}
         if self._runtime is not None:
-            found.update({d.n: d for d in self._runtime.decisions})
-        return [found[n] for n in sorted(found)]
+            found.update({(d.n, d.mode): d for d in self._runtime.decisions})
+        return [found[key] for key in sorted(found)]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -1,5 +1,9 @@
-"""Per (layer, input width) choice between the 2:4 path and dense, made by measurement and kept for
-inspection. Pure: the timings come in, a `Decision` comes out."""
+"""Per (layer, input width, execution mode) choice between the 2:4 path and dense, made by measurement and
+kept for inspection. Pure: the timings come in, a `Decision` comes out.
+
+Two modes, because they rank the paths differently: under CUDA-graph replay only GPU time counts; called
+eagerly, a call also costs its host time, which at small widths exceeds the GPU time (measured on the
+H200 host: 2:4 at N = 1 was 1.22x faster than cuBLAS replayed in a graph and 0.41x called eagerly)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -20,6 +24,7 @@ class Decision:
     dense_us: float | None = None   # measured median per call of dense cuBLAS, if measured
     config_id: int | None = None    # cuSPARSELt algorithm chosen by its search
     padded_n: int | None = None     # the width cuSPARSELt ran (input padded up to it), if different from n
+    mode: str = "any"               # "graph" (GPU time, graph replay), "eager" (host time included) or "any"
 
     @property
     def speedup(self) -> float | None:
@@ -36,9 +41,11 @@ def decide(n: int, sparse_us: float, dense_us: float, min_speedup: float = MIN_S
     if not (sparse_us > 0 and dense_us > 0):
         raise ValueError(f"timings must be positive, got 2:4 {sparse_us} us, dense {dense_us} us")
     ratio = dense_us / sparse_us
+    where = {"graph": " under graph replay", "eager": " called eagerly"}.get(extra.get("mode"), "")
     if ratio >= min_speedup:
-        return Decision(n, SPARSE, f"2:4 measured {ratio:.2f}x faster than dense", sparse_us, dense_us, **extra)
-    return Decision(n, DENSE, f"2:4 measured {ratio:.2f}x of dense (< {min_speedup:.2f}x): dense kept",
+        return Decision(n, SPARSE, f"2:4 measured {ratio:.2f}x faster than dense{where}", sparse_us, dense_us,
+                        **extra)
+    return Decision(n, DENSE, f"2:4 measured {ratio:.2f}x of dense{where} (< {min_speedup:.2f}x): dense kept",
                     sparse_us, dense_us, **extra)
 
 
@@ -47,3 +54,32 @@ def fixed(n: int, path: str, reason: str) -> Decision:
     if path not in (SPARSE, DENSE):
         raise ValueError(f"path must be {SPARSE!r} or {DENSE!r}, got {path!r}")
     return Decision(n, path, reason)
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    """The decisions for one input width: one per execution mode (the same one twice when not measured)."""
+    eager: Decision
+    graph: Decision
+
+    @classmethod
+    def both(cls, decision: Decision) -> "WidthChoice":
+        return cls(decision, decision)
+
+    @property
+    def any_sparse(self) -> bool:
+        return SPARSE in (self.eager.path, self.graph.path)
+
+    def sparse(self, capturing: bool) -> bool:
+        return (self.graph if capturing else self.eager).path == SPARSE
+
+    def decisions(self) -> list[Decision]:
+        return [self.eager] if self.eager is self.graph else [self.eager, self.graph]
+
+
+def decide_modes(n: int, graph_us: tuple[float, float], eager_us: tuple[float, float],
+                 min_speedup: float = MIN_SPEEDUP, **extra) -> WidthChoice:
+    """(2:4, dense) timings under graph replay and called eagerly -> the decision for each mode."""
+    graph = decide(n, *graph_us, min_speedup, mode="graph", **extra)
+    eager = decide(n, *eager_us, min_speedup, mode="eager", **extra)
+    return WidthChoice(eager, graph)

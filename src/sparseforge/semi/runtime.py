@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
-from .decide import DENSE, MIN_SPEEDUP, SPARSE, Decision, decide, fixed
+from .decide import DENSE, MIN_SPEEDUP, SPARSE, Decision, WidthChoice, decide_modes, fixed
 from .transpose import transpose_columns
 
 POLICIES = ("measure", "sparse", "dense")
@@ -29,11 +29,11 @@ class Linear24Runtime:
         self.min_speedup = min_speedup
         self.weight, self.bias = weight, bias
         self.compressed = CompressedWeight(weight)
-        self.entries: dict[int, tuple[Decision, MatmulPlan | None]] = {}
+        self.entries: dict[int, tuple[WidthChoice, MatmulPlan | None]] = {}
 
     @property
     def decisions(self) -> list[Decision]:
-        return [decision for decision, _ in self.entries.values()]
+        return [d for choice, _ in self.entries.values() for d in choice.decisions()]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, K) contiguous, 16-byte aligned, the weight's dtype and device. Returns (n, M)."""
@@ -41,26 +41,27 @@ class Linear24Runtime:
         entry = self.entries.get(n)
         if entry is None:
             entry = self.prepare(x)
-        plan = entry[1]
-        if plan is None:
+        choice, plan = entry
+        if plan is None or not choice.sparse(torch.cuda.is_current_stream_capturing()):
             return F.linear(x, self.weight, self.bias)
         return _run_padded(plan, x)
 
-    def prepare(self, x: torch.Tensor) -> tuple[Decision, MatmulPlan | None]:
+    def prepare(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:
         """Decide (and build the plan) for x's width; later calls of that width only look it up."""
         n = x.shape[0]
         if torch.cuda.is_current_stream_capturing():
             # Nothing can be timed or searched inside a capture; dense is never slower than dense.
-            entry = (fixed(n, DENSE, "first seen during CUDA graph capture, where nothing can be measured; "
-                                     "call sparseforge.semi.prepare(model, widths) before capturing"), None)
+            entry = (WidthChoice.both(fixed(n, DENSE, "first seen during CUDA graph capture, where nothing can be "
+                                                      "measured; call sparseforge.prepare(model, widths) before "
+                                                      "capturing")), None)
         elif self.policy == "dense":
-            entry = (fixed(n, DENSE, "policy 'dense'"), None)
+            entry = (WidthChoice.both(fixed(n, DENSE, "policy 'dense'")), None)
         else:
             entry = self._measured(x)
         self.entries[n] = entry
         return entry
 
-    def _measured(self, x: torch.Tensor) -> tuple[Decision, MatmulPlan | None]:
+    def _measured(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:
         n = x.shape[0]
         try:
             plan = MatmulPlan(self.compressed, n, self.bias)
@@ -68,14 +69,15 @@ class Linear24Runtime:
             out = torch.empty(self.compressed.rows, plan.padded_n, dtype=x.dtype, device=x.device)
             plan.search(padded, out)
         except Sparse24Error as exc:
-            return fixed(n, DENSE, f"cuSPARSELt cannot run this width: {exc}"), None
+            return WidthChoice.both(fixed(n, DENSE, f"cuSPARSELt cannot run this width: {exc}")), None
         extra = {"config_id": plan.config_id, "padded_n": plan.padded_n if plan.padded_n != n else None}
         if self.policy == "sparse":
-            return Decision(n, SPARSE, "policy 'sparse': 2:4 without comparing to dense", **extra), plan
-        sparse_us = _time_us(lambda: _run_padded(plan, x))
-        dense_us = _time_us(lambda: F.linear(x, self.weight, self.bias))
-        decision = decide(n, sparse_us, dense_us, self.min_speedup, **extra)
-        return decision, (plan if decision.path == SPARSE else None)
+            return WidthChoice.both(Decision(n, SPARSE, "policy 'sparse': 2:4 without comparing to dense",
+                                             **extra)), plan
+        sparse, dense = (lambda: _run_padded(plan, x)), (lambda: F.linear(x, self.weight, self.bias))
+        choice = decide_modes(n, (_graph_us(sparse), _graph_us(dense)), (_eager_us(sparse), _eager_us(dense)),
+                              self.min_speedup, **extra)
+        return choice, (plan if choice.any_sparse else None)
 
 
 def _padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
@@ -93,12 +95,18 @@ def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
     return transpose_columns(out_t, x.shape[0])
 
 
-def _time_us(fn) -> float:
-    """Median GPU microseconds per call, by CUDA-graph replay (what a graph-captured model sees); eager
-    CUDA-event timing where a graph cannot be captured."""
+def _graph_us(fn) -> float:
+    """Median GPU microseconds per call under CUDA-graph replay (what a graph-captured model sees)."""
     from ..bench.timing import eager_time_us, graph_time_us
 
     try:
         return graph_time_us(lambda _: fn(), [None], calls_per_graph=10, repeats=15)
-    except RuntimeError:
+    except RuntimeError:  # not capturable: the eager figure is the honest one
         return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)
+
+
+def _eager_us(fn) -> float:
+    """Median microseconds per call issued eagerly, back to back: host time included where it dominates."""
+    from ..bench.timing import eager_time_us
+
+    return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)

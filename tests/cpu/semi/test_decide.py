@@ -15,7 +15,7 @@ def test_decision_records_timings_and_speedup():
     d = decide(2048, sparse_us=8.0, dense_us=12.0, config_id=3, padded_n=2048)
     assert d.speedup == pytest.approx(1.5)
     assert d.as_dict() == {"n": 2048, "path": SPARSE, "reason": d.reason, "sparse_us": 8.0, "dense_us": 12.0,
-                           "config_id": 3, "padded_n": 2048, "speedup": pytest.approx(1.5)}
+                           "config_id": 3, "padded_n": 2048, "mode": "any", "speedup": pytest.approx(1.5)}
     assert "1.50x faster" in d.reason
 
 
@@ -45,3 +45,16 @@ def test_transpose_columns_small_path_on_cpu():
     src = torch.arange(5 * 8, dtype=torch.float16).view(5, 8)
     got = transpose_columns(src, 3)
     assert got.is_contiguous() and torch.equal(got, src[:, :3].t())
+
+
+def test_modes_decide_apart_and_pick_by_capture():
+    from sparseforge.semi.decide import WidthChoice, decide_modes
+
+    # a small width: faster replayed in a graph, slower eagerly (host time) -> 2:4 only under capture
+    choice = decide_modes(16, graph_us=(20.0, 30.0), eager_us=(60.0, 35.0), config_id=3)
+    assert (choice.graph.path, choice.eager.path) == (SPARSE, DENSE)
+    assert choice.sparse(capturing=True) and not choice.sparse(capturing=False) and choice.any_sparse
+    assert "under graph replay" in choice.graph.reason and "called eagerly" in choice.eager.reason
+    assert [d.mode for d in choice.decisions()] == ["eager", "graph"]
+    both = WidthChoice.both(fixed(8, DENSE, "policy 'dense'"))
+    assert both.decisions() == [both.eager] and not both.any_sparse and not both.sparse(True)
