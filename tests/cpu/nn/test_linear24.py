@@ -124,6 +124,14 @@ def test_prepare_needs_a_cuda_model():
         prepare(model, [0])
 
 
+def test_torch_library_op_passes_opcheck():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    x = torch.randn(4, 3, 32, dtype=torch.float16)
+    result = torch.library.opcheck(torch.ops.sparseforge.linear24.default,
+                                   (x, layer.weight.detach(), layer.bias.detach(), layer.layer_id))
+    assert set(result.values()) == {"SUCCESS"}
+
+
 def test_torch_library_op_fake_shape_and_cpu_impl():
     layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
     x = torch.randn(4, 3, 32, dtype=torch.float16)
