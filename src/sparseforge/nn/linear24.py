@@ -139,6 +139,17 @@ class SparseLinear24(nn.Module):
             return f"input dtype {x.dtype}, layer dtype {self.weight.dtype}: cast the input (x.to({self.weight.dtype}))"
         return f"input on {x.device}, layer on {self.weight.device}: move one of them"
 
+    def __getstate__(self):
+        # cuSPARSELt handles and plans are process- and device-bound: copies and pickles rebuild them
+        state = self.__dict__.copy()
+        state["_runtime"], state["_runtime_key"] = None, None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.layer_id = next(_ids)  # a copy is its own layer for the torch.library op's registry
+        LAYERS[self.layer_id] = self
+
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .half(): the runtime belongs to the old tensors; forget it.
         self._runtime, self._runtime_key = None, None

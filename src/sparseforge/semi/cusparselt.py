@@ -236,6 +236,9 @@ class MatmulPlan:
         self._call(self._matmul, x, out)
 
     def _call(self, fn, x: torch.Tensor, out: torch.Tensor) -> None:
+        if torch.cuda.current_device() != self._device_index:  # the library runs on the current device
+            with torch.cuda.device(self._device_index):
+                return self._call(fn, x, out)
         alpha, beta, streams = self._scalars
         self._streams[0] = current_stream_handle(self._device_index)
         d = out.data_ptr()

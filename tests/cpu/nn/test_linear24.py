@@ -180,3 +180,19 @@ def test_sparse_forward_rejects_wrong_inputs():
         layer.sparse_forward(torch.randn(3, 31, dtype=torch.float16))
     with pytest.raises(Sparse24Error, match="cast the input"):
         layer.sparse_forward(torch.randn(3, 32))
+
+
+def test_copies_and_pickles_drop_the_runtime_and_get_their_own_op_id(tmp_path):
+    import copy
+
+    from sparseforge.nn.linear24 import LAYERS
+
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    layer._runtime, layer._runtime_key = RecordingRuntime(layer.weight), layer._current_key()
+    twin = copy.deepcopy(layer)
+    assert twin._runtime is None and twin._runtime_key is None and layer._runtime is not None
+    assert twin.layer_id != layer.layer_id and LAYERS[twin.layer_id] is twin
+    torch.save(layer, tmp_path / "layer.pt")
+    loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
+    assert loaded._runtime is None and torch.equal(loaded.weight, layer.weight)
+    assert LAYERS[loaded.layer_id] is loaded
