@@ -179,3 +179,41 @@ def _linear_from(w):
     with torch.no_grad():
         linear.weight.copy_(w)
     return linear
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k", [(16, 16), (45, 48), (300, 1040), (4096, 11008)])
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_packed_gemv_matches_float64_into_poisoned_output(dtype, m, k, n):
+    """The CUDA-core 2:4 GEMV for decode widths: any M, K a multiple of 16 (chunk counts below and above a
+    warp's 32 lanes), with and without bias."""
+    from sparseforge.semi.gemv import Gemv24
+
+    w = weight_24(m, k, dtype, seed=m + k)
+    x = torch.randn(n, k, device="cuda").to(dtype)
+    for bias in (None, torch.randn(m, device="cuda").to(dtype)):
+        gemv = Gemv24(w, bias)
+        out = torch.full((n, m), float("nan"), device="cuda", dtype=dtype)
+        gemv(x, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), "unwritten (NaN) outputs"
+        ref = x.double() @ w.double().T + (0 if bias is None else bias.double())
+        assert rel_err(out, ref) <= TOL[dtype]
+
+
+def test_packed_gemv_under_graph_replay():
+    from sparseforge.semi.gemv import Gemv24
+
+    w = weight_24(256, 512, torch.float16)
+    gemv = Gemv24(w)
+    x = torch.randn(1, 512, device="cuda").half()
+    out = torch.empty(1, 256, device="cuda").half()
+    gemv(x, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemv(x, out=out)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, x.double() @ w.double().T) <= TOL[torch.float16]

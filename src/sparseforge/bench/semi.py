@@ -11,6 +11,7 @@ SHAPES = {
     "llama": [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)],
 }
 WIDTHS = (1, 16, 64, 256, 2048, 8192)
+GEMV_MAX_N = 8  # widths the packed 2:4 GEMV serves (codegen/gemv24.py)
 # Relative error bounds against a float64 reference (fp32 accumulation, 16-bit output rounding).
 TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2}
 
@@ -62,9 +63,32 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
     record["with_fallback_eager_us"] = eager_time_us(measured, xs)
     record["speedup_vs_dense"] = record["dense_us"] / record["sparse24_us"]
     record["fallback_speedup_vs_dense"] = record["dense_us"] / record["with_fallback_us"]
+    if n <= GEMV_MAX_N:
+        record.update(_packed_gemv(w, xs, dtype))
     if with_torch:
         record.update(_torch_semi_structured(w, xs, record))
     return record
+
+
+def _packed_gemv(w, xs, dtype: str) -> dict:
+    """sparseforge's CUDA-core 2:4 GEMV (decode widths): checked into a NaN-poisoned output, then timed."""
+    import torch
+
+    from ..semi.gemv import Gemv24
+    from .timing import eager_time_us, graph_time_us
+
+    try:
+        gemv = Gemv24(w)
+        out = torch.full((xs[0].shape[0], w.shape[0]), float("nan"), dtype=w.dtype, device=w.device)
+        gemv(xs[0], out=out)
+        ref = xs[0].double() @ w.double().T
+        err = float((out.double() - ref).norm() / ref.norm()) if torch.isfinite(out).all() else float("inf")
+        result = {"gemv24_rel_error": err, "gemv24_error_ok": err <= TOLERANCE[dtype],
+                  "gemv24_us": graph_time_us(gemv, xs), "gemv24_eager_us": eager_time_us(gemv, xs),
+                  "gemv24_bytes": gemv.packed.nbytes}
+    except Exception as exc:  # a failure of this experimental path is reported, not fatal to the run
+        return {"gemv24_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return result
 
 
 def interleaved_us(paths: dict, xs: list, rounds: int = 3) -> dict:

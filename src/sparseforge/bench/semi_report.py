@@ -23,6 +23,7 @@ def summarize24(records: list[dict]) -> list[dict]:
         torch_ratios = [r["speedup_vs_torch_semi_eager"] for r in items if "speedup_vs_torch_semi_eager" in r]
         fallback_ratios = [r["fallback_speedup_vs_torch_semi_eager"] for r in items
                            if "fallback_speedup_vs_torch_semi_eager" in r]
+        gemv = [r["dense_us"] / r["gemv24_us"] for r in items if "gemv24_us" in r]
         rows.append({
             "dtype": dtype, "group": group, "cases": len(items), "all_correct": all(r["error_ok"] for r in items),
             "geomean_2_4_vs_dense": geomean(r["speedup_vs_dense"] for r in items),
@@ -33,6 +34,8 @@ def summarize24(records: list[dict]) -> list[dict]:
             "geomean_vs_torch_semi_eager": geomean(torch_ratios) if torch_ratios else None,
             "min_vs_torch_semi_eager": min(torch_ratios) if torch_ratios else None,
             "geomean_with_fallback_vs_torch_semi_eager": geomean(fallback_ratios) if fallback_ratios else None,
+            "geomean_gemv24_vs_dense": geomean(gemv) if gemv else None,
+            "gemv24_all_correct": all(r.get("gemv24_error_ok", True) for r in items),
         })
     return rows
 
@@ -69,6 +72,17 @@ def print24(console, records: list[dict], summary: list[dict], overhead: dict) -
                   f"{row['geomean_with_fallback_vs_dense']:.2f}", f"{row['min_with_fallback_vs_dense']:.2f}",
                   "-" if torch_ratio is None else f"{torch_ratio:.1f}", str(row["all_correct"]))
     console.print(s)
+    gemv = [r for r in records if "gemv24_us" in r]
+    if gemv:
+        g = Table(title="packed 2:4 GEMV (CUDA cores, decode widths) vs dense cuBLAS, graph replay")
+        for col in ("shape", "N", "dtype", "dense us", "gemv us", "x dense", "eager x dense", "cuSPARSELt us", "rel err"):
+            g.add_column(col)
+        for r in gemv:
+            g.add_row(f"{r['group']} {r['M']}x{r['K']}", str(r["N"]), r["dtype"], f"{r['dense_us']:.1f}",
+                      f"{r['gemv24_us']:.1f}", f"{r['dense_us'] / r['gemv24_us']:.2f}",
+                      f"{r['dense_eager_us'] / r['gemv24_eager_us']:.2f}", f"{r['sparse24_us']:.1f}",
+                      f"{r['gemv24_rel_error']:.1e}" + ("" if r["gemv24_error_ok"] else " FAIL"))
+        console.print(g)
     console.print("host us per call (768x768, N=16, no sync): " +
                   ", ".join(f"{k} {v:.1f}" for k, v in overhead.items() if isinstance(v, float)))
 

@@ -59,6 +59,11 @@ class LoadedKernel:
         check(cu.cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, 0,
                                 cu.CUstream(stream), ((b_ptr, c_ptr), self._types), 0))
 
+    def launch_args(self, grid: tuple[int, int, int], block: int, stream: int, args: tuple, types: tuple) -> None:
+        """A launch with any parameters: values and their ctypes types, in the kernel's order."""
+        check(cu.cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, 0,
+                                cu.CUstream(stream), (args, types), 0))
+
     def attribute(self, attribute) -> int:
         return check(cu.cuFuncGetAttribute(attribute, self.function))
 

@@ -53,9 +53,9 @@ def _value_type(dtype: torch.dtype) -> int:
                 torch.bfloat16: nvmath.CudaDataType.CUDA_R_16BF}[dtype])
 
 
-def check_weight(weight: torch.Tensor, name: str = "weight") -> None:
-    """Raise Sparse24Error unless `weight` (M x K) can be compressed for Sparse Tensor Cores. Pure torch:
-    the checks run on any device."""
+def check_weight(weight: torch.Tensor, name: str = "weight", rows_multiple: int = DIM_MULTIPLE) -> None:
+    """Raise Sparse24Error unless `weight` (M x K) can be compressed for Sparse Tensor Cores (or, with
+    rows_multiple=1, packed for the 2:4 GEMV, which takes any M). Pure torch: runs on any device."""
     from ..prune.nm import check_nm
 
     if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
@@ -65,9 +65,10 @@ def check_weight(weight: torch.Tensor, name: str = "weight") -> None:
         raise Sparse24Error(f"{name}: dtype {weight.dtype}; Sparse Tensor Cores take float16 or bfloat16 here: "
                             "convert the layer first (model.half() or model.to(torch.bfloat16))")
     rows, cols = weight.shape
-    if rows % DIM_MULTIPLE or cols % DIM_MULTIPLE:
-        raise Sparse24Error(f"{name}: shape {rows} x {cols}; cuSPARSELt needs both dimensions to be multiples "
-                            f"of {DIM_MULTIPLE} for 16-bit types. The layer stays dense")
+    if rows % rows_multiple or cols % DIM_MULTIPLE:
+        need = "both dimensions" if rows_multiple == DIM_MULTIPLE else "in_features"
+        raise Sparse24Error(f"{name}: shape {rows} x {cols}; 2:4 on 16-bit types needs {need} to be multiples "
+                            f"of {DIM_MULTIPLE}. The layer stays dense")
     if not torch.isfinite(weight).all():
         raise Sparse24Error(f"{name}: holds NaN or inf values; fix the weights before compressing them")
     try:

@@ -54,3 +54,11 @@ def test_plot_writes_png(tmp_path):
 def test_bench24_without_gpu_says_so(capsys):
     assert main(["bench24", "--shapes", "bert", "--n", "16"]) == 2
     assert "needs an NVIDIA GPU" in capsys.readouterr().out
+
+
+def test_summary_reports_the_gemv_where_measured():
+    r = record("llama", 1, "float16", 30.0, 24.0, 24.0)
+    r.update(gemv24_us=20.0, gemv24_error_ok=True)
+    rows = summarize24([r, record("llama", 2048, "float16", 300.0, 230.0, 230.0)])
+    whole = next(row for row in rows if row["group"] == "llama")
+    assert whole["geomean_gemv24_vs_dense"] == pytest.approx(1.5) and whole["gemv24_all_correct"]

@@ -1,0 +1,119 @@
+"""Lowering target: a 2:4 GEMV/skinny GEMM on CUDA cores over sparseforge's packed format (semi/packed.py),
+Y (n x M) = X (n x K) @ W^T [+ bias], for decode widths n <= 8. Memory-bound: it streams 0.5625x the bytes
+of the dense weight once, for all n columns.
+
+One warp per output row. Per step a lane takes one 16-column chunk: its 8 kept values (one 16-byte load),
+their positions (one 16-bit load) and, for each of the n inputs, the chunk's 16 x values (two 16-byte
+loads, coalesced across the warp, L1-resident: X is small). A kept value's x is picked from the two words
+of its group with one `prmt` whose selector comes from the 2-bit position. fp32 accumulation, a butterfly
+reduction, lane 0 stores. render_gemv24 is pure: the same arguments always give the same text.
+"""
+from __future__ import annotations
+
+from .emitter import Emitter
+from .ptx import PTX_VERSION, KernelSource
+
+WARPS = 8
+MAX_N = 8
+
+
+def kernel_name(dtype: str, n: int, bias: bool) -> str:
+    return f"gemv24_{dtype}_n{n}{'_bias' if bias else ''}"
+
+
+def _to_f32(e: Emitter, dtype: str, dst: str, word: str, high: bool) -> None:
+    """fp32 value of the low (or high) 16-bit half of `word`."""
+    if dtype == "bfloat16":  # bf16 is the top half of an fp32
+        e.line(f"and.b32 {dst}, {word}, -65536;" if high else f"shl.b32 {dst}, {word}, 16;")
+    else:
+        e.lines([f"mov.b32 {{%h0, %h1}}, {word};", f"cvt.f32.f16 {dst}, {'%h1' if high else '%h0'};"])
+
+
+def _chunk(e: Emitter, dtype: str, n: int) -> None:
+    """One lane's 16-column chunk: weights and selectors once, then each input's FMAs."""
+    e.lines(["ld.global.nc.v4.b32 {%v0, %v1, %v2, %v3}, [%rdv];", "ld.global.nc.u16 %rm16, [%rdm];",
+             "cvt.u32.u16 %rm, %rm16;"])
+    for j in range(4):
+        for s in range(2):  # the group's first and second kept value
+            i = 2 * j + s
+            _to_f32(e, dtype, f"%w{i}", f"%v{j}", high=bool(s))
+            e.lines([f"bfe.u32 %rp, %rm, {4 * j + 2 * s}, 2;", f"mad.lo.u32 %sel{i}, %rp, 34, 16;"])
+    for col in range(n):
+        e.lines([f"ld.global.nc.v4.b32 {{%x0, %x1, %x2, %x3}}, [%rdx{col}];",
+                 f"ld.global.nc.v4.b32 {{%x4, %x5, %x6, %x7}}, [%rdx{col}+16];"])
+        for i in range(8):
+            j = i // 2
+            e.line(f"prmt.b32 %t, %x{2 * j}, %x{2 * j + 1}, %sel{i};")
+            _to_f32(e, dtype, "%f", "%t", high=False)
+            e.line(f"fma.rn.f32 %acc{col}, %w{i}, %f, %acc{col};")
+
+
+def _reduce_and_store(e: Emitter, dtype: str, n: int, bias: bool) -> None:
+    for col in range(n):
+        for offset in (16, 8, 4, 2, 1):
+            e.lines([f"shfl.sync.bfly.b32 %f, %acc{col}, {offset}, 31, -1;", f"add.f32 %acc{col}, %acc{col}, %f;"])
+    e.lines(["setp.ne.u32 %pl, %rlane, 0;", "@%pl bra DONE;"])
+    if bias:
+        e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
+                 "mad.wide.u32 %rdt, %rrow, 2, %rdt;", "ld.global.u16 %rb16, [%rdt];", "cvt.u32.u16 %t, %rb16;"])
+        _to_f32(e, dtype, "%f", "%t", high=False)
+    cvt = "cvt.rn.bf16.f32" if dtype == "bfloat16" else "cvt.rn.f16.f32"
+    e.lines(["ld.param.u64 %rdy, [p_y];", "cvta.to.global.u64 %rdy, %rdy;", "mad.wide.u32 %rdy, %rrow, 2, %rdy;"])
+    for col in range(n):
+        if bias:
+            e.line(f"add.f32 %acc{col}, %acc{col}, %f;")
+        e.lines([f"{cvt} %ho, %acc{col};", "st.global.b16 [%rdy], %ho;"])
+        if col + 1 < n:
+            e.line("add.s64 %rdy, %rdy, %rdstride;")
+
+
+def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90) -> KernelSource:
+    """PTX of Y = X W^T (+ bias) for packed 2:4 W, n inputs. Parameters: values, meta, x, y, bias
+    pointers, M, K (K a multiple of 16). Launch: WARPS*32 threads, ceil(M / WARPS) blocks."""
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"the 2:4 GEMV takes float16 or bfloat16, got {dtype!r}")
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"the 2:4 GEMV serves 1..{MAX_N} inputs (decode widths), got n = {n}")
+    name = kernel_name(dtype, n, bias)
+    e = Emitter()
+    e.comment("one warp per row; lanes take 16-column chunks lane, lane+32, ...")
+    e.lines(["ld.param.u32 %rM, [p_m];", "ld.param.u32 %rK, [p_k];",
+             "mov.u32 %rt, %tid.x;", "shr.u32 %rwarp, %rt, 5;", "and.b32 %rlane, %rt, 31;",
+             "mov.u32 %rrow, %ctaid.x;", f"mad.lo.u32 %rrow, %rrow, {WARPS}, %rwarp;",
+             "setp.ge.u32 %pl, %rrow, %rM;", "@%pl bra DONE;", "shr.u32 %rchunks, %rK, 4;"])
+    e.comment("values row base + lane chunk (16 bytes a chunk), meta (2 bytes a chunk), x (32 bytes a chunk)")
+    e.lines(["ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+             "mul.wide.u32 %rdt, %rrow, %rK;", "add.s64 %rdv, %rdv, %rdt;",  # row * (K/2) values * 2 bytes
+             "mul.wide.u32 %rdt, %rlane, 16;", "add.s64 %rdv, %rdv, %rdt;",
+             "ld.param.u64 %rdm, [p_meta];", "cvta.to.global.u64 %rdm, %rdm;",
+             "mul.wide.u32 %rdt, %rrow, %rchunks;", "shl.b64 %rdt, %rdt, 1;", "add.s64 %rdm, %rdm, %rdt;",
+             "mul.wide.u32 %rdt, %rlane, 2;", "add.s64 %rdm, %rdm, %rdt;",
+             "ld.param.u64 %rdx0, [p_x];", "cvta.to.global.u64 %rdx0, %rdx0;",
+             "mul.wide.u32 %rdt, %rlane, 32;", "add.s64 %rdx0, %rdx0, %rdt;",
+             "mul.wide.u32 %rdxs, %rK, 2;", "ld.param.u32 %rt, [p_m];", "mul.wide.u32 %rdstride, %rt, 2;"])
+    for col in range(1, n):
+        e.line(f"add.s64 %rdx{col}, %rdx{col - 1}, %rdxs;")
+    e.lines([f"mov.f32 %acc{col}, 0f00000000;" for col in range(n)])
+    e.line("mov.u32 %rc, %rlane;")
+    e.label("CHUNK")
+    e.lines(["setp.ge.u32 %pl, %rc, %rchunks;", "@%pl bra REDUCE;"])
+    _chunk(e, dtype, n)
+    e.lines(["add.s64 %rdv, %rdv, 512;", "add.s64 %rdm, %rdm, 64;"]
+            + [f"add.s64 %rdx{col}, %rdx{col}, 1024;" for col in range(n)]
+            + ["add.u32 %rc, %rc, 32;", "bra.uni CHUNK;"])
+    e.label("REDUCE")
+    _reduce_and_store(e, dtype, n, bias)
+    e.label("DONE")
+    e.line("ret;")
+    decl = [".reg .pred %pl;",
+            ".reg .b32 %rM, %rK, %rt, %rwarp, %rlane, %rrow, %rchunks, %rc, %rm, %rp, %t;",
+            ".reg .b16 %rm16, %rb16, %ho, %h0, %h1;",
+            ".reg .b32 %v<4>, %x<8>, %sel<8>;", ".reg .f32 %f, %w<8>, " + ", ".join(f"%acc{c}" for c in range(n)) + ";",
+            ".reg .b64 %rdv, %rdm, %rdt, %rdy, %rdxs, %rdstride, " + ", ".join(f"%rdx{c}" for c in range(n)) + ";"]
+    text = "\n".join([
+        f"// sparseforge generated kernel: {name}", f"// 2:4 packed GEMV, {n} input(s), {dtype}, fp32 accumulate",
+        f".version {PTX_VERSION}", f".target sm_{arch}", ".address_size 64", "",
+        f".visible .entry {name}(", "    .param .u64 p_values,", "    .param .u64 p_meta,", "    .param .u64 p_x,",
+        "    .param .u64 p_y,", "    .param .u64 p_bias,", "    .param .u32 p_m,", "    .param .u32 p_k", ")",
+        f".maxntid {WARPS * 32}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
+    return KernelSource(name, (text,), 0)

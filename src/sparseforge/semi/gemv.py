@@ -1,0 +1,58 @@
+"""The packed 2:4 GEMV (codegen/gemv24.py) as a callable: Y (n x M) = X (n x K) @ W^T [+ bias] for decode
+widths n <= 8, one launch and no transpose. Compiled once per (dtype, n, bias) through the kernel cache.
+
+Built and CPU-tested (format, an emulation of the kernel's selection arithmetic, ptxas); not yet timed on
+a GPU, so the 2:4 runtime does not choose it on its own (USE_IN_DECISIONS) until it has been.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..codegen.gemv24 import MAX_N, WARPS, render_gemv24
+from .cusparselt import Sparse24Error, current_stream_handle
+from .packed import pack_24
+
+USE_IN_DECISIONS = False
+_TYPES = (ctypes.c_void_p,) * 5 + (ctypes.c_uint32,) * 2
+
+
+class Gemv24:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        if weight.device.type != "cuda":
+            raise Sparse24Error(f"weight is on {weight.device}; the 2:4 GEMV runs on a CUDA device")
+        self.packed = pack_24(weight)
+        self.bias, self.dtype, self.device = bias, weight.dtype, weight.device
+        self.index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
+        self._kernels: dict[int, object] = {}
+
+    def kernel(self, n: int):
+        """The loaded kernel for n inputs (compiled, or taken from the disk cache, on first use)."""
+        if n not in self._kernels:
+            from ..runtime.cache import KernelCache, cache_key
+            from ..runtime.compiler import default_compiler
+            from ..runtime.driver import LoadedKernel
+
+            major, minor = torch.cuda.get_device_capability(self.index)
+            arch = major * 10 + minor
+            source = render_gemv24(str(self.dtype).replace("torch.", ""), n, self.bias is not None, arch)
+            compiler = default_compiler()
+            key = cache_key(source.modules[0], str(arch), compiler.version)
+            cubin, _, _ = KernelCache().get_or_build(
+                key, arch, lambda: (compiler.compile(source.modules, arch), {"name": source.name}))
+            self._kernels[n] = LoadedKernel(cubin, source.name, self.index)
+        return self._kernels[n]
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (n, K) contiguous, n <= 8, the weight's dtype and device, 16-byte aligned."""
+        n, k = x.shape
+        if not 1 <= n <= MAX_N or k != self.packed.cols:
+            raise Sparse24Error(f"the 2:4 GEMV takes (n <= {MAX_N}, {self.packed.cols}) inputs, got {tuple(x.shape)}")
+        m = self.packed.rows
+        out = torch.empty(n, m, dtype=self.dtype, device=self.device) if out is None else out
+        args = (self.packed.values.data_ptr(), self.packed.meta.data_ptr(), x.data_ptr(), out.data_ptr(),
+                0 if self.bias is None else self.bias.data_ptr(), m, k)
+        self.kernel(n).launch_args((-(-m // WARPS), 1, 1), WARPS * 32, current_stream_handle(self.index), args,
+                                   _TYPES)
+        return out
