@@ -217,3 +217,24 @@ def test_packed_gemv_under_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out, x.double() @ w.double().T) <= TOL[torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_runtime_with_the_gemv_candidate(dtype, monkeypatch):
+    """With the GEMV allowed into decisions, decode widths pick among three paths; outputs stay right in
+    either mode whatever is picked."""
+    from sparseforge.semi import gemv as gemv_module
+
+    monkeypatch.setattr(gemv_module, "USE_IN_DECISIONS", True)
+    linear = nn.Linear(4096, 4096, device="cuda")
+    sparsify_24(nn.Sequential(linear))
+    layer = SparseLinear24.from_dense(linear.to(dtype))
+    for n in (1, 4, 64):
+        x = torch.randn(n, 4096, device="cuda").to(dtype)
+        with torch.no_grad():
+            got = layer(x)
+        ref = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+        assert rel_err(got, ref) <= TOL[dtype]
+    paths = {(d.n, d.mode): d.path for d in layer.decisions}
+    assert set(paths.values()) <= {"2:4", "2:4-gemv", "dense"}
+    assert all(p != "2:4-gemv" for (n, _), p in paths.items() if n > 8)

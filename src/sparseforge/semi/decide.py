@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 SPARSE, DENSE = "2:4", "dense"
+GEMV = "2:4-gemv"  # sparseforge's packed 2:4 GEMV on CUDA cores (decode widths), instead of cuSPARSELt
+PATHS = (SPARSE, GEMV, DENSE)
 
 # 2:4 is taken only when it measured at least this much faster than dense: medians of repeated CUDA-event
 # timings still move by ~1-2% between runs, and a tie is better served by the path with no plan to keep.
@@ -18,7 +20,7 @@ MIN_SPEEDUP = 1.03
 @dataclass(frozen=True)
 class Decision:
     n: int                         # input rows (tokens) the decision is for
-    path: str                      # "2:4" or "dense"
+    path: str                      # "2:4" (cuSPARSELt), "2:4-gemv" (packed GEMV) or "dense"
     reason: str                    # why, in words
     sparse_us: float | None = None  # measured median per call of the 2:4 path, if measured
     dense_us: float | None = None   # measured median per call of dense cuBLAS, if measured
@@ -36,23 +38,24 @@ class Decision:
         return {**asdict(self), "speedup": self.speedup}
 
 
-def decide(n: int, sparse_us: float, dense_us: float, min_speedup: float = MIN_SPEEDUP, **extra) -> Decision:
-    """The faster path by measurement, 2:4 only with a margin of `min_speedup`."""
+def decide(n: int, sparse_us: float, dense_us: float, min_speedup: float = MIN_SPEEDUP, path: str = SPARSE,
+           **extra) -> Decision:
+    """The faster path by measurement, the sparse `path` only with a margin of `min_speedup`."""
     if not (sparse_us > 0 and dense_us > 0):
         raise ValueError(f"timings must be positive, got 2:4 {sparse_us} us, dense {dense_us} us")
     ratio = dense_us / sparse_us
     where = {"graph": " under graph replay", "eager": " called eagerly"}.get(extra.get("mode"), "")
     if ratio >= min_speedup:
-        return Decision(n, SPARSE, f"2:4 measured {ratio:.2f}x faster than dense{where}", sparse_us, dense_us,
+        return Decision(n, path, f"{path} measured {ratio:.2f}x faster than dense{where}", sparse_us, dense_us,
                         **extra)
-    return Decision(n, DENSE, f"2:4 measured {ratio:.2f}x of dense{where} (< {min_speedup:.2f}x): dense kept",
+    return Decision(n, DENSE, f"{path} measured {ratio:.2f}x of dense{where} (< {min_speedup:.2f}x): dense kept",
                     sparse_us, dense_us, **extra)
 
 
 def fixed(n: int, path: str, reason: str) -> Decision:
     """A decision made without measuring (policy, capture, unsupported shape or device)."""
-    if path not in (SPARSE, DENSE):
-        raise ValueError(f"path must be {SPARSE!r} or {DENSE!r}, got {path!r}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     return Decision(n, path, reason)
 
 
@@ -68,18 +71,29 @@ class WidthChoice:
 
     @property
     def any_sparse(self) -> bool:
-        return SPARSE in (self.eager.path, self.graph.path)
+        return self.eager.path != DENSE or self.graph.path != DENSE
+
+    def uses(self, path: str) -> bool:
+        return path in (self.eager.path, self.graph.path)
+
+    def path(self, capturing: bool) -> str:
+        return (self.graph if capturing else self.eager).path
 
     def sparse(self, capturing: bool) -> bool:
-        return (self.graph if capturing else self.eager).path == SPARSE
+        return self.path(capturing) != DENSE
 
     def decisions(self) -> list[Decision]:
         return [self.eager] if self.eager is self.graph else [self.eager, self.graph]
 
 
-def decide_modes(n: int, graph_us: tuple[float, float], eager_us: tuple[float, float],
+def decide_modes(n: int, sparse: dict[str, tuple[float, float]], dense: tuple[float, float],
                  min_speedup: float = MIN_SPEEDUP, **extra) -> WidthChoice:
-    """(2:4, dense) timings under graph replay and called eagerly -> the decision for each mode."""
-    graph = decide(n, *graph_us, min_speedup, mode="graph", **extra)
-    eager = decide(n, *eager_us, min_speedup, mode="eager", **extra)
-    return WidthChoice(eager, graph)
+    """Timings (graph replay, eager) of each sparse path and of dense -> per mode, the fastest sparse path
+    against dense with the margin."""
+    if not sparse:
+        raise ValueError("no sparse path was timed")
+    made = []
+    for mode, i in (("eager", 1), ("graph", 0)):
+        best = min(sparse, key=lambda path: sparse[path][i])
+        made.append(decide(n, sparse[best][i], dense[i], min_speedup, path=best, mode=mode, **extra))
+    return WidthChoice(*made)

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
-from .decide import DENSE, MIN_SPEEDUP, SPARSE, Decision, WidthChoice, decide_modes, fixed
+from . import gemv as gemv_module
+from .decide import DENSE, GEMV, MIN_SPEEDUP, SPARSE, Decision, WidthChoice, decide_modes, fixed
 from .transpose import transpose_columns
 
 POLICIES = ("measure", "sparse", "dense")
@@ -30,6 +31,7 @@ class Linear24Runtime:
         self.weight, self.bias = weight, bias
         self.compressed = CompressedWeight(weight)
         self.entries: dict[int, tuple[WidthChoice, MatmulPlan | None]] = {}
+        self.gemv: gemv_module.Gemv24 | None = None  # built when a decode width first considers it
 
     @property
     def decisions(self) -> list[Decision]:
@@ -42,9 +44,12 @@ class Linear24Runtime:
         if entry is None:
             entry = self.prepare(x)
         choice, plan = entry
-        if plan is None or not choice.sparse(torch.cuda.is_current_stream_capturing()):
-            return F.linear(x, self.weight, self.bias)
-        return _run_padded(plan, x)
+        path = choice.path(torch.cuda.is_current_stream_capturing())
+        if path == SPARSE:
+            return _run_padded(plan, x)
+        if path == GEMV:
+            return self.gemv(x)
+        return F.linear(x, self.weight, self.bias)
 
     def prepare(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:
         """Decide (and build the plan) for x's width; later calls of that width only look it up."""
@@ -74,10 +79,13 @@ class Linear24Runtime:
         if self.policy == "sparse":
             return WidthChoice.both(Decision(n, SPARSE, "policy 'sparse': 2:4 without comparing to dense",
                                              **extra)), plan
-        sparse, dense = (lambda: _run_padded(plan, x)), (lambda: F.linear(x, self.weight, self.bias))
-        choice = decide_modes(n, (_graph_us(sparse), _graph_us(dense)), (_eager_us(sparse), _eager_us(dense)),
-                              self.min_speedup, **extra)
-        return choice, (plan if choice.any_sparse else None)
+        timed = {SPARSE: _both_us(lambda: _run_padded(plan, x))}
+        if gemv_module.USE_IN_DECISIONS and n <= gemv_module.MAX_N:
+            self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
+            timed[GEMV] = _both_us(lambda: self.gemv(x))
+        choice = decide_modes(n, timed, _both_us(lambda: F.linear(x, self.weight, self.bias)), self.min_speedup,
+                              **extra)
+        return choice, (plan if choice.uses(SPARSE) else None)
 
 
 def _padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +111,11 @@ def _graph_us(fn) -> float:
         return graph_time_us(lambda _: fn(), [None], calls_per_graph=10, repeats=15)
     except RuntimeError:  # not capturable: the eager figure is the honest one
         return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)
+
+
+def _both_us(fn) -> tuple[float, float]:
+    """(graph replay, eager) medians of fn."""
+    return _graph_us(fn), _eager_us(fn)
 
 
 def _eager_us(fn) -> float:

@@ -33,7 +33,7 @@ def test_bad_timings_rejected(sparse_us, dense_us):
 def test_fixed_decisions():
     d = fixed(16, DENSE, "policy 'dense'")
     assert d.speedup is None and d.sparse_us is None
-    with pytest.raises(ValueError, match="path must be"):
+    with pytest.raises(ValueError, match="path must be one of"):
         fixed(16, "sparse", "typo")
 
 
@@ -51,10 +51,23 @@ def test_modes_decide_apart_and_pick_by_capture():
     from sparseforge.semi.decide import WidthChoice, decide_modes
 
     # a small width: faster replayed in a graph, slower eagerly (host time) -> 2:4 only under capture
-    choice = decide_modes(16, graph_us=(20.0, 30.0), eager_us=(60.0, 35.0), config_id=3)
+    choice = decide_modes(16, {SPARSE: (20.0, 60.0)}, dense=(30.0, 35.0), config_id=3)
     assert (choice.graph.path, choice.eager.path) == (SPARSE, DENSE)
     assert choice.sparse(capturing=True) and not choice.sparse(capturing=False) and choice.any_sparse
     assert "under graph replay" in choice.graph.reason and "called eagerly" in choice.eager.reason
     assert [d.mode for d in choice.decisions()] == ["eager", "graph"]
     both = WidthChoice.both(fixed(8, DENSE, "policy 'dense'"))
     assert both.decisions() == [both.eager] and not both.any_sparse and not both.sparse(True)
+
+
+def test_fastest_sparse_path_per_mode_then_dense_margin():
+    from sparseforge.semi.decide import GEMV, decide_modes
+
+    # (graph us, eager us): the GEMV wins eagerly (one launch), cuSPARSELt under graph replay
+    choice = decide_modes(1, {SPARSE: (10.0, 50.0), GEMV: (12.0, 20.0)}, dense=(20.0, 25.0))
+    assert choice.path(capturing=True) == SPARSE and choice.path(capturing=False) == GEMV
+    assert choice.uses(SPARSE) and choice.uses(GEMV) and "2:4-gemv measured" in choice.eager.reason
+    slow = decide_modes(1, {SPARSE: (30.0, 50.0), GEMV: (29.0, 40.0)}, dense=(20.0, 25.0))
+    assert not slow.any_sparse and slow.path(True) == DENSE
+    with pytest.raises(ValueError, match="no sparse path"):
+        decide_modes(1, {}, dense=(1.0, 1.0))
