@@ -168,6 +168,15 @@ def host_overhead_us(m: int = 768, k: int = 768, n: int = 16, dtype: str = "floa
     paths = {"sparseforge_module": module, "sparseforge_runtime": runtime, "dense_F_linear": lambda t: F.linear(t, w),
              "cusparselt_matmul_call": lambda t: plan.run(t, out_t), "torch_empty": lambda t: torch.empty_like(out_t),
              "output_transpose": lambda t: out_t.t().contiguous()}
+    result = {"shape": [m, k, n], "dtype": dtype}
+    try:
+        from ..semi.gemv import Gemv24
+
+        gemv, x1 = Gemv24(w), x[:1].clone()
+        paths["packed_gemv_n1"] = lambda t: gemv(x1)        # decode: one row
+        paths["dense_F_linear_n1"] = lambda t: F.linear(x1, w)
+    except Exception as exc:  # the experimental path's failure is reported, not fatal
+        result["packed_gemv_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     try:
         from torch.sparse import to_sparse_semi_structured
 
@@ -175,7 +184,6 @@ def host_overhead_us(m: int = 768, k: int = 768, n: int = 16, dtype: str = "floa
         paths["torch_semi_structured"] = lambda t: F.linear(t, ws)
     except Exception:
         pass
-    result = {"shape": [m, k, n], "dtype": dtype}
     with torch.no_grad():
         for name, fn in paths.items():
             for _ in range(20):
