@@ -147,6 +147,17 @@ def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
     return shapes
 
 
+def parse_widths(spec: str) -> list[int]:
+    """'1,16,2048' -> [1, 16, 2048]; anything else is an error naming what was given."""
+    try:
+        widths = [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        raise ValueError(f"--n needs comma-separated positive widths such as 1,16,2048; got {spec!r}")
+    return widths
+
+
 def run_bench24(args) -> int:
     from rich.progress import Progress
 
@@ -155,12 +166,9 @@ def run_bench24(args) -> int:
     from .semi import host_overhead_us, run_case24
     from .semi_report import plot24, print24, summarize24
 
+    shapes, widths = parse_shapes(args.shapes), parse_widths(args.n)
     if not _gpu_present():
         raise RuntimeError("bench24 times Sparse Tensor Cores and needs an NVIDIA GPU (sm_80+); none is visible")
-    shapes = parse_shapes(args.shapes)
-    widths = [int(v) for v in args.n.split(",") if v.strip()]
-    if not widths or min(widths) < 1:
-        raise ValueError(f"--n needs positive widths, got {args.n!r}")
     dtypes = ["float16", "bfloat16"] if args.dtype == "all" else [DTYPES[args.dtype]]
     jobs = [(g, m, k, n, d) for d in dtypes for g, m, k in shapes for n in widths]
     records = []

@@ -62,3 +62,9 @@ def test_summary_reports_the_gemv_where_measured():
     rows = summarize24([r, record("llama", 2048, "float16", 300.0, 230.0, 230.0)])
     whole = next(row for row in rows if row["group"] == "llama")
     assert whole["geomean_gemv24_vs_dense"] == pytest.approx(1.5) and whole["gemv24_all_correct"]
+
+
+@pytest.mark.parametrize("spec", ["", "0,16", "a,b", "-4"])
+def test_bad_widths_are_named_before_looking_for_a_gpu(spec, capsys):
+    assert main(["bench24", "--shapes", "bert", "--n", spec]) == 2
+    assert "--n needs comma-separated positive widths" in capsys.readouterr().out

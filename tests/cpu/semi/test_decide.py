@@ -71,3 +71,15 @@ def test_fastest_sparse_path_per_mode_then_dense_margin():
     assert not slow.any_sparse and slow.path(True) == DENSE
     with pytest.raises(ValueError, match="no sparse path"):
         decide_modes(1, {}, dense=(1.0, 1.0))
+
+
+def test_gpus_older_than_sm80_are_refused_by_name(monkeypatch):
+    import torch
+
+    from sparseforge.semi import Sparse24Error
+    from sparseforge.semi.cusparselt import Library
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Tesla T4")
+    with pytest.raises(Sparse24Error, match="Tesla T4 is sm_75; Sparse Tensor Cores need sm_80"):
+        Library.on(torch.device("cuda", 7))
