@@ -102,8 +102,7 @@ class SparseLinear24(nn.Module):
             return x.new_empty(*x.shape[:-1], self.out_features)
         if not rows.is_contiguous() or rows.data_ptr() % ALIGN_BYTES:
             rows = rows.contiguous() if not rows.is_contiguous() else rows.clone()
-        key = (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
-        runtime = self._runtime if key == self._runtime_key else self.runtime()
+        runtime = self._runtime if self._current_key() == self._runtime_key else self.runtime()
         if runtime is None:
             n = rows.shape[0]
             self._capture_fallbacks.setdefault(n, fixed(n, DENSE, "first seen during CUDA graph capture, before "
@@ -128,7 +127,6 @@ class SparseLinear24(nn.Module):
 
     def _current_key(self) -> tuple:
         # In-place updates (load_state_dict, optimizer steps) bump _version; moves change the pointer.
-        # sparse_forward inlines this for speed: keep the two in step.
         weight, bias = self._parameters["weight"], self._parameters.get("bias")
         return (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
 

@@ -56,8 +56,7 @@ class LoadedKernel:
         self._types = (ctypes.c_void_p, ctypes.c_void_p)
 
     def launch(self, grid: tuple[int, int, int], block: int, stream: int, b_ptr: int, c_ptr: int) -> None:
-        check(cu.cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, 0,
-                                cu.CUstream(stream), ((b_ptr, c_ptr), self._types), 0))
+        self.launch_args(grid, block, stream, (b_ptr, c_ptr), self._types)
 
     def launch_args(self, grid: tuple[int, int, int], block: int, stream: int, args: tuple, types: tuple) -> None:
         """A launch with any parameters: values and their ctypes types, in the kernel's order."""
