@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
-#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [designs-tf] [semi] [bench24] [minilm]
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [rn50-more] [designs-tf] [semi] [bench24] [minilm]
 # Carried, git-ignored inputs: .dlmc/ (the DLMC archive, dlmc stages), .whl/ (nvmath-python for cp312: the
 # image lacks it), .minilm/ (all-MiniLM-L6-v2 as float16 safetensors: the wheel is over the carry limit).
 set -uo pipefail
@@ -55,22 +55,30 @@ if stage final; then
   $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -6
 fi
 if stage designs-rn50; then
-  # split groups and chunked runs against the heuristic config (benchmarks/designs.py); rn50 batch 32
-  python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" 2>&1 | tail -8
-  $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
+  # split groups and chunked runs against the heuristic config (benchmarks/designs.py), 18 layers spread
+  # over rn50; JSON is rewritten after every case, so a stage timeout keeps what was measured.
+  timeout 230 python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" --limit 18 \
+    2>&1 | tee "$OUT/designs_rn50.log" | tail -8
+fi
+if stage rn50-more; then
+  # what the first sessions did not report: bf16 at batch 1, fp32 at batch 32
+  for s in 0.9 0.95; do
+    timeout 100 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype bf16 --tune-budget 0 --out "$OUT/rn50_${s}_bf16_b1.json" 2>&1 | tail -6
+  done
+  timeout 120 $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
 fi
 if stage designs-tf; then
   # the same on the Transformer layer-0 matrices, both layouts (nk: staged vs transposed X)
   T=/tmp/tf_subset/transformer/magnitude_pruning
   for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
-  python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer.json" 2>&1 | tail -8
-  python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer_nk.json" --layout nk 2>&1 | tail -8
+  timeout 130 python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer.json" --limit 8 2>&1 | tee "$OUT/designs_tf.log" | tail -8
+  timeout 110 python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer_nk.json" --layout nk --limit 6 2>&1 | tee "$OUT/designs_tf_nk.log" | tail -8
 fi
 if stage semi; then
   python3 -m pytest tests/gpu/test_semi_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/semi_tests.log" | tail -30
 fi
 if stage bench24; then
-  $SF bench24 --out "$OUT/bench24.json" --plot "$OUT/bench24.png" 2>&1 | tee "$OUT/bench24.log" | tail -120
+  timeout ${BENCH24_S:-320} $SF bench24 --out "$OUT/bench24.json" --plot "$OUT/bench24.png" 2>&1 | tee "$OUT/bench24.log" | tail -120
 fi
 if stage minilm; then
   python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" 2>&1 | tail -45

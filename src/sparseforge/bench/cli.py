@@ -55,6 +55,8 @@ def run_bench(args) -> int:
             record = _one(case, dtype, layout, gpu, args)
             record["batch"] = args.batch
             records.append(record)
+            if args.out and gpu:  # partial results survive an interrupted run
+                write_json(args.out, records, [], {"mode": "gpu", "partial": True})
             progress.advance(task)
     summary = summarize(records) if gpu else []
     _print(console, records, summary, gpu)
