@@ -1,7 +1,6 @@
 """The public SpMM API: compile_spmm() and spmm()."""
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict
 
@@ -82,7 +81,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         return build_kernel(plan, index)
 
     if config is not None or tune_budget is None:
-        return build(config or default_config(int(n), layout))
+        return build(config or default_config(int(n), layout, w.nnz / max(w.shape[0], 1), relu))
     cache = KernelCache()
     bias_tag = "none" if bias_values is None else cache_key(bias_values.astype(np.float32).tobytes())
     key = cache_key(w.digest(), str(n), name, layout, bias_tag, str(relu), "tune-v2")
@@ -96,8 +95,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
     make_input = lambda: torch.randn(shape, device=f"cuda:{index}").to(getattr(torch, name))  # noqa: E731
     start = time.perf_counter()
-    group_nnz = w.nnz / max(math.ceil(w.shape[0] / default_config(int(n), layout).rows_per_group), 1)
-    configs = candidates(int(n), layout, group_nnz, relu)
+    configs = candidates(int(n), layout, w.nnz / max(w.shape[0], 1), relu)
     kernel, records = tune(build, int(n), layout, make_input, tune_budget, configs)
     kernel.tune_seconds, kernel.tuning = time.perf_counter() - start, records
     cache.put_tuned(key, arch, {"config": asdict(kernel.plan.config), "records": records})

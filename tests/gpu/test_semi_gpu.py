@@ -221,8 +221,8 @@ def test_packed_gemv_under_graph_replay():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_runtime_with_the_gemv_candidate(dtype, monkeypatch):
-    """With the GEMV allowed into decisions, decode widths pick among three paths; outputs stay right in
-    either mode whatever is picked."""
+    """With the GEMV in decisions (the default since it was measured), decode widths pick among three paths;
+    outputs stay right in either mode whatever is picked."""
     from sparseforge.semi import gemv as gemv_module
 
     monkeypatch.setattr(gemv_module, "USE_IN_DECISIONS", True)
@@ -238,3 +238,28 @@ def test_runtime_with_the_gemv_candidate(dtype, monkeypatch):
     paths = {(d.n, d.mode): d.path for d in layer.decisions}
     assert set(paths.values()) <= {"2:4", "2:4-gemv", "dense"}
     assert all(p != "2:4-gemv" for (n, _), p in paths.items() if n > 8)
+
+
+def test_modes_that_differ_run_their_own_path_eagerly_and_in_a_graph(monkeypatch):
+    """Eager dense, graph 2:4: each mode's call runs its path (the runtime keeps one callable per mode)."""
+    from sparseforge.semi import runtime as runtime_module
+    from sparseforge.semi.decide import Decision, WidthChoice
+
+    monkeypatch.setattr(runtime_module, "decide_modes", lambda n, timed, dense, *a, **k: WidthChoice(
+        Decision(n, "dense", "forced by the test", mode="eager"), Decision(n, "2:4", "forced by the test", mode="graph")))
+    ran = []
+    real = runtime_module._run_padded
+    monkeypatch.setattr(runtime_module, "_run_padded", lambda plan, x: ran.append(x.shape[0]) or real(plan, x))
+    w = weight_24(256, 512, torch.float16)
+    runtime = Linear24Runtime(w, None)
+    x = torch.randn(32, 512, device="cuda").half()
+    eager = runtime(x)
+    assert ran == [] and rel_err(eager, x.double() @ w.double().T) <= TOL[torch.float16]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = runtime(x)
+    fresh = torch.randn(32, 512, device="cuda").half()
+    x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ran == [32] and rel_err(out, fresh.double() @ w.double().T) <= TOL[torch.float16]

@@ -58,9 +58,8 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
              "matmul_only_us": lambda i: plan.run(padded[i], out_t),
              "transpose_us": lambda _: transpose_columns(out_t, n)}
     record.update(interleaved_us(paths, xs))
-    record["dense_eager_us"] = eager_time_us(lambda x: F.linear(x, w), xs)
-    record["sparse24_eager_us"] = eager_time_us(forced, xs)
-    record["with_fallback_eager_us"] = eager_time_us(measured, xs)
+    record.update(interleaved_us({"dense_eager_us": lambda x: F.linear(x, w), "sparse24_eager_us": forced,
+                                  "with_fallback_eager_us": measured}, xs, timer=eager_time_us))
     record["speedup_vs_dense"] = record["dense_us"] / record["sparse24_us"]
     record["fallback_speedup_vs_dense"] = record["dense_us"] / record["with_fallback_us"]
     if n <= GEMV_MAX_N:
@@ -91,20 +90,21 @@ def _packed_gemv(w, xs, dtype: str) -> dict:
     return result
 
 
-def interleaved_us(paths: dict, xs: list, rounds: int = 3) -> dict:
-    """Graph-replay medians of each path, measured in alternating rounds so clock and cache drift between
-    measurements lands on every path alike; the median over rounds is reported. A path named *_only_us or
-    transpose_us gets the input's index, the others the input."""
+def interleaved_us(paths: dict, xs: list, rounds: int = 3, timer=None) -> dict:
+    """Medians of each path by `timer` (default graph replay), measured in alternating rounds so clock and
+    cache drift between measurements lands on every path alike; the median over rounds is reported. A path
+    named *_only_us or transpose_us gets the input's index, the others the input."""
     from statistics import median
 
     from .timing import graph_time_us
 
+    timer = timer or graph_time_us
     samples: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(rounds):
         for name, fn in paths.items():
             by_index = name in ("matmul_only_us", "transpose_us")
             inputs = list(range(len(xs))) if by_index else xs
-            samples[name].append(graph_time_us(fn, inputs, repeats=15))
+            samples[name].append(timer(fn, inputs, repeats=15))
     return {name: median(values) for name, values in samples.items()}
 
 

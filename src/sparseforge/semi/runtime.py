@@ -31,6 +31,9 @@ class Linear24Runtime:
         self.weight, self.bias = weight, bias
         self.compressed = CompressedWeight(weight)
         self.entries: dict[int, tuple[WidthChoice, MatmulPlan | None]] = {}
+        # per width, the callables (eager, graph) the decisions chose: one dict lookup per call, and no
+        # capture query where both modes chose the same path (host time is what small eager layers pay)
+        self._calls: dict[int, tuple] = {}
         self.gemv: gemv_module.Gemv24 | None = None  # built when a decode width first considers it
 
     @property
@@ -39,17 +42,24 @@ class Linear24Runtime:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, K) contiguous, 16-byte aligned, the weight's dtype and device. Returns (n, M)."""
-        n = x.shape[0]
-        entry = self.entries.get(n)
-        if entry is None:
-            entry = self.prepare(x)
-        choice, plan = entry
-        path = choice.path(torch.cuda.is_current_stream_capturing())
-        if path == SPARSE:
-            return _run_padded(plan, x)
-        if path == GEMV:
-            return self.gemv(x)
+        calls = self._calls.get(x.shape[0])
+        if calls is None:
+            self.prepare(x)
+            calls = self._calls[x.shape[0]]
+        eager, graph = calls
+        if eager is graph:
+            return eager(x)
+        return (graph if torch.cuda.is_current_stream_capturing() else eager)(x)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def _callable(self, path: str, plan: MatmulPlan | None):
+        if path == SPARSE:
+            return lambda x: _run_padded(plan, x)
+        if path == GEMV:
+            return self.gemv
+        return self._dense
 
     def prepare(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:
         """Decide (and build the plan) for x's width; later calls of that width only look it up."""
@@ -64,6 +74,10 @@ class Linear24Runtime:
         else:
             entry = self._measured(x)
         self.entries[n] = entry
+        choice, plan = entry
+        eager = self._callable(choice.eager.path, plan)
+        self._calls[n] = (eager, eager if choice.graph.path == choice.eager.path else
+                          self._callable(choice.graph.path, plan))
         return entry
 
     def _measured(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:

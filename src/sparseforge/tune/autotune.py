@@ -27,11 +27,22 @@ def _kn(n: int, rows: int, vec: int, groups: int = 1) -> TileConfig:
     return TileConfig(rows, _column_warps(n, vec), vec, 16, groups)
 
 
-def default_config(n: int, layout: str) -> TileConfig:
-    """The pick without measurement."""
+# Small-N kn layers whose rows average at least this many nonzeros are split by default (segment_nnz a
+# quarter of a group). Measured on the H200 (rn50 90%, fp32, batch 1, 17 layers): K >= 1024 (~100+ per
+# row) ran 1.3-2.3x faster split; K <= 512 (~50 per row) 0.6-1.0x, as did the Transformer's K = 512 at N = 256.
+SPLIT_ROW_NNZ = 90
+
+
+def default_config(n: int, layout: str, row_nnz: float | None = None, relu: bool = False) -> TileConfig:
+    """The pick without measurement; row_nnz (mean nonzeros per row) lets long-row, small-N layers split."""
     if layout == "nk":
-        return TileConfig(rows_per_group=4, warps_per_block=8, vec=1)
-    return _kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1)
+        # X transposed by the launch, then read like B in kn: measured 1.06-2.0x faster than staging X
+        # through shared memory on all six Transformer layer-0 matrices (H200, fp32, N = 256)
+        return dataclasses.replace(_kn(n, 4, 1), transpose_x=True)
+    first = _kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1)
+    if n <= 256 and not relu and row_nnz and row_nnz >= SPLIT_ROW_NNZ:
+        return dataclasses.replace(first, segment_nnz=max(int(row_nnz * first.rows_per_group / 4), 4))
+    return first
 
 
 def split_candidates(first: TileConfig, n: int, group_nnz: float | None) -> list[TileConfig]:
@@ -44,9 +55,10 @@ def split_candidates(first: TileConfig, n: int, group_nnz: float | None) -> list
     return [dataclasses.replace(first, segment_nnz=max(int(group_nnz * f), 4)) for f in fractions]
 
 
-# B rows per chunk of a run (kn): 64 rows x 32*vec columns is 8-32 KB per warp in fp32, so 8-16 warps'
-# chunks fit an SM's L1 while the run's groups re-read them; shorter chunks would multiply the per-chunk
-# section calls (accumulators passed in and out), longer ones would spill out of L1. Unmeasured yet.
+# B rows per chunk of a run (kn). Chunked runs are built and correct but measured 2.4-3.3x slower than
+# unchunked on rn50 and the Transformer (H200, fp32): the per-chunk section calls, accumulators passed in
+# and out, cost more than the L2 traffic they save. So the tuner does not propose them; designs.py keeps
+# measuring them.
 CHUNK_K = 64
 
 
@@ -55,24 +67,23 @@ def chunked_candidates(first: TileConfig) -> list[TileConfig]:
     return [dataclasses.replace(first, groups_per_block=g, chunk_k=CHUNK_K) for g in (4, 8)]
 
 
-def candidates(n: int, layout: str, group_nnz: float | None = None, relu: bool = False) -> list[TileConfig]:
+def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = False) -> list[TileConfig]:
     """Heuristic pick first, then (unless relu, which splits cannot fuse) splitting variants, then
-    neighbours in rows per group, vector width and groups per block."""
-    first = default_config(n, layout)
+    neighbours in rows per group, vector width, groups per block and (nk) staging X."""
+    first = default_config(n, layout, row_nnz, relu)
     if layout == "nk":
-        # X transposed by the launch, then read like B in kn: one extra copy, coalesced direct loads
-        transposed = dataclasses.replace(_kn(n, 4, 1), transpose_x=True)
-        pool = [transposed, dataclasses.replace(transposed, rows_per_group=8),
-                TileConfig(8, 8, 1), TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]
+        pool = [dataclasses.replace(first, rows_per_group=8), TileConfig(4, 8, 1), TileConfig(8, 8, 1),
+                TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]
+        unsplit = first
     else:
+        unsplit = dataclasses.replace(first, segment_nnz=0)
         v = first.vec
-        pool = [_kn(n, 8, v), _kn(n, 2, v), _kn(n, 4, max(v // 2, 1)), _kn(n, 4, min(v * 2, 4)),
-                _kn(n, 4, v, 2), _kn(n, 1, v), _kn(n, 8, max(v // 2, 1))]
-        pool.insert(1, TileConfig(4, first.warps_per_block, first.vec, 32))
-    if layout == "kn":
-        pool += chunked_candidates(first)
+        pool = [unsplit, TileConfig(4, first.warps_per_block, first.vec, 32), _kn(n, 8, v), _kn(n, 2, v),
+                _kn(n, 4, max(v // 2, 1)), _kn(n, 4, min(v * 2, 4)), _kn(n, 4, v, 2), _kn(n, 1, v),
+                _kn(n, 8, max(v // 2, 1))]
+    group_nnz = row_nnz * unsplit.rows_per_group if row_nnz else None
     out = [first]
-    for config in ([] if relu else split_candidates(first, n, group_nnz)) + pool:
+    for config in ([] if relu else split_candidates(unsplit, n, group_nnz)) + pool:
         if config not in out:
             out.append(config)
     return out

@@ -1,6 +1,9 @@
+import dataclasses
+
 import pytest
 
 from sparseforge.tune import candidates, default_config
+from sparseforge.tune.autotune import SPLIT_ROW_NNZ, chunked_candidates
 
 
 @pytest.mark.parametrize("n", [1, 7, 49, 196, 256, 784, 3136, 12544])
@@ -21,21 +24,33 @@ def test_column_warps_cover_n_without_idle_warps():
 
 
 def test_split_candidates_for_small_n_and_long_rows_not_with_relu():
-    small = candidates(49, "kn", group_nnz=200.0)
+    small = candidates(49, "kn", row_nnz=50.0)  # below SPLIT_ROW_NNZ: the pick stays unsplit
+    assert small[0].segment_nnz == 0
     assert [c.segment_nnz for c in small[1:4]] == [50, 100, 400]
-    assert small[0].segment_nnz == 0  # the heuristic pick stays first and unsplit
-    large = candidates(3136, "kn", group_nnz=200.0)
+    large = candidates(3136, "kn", row_nnz=50.0)
     assert [c.segment_nnz for c in large if c.segment_nnz] == [400]
-    assert all(c.segment_nnz == 0 for c in candidates(49, "kn", group_nnz=200.0, relu=True))
+    assert all(c.segment_nnz == 0 for c in candidates(49, "kn", row_nnz=50.0, relu=True))
     assert all(c.segment_nnz == 0 for c in candidates(49, "kn"))
 
 
-def test_chunked_candidates_for_kn_only():
-    kn = [c for c in candidates(3136, "kn") if c.chunk_k]
+def test_long_rows_at_small_n_split_by_default_and_tuner_can_undo_it():
+    row_nnz = SPLIT_ROW_NNZ + 10.0
+    first = default_config(196, "kn", row_nnz)
+    assert first.segment_nnz == int(row_nnz * first.rows_per_group / 4)
+    configs = candidates(196, "kn", row_nnz)
+    assert configs[0] == first and dataclasses.replace(first, segment_nnz=0) in configs
+    assert default_config(196, "kn", row_nnz, relu=True).segment_nnz == 0  # relu cannot fuse with splits
+    assert default_config(784, "kn", row_nnz).segment_nnz == 0  # enough column tiles already
+    assert default_config(196, "kn", SPLIT_ROW_NNZ - 1.0).segment_nnz == 0
+
+
+def test_tuner_does_not_propose_chunked_runs_measured_slower():
+    assert not any(c.chunk_k for n in (49, 3136) for c in candidates(n, "kn", row_nnz=100.0))
+    kn = chunked_candidates(default_config(3136, "kn"))
     assert [c.groups_per_block for c in kn] == [4, 8] and all(c.chunk_k == 64 for c in kn)
-    assert not any(c.chunk_k for c in candidates(256, "nk"))
 
 
-def test_nk_candidates_include_transposed_x_early():
+def test_nk_transposes_x_by_default_and_keeps_staging_as_a_candidate():
     configs = candidates(256, "nk")
-    assert not configs[0].transpose_x and configs[1].transpose_x and configs[1].vec == 1
+    assert configs[0].transpose_x and configs[0].vec == 1
+    assert any(not c.transpose_x for c in configs)
