@@ -81,7 +81,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         return build_kernel(plan, index)
 
     if config is not None or tune_budget is None:
-        return build(config or default_config(int(n), layout, w.nnz / max(w.shape[0], 1), relu))
+        return build(config or default_config(int(n), layout, w.nnz / max(w.shape[0], 1), relu, w.shape[0]))
     cache = KernelCache()
     bias_tag = "none" if bias_values is None else cache_key(bias_values.astype(np.float32).tobytes())
     key = cache_key(w.digest(), str(n), name, layout, bias_tag, str(relu), "tune-v2")
@@ -95,7 +95,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
     make_input = lambda: torch.randn(shape, device=f"cuda:{index}").to(getattr(torch, name))  # noqa: E731
     start = time.perf_counter()
-    configs = candidates(int(n), layout, w.nnz / max(w.shape[0], 1), relu)
+    configs = candidates(int(n), layout, w.nnz / max(w.shape[0], 1), relu, w.shape[0])
     kernel, records = tune(build, int(n), layout, make_input, tune_budget, configs)
     kernel.tune_seconds, kernel.tuning = time.perf_counter() - start, records
     cache.put_tuned(key, arch, {"config": asdict(kernel.plan.config), "records": records})

@@ -16,10 +16,10 @@ def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: boo
     w = case.load(dtype=dtype_name)
     start = time.perf_counter()
     row_nnz = w.nnz / max(w.shape[0], 1)  # the GPU's heuristic pick, splits included
-    plan = make_plan(w, n, dtype_name, layout, default_config(n, layout, row_nnz), arch=arch)
+    plan = make_plan(w, n, dtype_name, layout, default_config(n, layout, row_nnz, m=w.shape[0]), arch=arch)
     check_plan(plan, w)
     n_check = min(n, 64)
-    small = make_plan(w, n_check, dtype_name, layout, default_config(n_check, layout, row_nnz), arch=arch)
+    small = make_plan(w, n_check, dtype_name, layout, default_config(n_check, layout, row_nnz, m=w.shape[0]), arch=arch)
     rng = np.random.default_rng(0)
     b = rng.standard_normal((case.K, n_check) if layout == "kn" else (n_check, case.K))
     ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)

@@ -27,22 +27,31 @@ def _kn(n: int, rows: int, vec: int, groups: int = 1) -> TileConfig:
     return TileConfig(rows, _column_warps(n, vec), vec, 16, groups)
 
 
-# Small-N kn layers whose rows average at least this many nonzeros are split by default (segment_nnz a
-# quarter of a group). Measured on the H200 (rn50 90%, fp32, batch 1, 17 layers): K >= 1024 (~100+ per
-# row) ran 1.3-2.3x faster split; K <= 512 (~50 per row) 0.6-1.0x, as did the Transformer's K = 512 at N = 256.
+# Small-N kn layers are split by default (segment_nnz a quarter of a group) when their rows average at
+# least SPLIT_ROW_NNZ nonzeros and the unsplit launch has at most SPLIT_MAX_ITEMS work items (row groups x
+# column tiles), under one per SM of an H200 (132): splitting buys warps where too few exist. Measured on
+# the H200 (rn50 90%, fp32, batch 1): M <= 512 with K >= 1024 (~100+ nonzeros per row, <= 128 items) ran
+# 1.3-2.3x faster split; K <= 512 (~50 per row) 0.6-1.0x, as did the Transformer's K = 512 at N = 256;
+# M >= 1000 (250+ items) 0.6-0.75x even with long rows.
 SPLIT_ROW_NNZ = 90
+SPLIT_MAX_ITEMS = 132
 
 
-def default_config(n: int, layout: str, row_nnz: float | None = None, relu: bool = False) -> TileConfig:
-    """The pick without measurement; row_nnz (mean nonzeros per row) lets long-row, small-N layers split."""
+def default_config(n: int, layout: str, row_nnz: float | None = None, relu: bool = False,
+                   m: int | None = None) -> TileConfig:
+    """The pick without measurement; row_nnz (mean nonzeros per row) and m (rows) let long-row layers with
+    too few work items split."""
     if layout == "nk":
         # X transposed by the launch, then read like B in kn: measured 1.06-2.0x faster than staging X
         # through shared memory on all six Transformer layer-0 matrices (H200, fp32, N = 256)
         return dataclasses.replace(_kn(n, 4, 1), transpose_x=True)
     first = _kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1)
-    if n <= 256 and not relu and row_nnz and row_nnz >= SPLIT_ROW_NNZ:
-        return dataclasses.replace(first, segment_nnz=max(int(row_nnz * first.rows_per_group / 4), 4))
-    return first
+    if n > 256 or relu or not row_nnz or row_nnz < SPLIT_ROW_NNZ or not m:  # measured only at N <= 256
+        return first
+    items = math.ceil(m / first.rows_per_group) * math.ceil(n / (first.warps_per_block * 32 * first.vec))
+    if items > SPLIT_MAX_ITEMS:
+        return first
+    return dataclasses.replace(first, segment_nnz=max(int(row_nnz * first.rows_per_group / 4), 4))
 
 
 def split_candidates(first: TileConfig, n: int, group_nnz: float | None) -> list[TileConfig]:
@@ -67,10 +76,11 @@ def chunked_candidates(first: TileConfig) -> list[TileConfig]:
     return [dataclasses.replace(first, groups_per_block=g, chunk_k=CHUNK_K) for g in (4, 8)]
 
 
-def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = False) -> list[TileConfig]:
+def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = False,
+               m: int | None = None) -> list[TileConfig]:
     """Heuristic pick first, then (unless relu, which splits cannot fuse) splitting variants, then
     neighbours in rows per group, vector width, groups per block and (nk) staging X."""
-    first = default_config(n, layout, row_nnz, relu)
+    first = default_config(n, layout, row_nnz, relu, m)
     if layout == "nk":
         pool = [dataclasses.replace(first, rows_per_group=8), TileConfig(4, 8, 1), TileConfig(8, 8, 1),
                 TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from sparseforge.tune import candidates, default_config
-from sparseforge.tune.autotune import SPLIT_ROW_NNZ, chunked_candidates
+from sparseforge.tune.autotune import SPLIT_MAX_ITEMS, SPLIT_ROW_NNZ, chunked_candidates
 
 
 @pytest.mark.parametrize("n", [1, 7, 49, 196, 256, 784, 3136, 12544])
@@ -33,15 +33,18 @@ def test_split_candidates_for_small_n_and_long_rows_not_with_relu():
     assert all(c.segment_nnz == 0 for c in candidates(49, "kn"))
 
 
-def test_long_rows_at_small_n_split_by_default_and_tuner_can_undo_it():
+def test_long_rows_with_few_work_items_split_by_default_and_tuner_can_undo_it():
     row_nnz = SPLIT_ROW_NNZ + 10.0
-    first = default_config(196, "kn", row_nnz)
+    first = default_config(196, "kn", row_nnz, m=512)
     assert first.segment_nnz == int(row_nnz * first.rows_per_group / 4)
-    configs = candidates(196, "kn", row_nnz)
+    configs = candidates(196, "kn", row_nnz, m=512)
     assert configs[0] == first and dataclasses.replace(first, segment_nnz=0) in configs
-    assert default_config(196, "kn", row_nnz, relu=True).segment_nnz == 0  # relu cannot fuse with splits
-    assert default_config(784, "kn", row_nnz).segment_nnz == 0  # enough column tiles already
-    assert default_config(196, "kn", SPLIT_ROW_NNZ - 1.0).segment_nnz == 0
+    assert default_config(196, "kn", row_nnz, relu=True, m=512).segment_nnz == 0  # relu cannot fuse splits
+    assert default_config(784, "kn", row_nnz, m=512).segment_nnz == 0  # enough column tiles already
+    assert default_config(49, "kn", row_nnz, m=1000).segment_nnz == 0  # enough row groups already
+    assert default_config(49, "kn", row_nnz, m=4 * SPLIT_MAX_ITEMS).segment_nnz > 0
+    assert default_config(196, "kn", SPLIT_ROW_NNZ - 1.0, m=512).segment_nnz == 0
+    assert default_config(196, "kn", row_nnz).segment_nnz == 0  # rows unknown: no split
 
 
 def test_tuner_does_not_propose_chunked_runs_measured_slower():
