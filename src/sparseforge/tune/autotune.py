@@ -48,19 +48,24 @@ def default_config(n: int, layout: str, row_nnz: float | None = None, relu: bool
     first = _kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1)
     if n > 256 or relu or not row_nnz or row_nnz < SPLIT_ROW_NNZ or not m:  # measured only at N <= 256
         return first
-    items = math.ceil(m / first.rows_per_group) * math.ceil(n / (first.warps_per_block * 32 * first.vec))
-    if items > SPLIT_MAX_ITEMS:
+    if _work_items(first, n, m) > SPLIT_MAX_ITEMS:
         return first
     return dataclasses.replace(first, segment_nnz=max(int(row_nnz * first.rows_per_group / 4), 4))
 
 
-def split_candidates(first: TileConfig, n: int, group_nnz: float | None) -> list[TileConfig]:
+def _work_items(config: TileConfig, n: int, m: int) -> int:
+    """Row groups x column tiles of an unsplit kn launch."""
+    return math.ceil(m / config.rows_per_group) * math.ceil(n / (config.warps_per_block * 32 * config.vec))
+
+
+def split_candidates(first: TileConfig, n: int, group_nnz: float | None, m: int | None = None) -> list[TileConfig]:
     """Configs that split groups (segment_nnz), given the mean nonzeros of a default group: at twice the
-    mean only outlier groups (long rows) are cut; for small N, where few column tiles leave few warps
-    per SM, a quarter or half of the mean multiplies the warps (split-K)."""
+    mean only outlier groups (long rows) are cut; where few work items leave few warps per SM (small N,
+    or m rows making at most SPLIT_MAX_ITEMS items), a quarter or half of the mean multiplies the warps."""
     if not group_nnz or group_nnz < 2:
         return []
-    fractions = (0.25, 0.5, 2.0) if n <= 256 else (2.0,)
+    few = n <= 256 or (m is not None and _work_items(first, n, m) <= SPLIT_MAX_ITEMS)
+    fractions = (0.25, 0.5, 2.0) if few else (2.0,)
     return [dataclasses.replace(first, segment_nnz=max(int(group_nnz * f), 4)) for f in fractions]
 
 
@@ -93,7 +98,7 @@ def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = F
                 _kn(n, 8, max(v // 2, 1))]
     group_nnz = row_nnz * unsplit.rows_per_group if row_nnz else None
     out = [first]
-    for config in ([] if relu else split_candidates(unsplit, n, group_nnz)) + pool:
+    for config in ([] if relu else split_candidates(unsplit, n, group_nnz, m)) + pool:
         if config not in out:
             out.append(config)
     return out

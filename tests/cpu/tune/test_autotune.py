@@ -57,3 +57,12 @@ def test_nk_transposes_x_by_default_and_keeps_staging_as_a_candidate():
     configs = candidates(256, "nk")
     assert configs[0].transpose_x and configs[0].vec == 1
     assert any(not c.transpose_x for c in configs)
+
+
+def test_tuner_tries_split_k_at_large_n_only_where_work_items_are_few():
+    # 128 rows at N = 784: 32 row groups x 2 column tiles, far under one item per SM
+    few = [c.segment_nnz for c in candidates(784, "kn", row_nnz=100.0, m=128) if c.segment_nnz]
+    assert few == [100, 200, 800]
+    many = [c.segment_nnz for c in candidates(784, "kn", row_nnz=100.0, m=4096) if c.segment_nnz]
+    assert many == [800]
+    assert default_config(784, "kn", 100.0, m=128).segment_nnz == 0  # measured only at N <= 256: tuner's call
