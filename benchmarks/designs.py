@@ -1,33 +1,33 @@
-"""Kernel designs side by side on a DLMC directory (GPU): the heuristic config, split groups
-(segment_nnz) and chunked runs (chunk_k), each case's output checked, all timed by graph replay against
-cuBLAS in one process. Writes JSON with per-case times and geomean speedups per design.
+"""Kernel designs side by side on a DLMC directory (GPU): the heuristic pick, unsplit and split groups
+(segment_nnz), and for nk X staged in shared memory, each case's output checked, all timed by graph
+replay against cuBLAS in one process. (Chunked runs, chunk_k, were measured 2.4-3.3x slower with this
+script at dfaac08: results/h200_2026-11-30_designs_*_dfaac08.json.) Writes JSON with per-case times and geomean speedups per design.
 
     PYTHONPATH=src python benchmarks/designs.py DLMC_DIR OUT.json [--dtype float32] [--batch 1] [--limit N]
 """
 import argparse
 import dataclasses
 import json
-import math
 import sys
 
 from sparseforge.bench.gpu import run_case
 from sparseforge.bench.report import geomean, provenance
-from sparseforge.plan import make_plan, operand_bytes
+from sparseforge.plan import TileConfig, make_plan, operand_bytes
 from sparseforge.suite import discover
-from sparseforge.tune import candidates, default_config
-from sparseforge.tune.autotune import chunked_candidates
+from sparseforge.tune import default_config
 
 
 def designs(case, n: int, layout: str) -> dict:
-    first = default_config(n, layout)
-    group_nnz = case.nnz / max(math.ceil(case.M / first.rows_per_group), 1)
-    out = {"default": first,
+    """The heuristic pick against its alternatives: unsplit, split, and for nk staged X."""
+    row_nnz = case.nnz / max(case.M, 1)
+    first = dataclasses.replace(default_config(n, layout, row_nnz, m=case.M), segment_nnz=0)
+    group_nnz = row_nnz * first.rows_per_group
+    out = {"default": default_config(n, layout, row_nnz, m=case.M), "unsplit": first,
            "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
-    if layout == "kn":
-        out["chunked"] = chunked_candidates(first)[0]
-    else:
-        out["transposed_x"] = candidates(n, "nk")[1]
-    return out
+    if layout == "nk":
+        out["staged_x"] = TileConfig(4, 8, 1)
+    return {name: config for i, (name, config) in enumerate(out.items())
+            if config not in list(out.values())[:i]}  # a design equal to an earlier one is not re-run
 
 
 def main() -> int:
