@@ -1,7 +1,8 @@
 """Kernel designs side by side on a DLMC directory (GPU): the heuristic pick, unsplit and split groups
 (segment_nnz), and for nk X staged in shared memory, each case's output checked, all timed by graph
-replay against cuBLAS in one process. (Chunked runs, chunk_k, were measured 2.4-3.3x slower with this
-script at dfaac08: results/h200_2026-11-30_designs_*_dfaac08.json.) Writes JSON with per-case times and geomean speedups per design.
+replay against cuBLAS in one process. For kn also chunked runs (chunk_k): their first implementation
+measured 2.4-3.3x slower with this script at dfaac08 (results/h200_2026-11-30_designs_*_dfaac08.json);
+the inline one that replaced it is what this measures now. Writes JSON with per-case times and geomean speedups per design.
 
     PYTHONPATH=src python benchmarks/designs.py DLMC_DIR OUT.json [--dtype float32] [--batch 1] [--limit N]
 """
@@ -15,16 +16,19 @@ from sparseforge.bench.report import geomean, provenance
 from sparseforge.plan import TileConfig, make_plan, operand_bytes
 from sparseforge.suite import discover
 from sparseforge.tune import default_config
+from sparseforge.tune.autotune import chunked_candidates
 
 
 def designs(case, n: int, layout: str) -> dict:
-    """The heuristic pick against its alternatives: unsplit, split, and for nk staged X."""
+    """The heuristic pick against its alternatives: unsplit, split, and chunked runs (kn) or staged X (nk)."""
     row_nnz = case.nnz / max(case.M, 1)
     first = dataclasses.replace(default_config(n, layout, row_nnz, m=case.M), segment_nnz=0)
     group_nnz = row_nnz * first.rows_per_group
     out = {"default": default_config(n, layout, row_nnz, m=case.M), "unsplit": first,
            "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
-    if layout == "nk":
+    if layout == "kn":
+        out["chunked"] = chunked_candidates(first)[0]
+    else:
         out["staged_x"] = TileConfig(4, 8, 1)
     return {name: config for i, (name, config) in enumerate(out.items())
             if config not in list(out.values())[:i]}  # a design equal to an earlier one is not re-run

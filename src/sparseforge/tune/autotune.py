@@ -69,16 +69,16 @@ def split_candidates(first: TileConfig, n: int, group_nnz: float | None, m: int 
     return [dataclasses.replace(first, segment_nnz=max(int(group_nnz * f), 4)) for f in fractions]
 
 
-# B rows per chunk of a run (kn). Chunked runs are built and correct but measured 2.4-3.3x slower than
-# unchunked on rn50 and the Transformer (H200, fp32): the per-chunk section calls, accumulators passed in
-# and out, cost more than the L2 traffic they save. So the tuner does not propose them; designs.py keeps
-# measuring them.
+# B rows per chunk of a run (kn). The first implementation (a function per (group, chunk), accumulators
+# passed through .param) measured 2.4-3.3x slower than unchunked on the H200. Now a run is one
+# function with its groups inline, chunk-outer (codegen/ptx.py: _run_function), not measured yet, so the
+# tuner does not propose it; designs.py measures it. Runs of 4: runs of 8 spill (ptxas, 100-220 bytes).
 CHUNK_K = 64
 
 
 def chunked_candidates(first: TileConfig) -> list[TileConfig]:
-    """Runs of 4 and 8 groups going chunk by chunk (kn)."""
-    return [dataclasses.replace(first, groups_per_block=g, chunk_k=CHUNK_K) for g in (4, 8)]
+    """A run of 4 groups going chunk by chunk (kn)."""
+    return [dataclasses.replace(first, groups_per_block=4, chunk_k=CHUNK_K)]
 
 
 def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = False,

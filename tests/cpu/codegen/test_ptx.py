@@ -129,16 +129,14 @@ def test_split_rows_add_atomically_and_assemble(arch, layout, vec, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("config", [TileConfig(4, 2, 1, 8, 4, 0, 64), TileConfig(2, 4, 4, 16, 3, 30, 100)],
                          ids=lambda c: c.short())
-def test_chunked_runs_assemble_and_visit_chunks_in_order(arch, dtype, config):
+def test_chunked_runs_assemble_one_function_per_run(arch, dtype, config):
     case = SAMPLE_DIR / "rn50/magnitude_pruning/0.9/bottleneck_1_block_group1_1_1.smtx"
     w = SparseMatrix.from_smtx(case, seed=0)
     plan = make_plan(w, 256, dtype, "kn", config, arch=arch)
     source = render(plan)
-    entry = source.modules[0]
-    chunks = -(-plan.K // config.chunk_k)
-    assert [f"LOOP_C{c}:" in entry for c in range(chunks)] == [True] * chunks
-    assert f"%a<{config.groups_per_block * config.rows_per_group * plan.config.vec}>" in entry
-    assert "mov.u32 %rgid, %rgbase;" in entry
+    runs = plan.grid[1]
+    assert source.modules[0].count("call.uni") == runs and "acc_in" not in source.text
+    assert [source.text.count(f"_run{r}(.param") for r in range(runs)] == [2] * runs  # extern + definition
     _assemble_without_spills_and_link(source, arch)
 
 

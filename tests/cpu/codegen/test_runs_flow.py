@@ -1,6 +1,7 @@
-"""The chunked-runs entry (kn, chunk_k) walked by a small interpreter of its control flow: for every block,
-each group of its run is called chunk by chunk in order, its accumulators handed from one call to the
-next in the same registers, and no other group's. Catches slot bookkeeping errors without a GPU."""
+"""The chunked-runs lowering (kn, chunk_k) read back from its PTX: one function per run of
+groups_per_block groups; inside it every group starts (bias or zero), then chunk by chunk (chunk-outer,
+group-inner) each group reads only its chunk's columns and updates only its own accumulators, and finally
+stores its own rows. Catches slot bookkeeping and ordering errors without a GPU."""
 import re
 
 import numpy as np
@@ -11,79 +12,60 @@ from sparseforge.codegen import render
 from sparseforge.plan import TileConfig, make_plan
 
 
-def _entry_body(text: str) -> list[str]:
-    lines = [line.strip() for line in text.splitlines()]
-    start = lines.index("mov.u32 %rgbase, %rgid;")
-    return lines[start:]
+def _functions(text: str) -> dict[int, list[str]]:
+    """Run index -> body lines of that run's function."""
+    found, current = {}, None
+    for line in (raw.strip() for raw in text.splitlines()):
+        if m := re.match(r"\.visible \.func \w+_run(\d+)\(", line):
+            current = found.setdefault(int(m.group(1)), [])
+        elif current is not None:
+            if line == "}":
+                current = None
+            else:
+                current.append(line)
+    return found
 
 
-def _walk(body: list[str], gid: int, gend: int) -> list[tuple[str, list[str], list[str]]]:
-    """Run the entry from the run's start for one block: returns its calls as (function, regs passed in,
-    regs received)."""
-    labels = {line[:-1]: i for i, line in enumerate(body) if re.fullmatch(r"[A-Z0-9_]+:", line)}
-    tables = {m.group(1): m.group(2).split(", ") for line in body
-              if (m := re.match(r"(TABLE_C\d+): \.branchtargets (.*);", line))}
-    regs, pt, calls, i, steps = {"%rgid": gid, "%rgend": gend}, False, [], 0, 0
-    while i < len(body):
-        steps += 1
-        assert steps < 100_000, "the entry does not terminate"
-        line = body[i]
-        if line == "{":
-            end = body.index("}", i)
-            block = body[i:end]
-            call = next(line for line in block if line.startswith("call.uni"))
-            name = re.search(r"(\w+_g\d+_c\d+)", call).group(1)
-            sent = [m.group(1) for line in block if (m := re.match(r"st\.param\.b32 \[acc_in\+\d+\], (%a\d+);", line))]
-            got = [m.group(1) for line in block if (m := re.match(r"ld\.param\.b32 (%a\d+), \[acc_out\+\d+\];", line))]
-            calls.append((name, sent, got))
-            i = end + 1
-        elif m := re.fullmatch(r"mov\.u32 (%\w+), (%\w+);", line):
-            regs[m.group(1)] = regs[m.group(2)]
-            i += 1
-        elif line == "setp.ge.u32 %pt, %rgid, %rgend;":
-            pt = regs["%rgid"] >= regs["%rgend"]
-            i += 1
-        elif m := re.fullmatch(r"@%pt bra (\w+);", line):
-            i = labels[m.group(1)] if pt else i + 1
-        elif m := re.fullmatch(r"bra\.uni (\w+);", line):
-            i = labels[m.group(1)]
-        elif m := re.fullmatch(r"brx\.idx %rgid, (\w+);", line):
-            i = labels[tables[m.group(1)][regs["%rgid"]]]
-        elif line == "add.u32 %rgid, %rgid, 1;":
-            regs["%rgid"] += 1
-            i += 1
-        elif line == "ret;":
-            break
-        else:
-            i += 1
-    return calls
+def _sections(body: list[str]) -> list[tuple[int, int, int, list[str]]]:
+    """(group, k0, k1, lines) per '// group g: rows ...; k k0..k1' section."""
+    out = []
+    for line in body:
+        if m := re.match(r"// group (\d+): rows .*; k (\d+)\.\.(\d+)$", line):
+            out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)) + 1, []))
+        elif out and not line.startswith("//"):
+            out[-1][3].append(line)
+    return out
 
 
 @pytest.mark.parametrize("config", [TileConfig(2, 1, 1, 4, 3, 0, 16), TileConfig(3, 2, 2, 8, 4, 9, 40),
                                     TileConfig(1, 1, 4, 8, 2, 0, 7)], ids=lambda c: c.short())
-def test_every_group_of_every_run_goes_chunk_by_chunk_in_its_own_registers(config):
+def test_every_run_goes_chunk_by_chunk_over_its_groups_in_their_own_registers(config):
     rng = np.random.default_rng(4)
     dense = np.where(rng.random((23, 100)) < 0.15, rng.standard_normal((23, 100)), 0).astype(np.float32)
     dense[5] = 0  # an empty row: its group still starts and stores
     plan = make_plan(SparseMatrix.from_dense(dense), 64, config=config)
-    body = _entry_body(render(plan).modules[0])
-    chunks = [(k0, min(k0 + config.chunk_k, plan.K)) for k0 in range(0, plan.K, config.chunk_k)]
-    run = config.groups_per_block
-    for block in range(plan.grid[1]):
-        first, last = block * run, min(block * run + run, len(plan.groups))
-        calls = _walk(body, first, last)
-        by_group: dict[int, list] = {}
-        for name, sent, got in calls:
-            g, c = (int(v) for v in re.search(r"_g(\d+)_c(\d+)$", name).groups())
-            by_group.setdefault(g, []).append((c, sent, got))
-        assert sorted(by_group) == list(range(first, last))
-        for g, seq in by_group.items():
-            group = plan.groups[g]
-            used = [c for c, (k0, k1) in enumerate(chunks) if any(k0 <= col.k < k1 for col in group.columns)]
-            assert [c for c, _, _ in seq] == sorted({0, len(chunks) - 1, *used})
-            for (_, _, got), (_, sent, _) in zip(seq, seq[1:]):
-                assert got == sent, f"group {g}: accumulators change registers between chunks"
-            own = {r for _, sent, got in seq for r in sent + got}
-            slot = (g % run) * max(len(x.rows) for x in plan.groups) * plan.config.vec
-            width = len(group.rows) * plan.config.vec
-            assert own == {f"%a{slot + j}" for j in range(width)}
+    functions = _functions(render(plan).text)
+    run, vec = config.groups_per_block, plan.config.vec
+    width = max(len(g.rows) for g in plan.groups)
+    assert sorted(functions) == list(range(plan.grid[1]))
+    for r, body in functions.items():
+        members = list(range(r * run, min(r * run + run, len(plan.groups))))
+        sections = _sections(body)
+        order = [(k0, members.index(g)) for g, k0, _, _ in sections]
+        assert order == sorted(order), "not chunk-outer, group-inner"
+        for g, k0, k1, lines in sections:
+            group, slot = plan.groups[g], members.index(g) * width * vec
+            own = {f"%a{slot + j}" for j in range(len(group.rows) * vec)}
+            written = {m.group(1) for line in lines if (m := re.match(r"fma\.rn\.f32 (%a\d+),", line))}
+            assert written <= own and written
+            expected = sum(len(c.uses) for c in group.columns if k0 <= c.k < k1) * vec
+            assert sum(line.startswith("fma.rn.f32") for line in lines) == expected
+        for g in members:  # every k of every group visited exactly once, in one chunk
+            seen = [k0 for h, k0, _, _ in sections if h == g]
+            chunks = {c.k // config.chunk_k * config.chunk_k for c in plan.groups[g].columns}
+            assert sorted(seen) == sorted(chunks)
+        # every accumulator of every member reaches the output (fp32: st / red take %a directly)
+        stored = {reg for line in body if re.match(r"@%pv (?:st|red)\.global", line)
+                  for reg in re.findall(r"%a\d+", line)}
+        assert stored == {f"%a{members.index(g) * width * vec + j}" for g in members
+                          for j in range(len(plan.groups[g].rows) * vec)}
