@@ -1,0 +1,329 @@
+"""A small interpreter for the PTX subset the SpMM generator emits for direct-read kernels (kn, and nk with
+a transposed X): integer address arithmetic, branches and jump tables, calls with .param blocks, 16-bit
+widening, fp32 FMAs, stores and atomic adds. Each thread runs on its own, so kernels with shared memory
+or barriers (staged nk) are refused. It lets CI run generated kernels numerically, not just assemble them.
+
+Semantics follow the PTX ISA for these instructions; fma.rn.f32 is exact in float64 (a 24x24-bit product)
+and rounded once to fp32, like the hardware's fused multiply-add.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_MASK = {16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
+_LABEL = re.compile(r"^([A-Za-z_][\w]*):$")
+
+
+def _f32(bits: int) -> float:
+    return float(np.uint32(bits).view(np.float32))
+
+
+def _bits32(value: float) -> int:
+    return int(np.float32(value).view(np.uint32))
+
+
+def _half(bits: int, bf16: bool) -> float:
+    if bf16:
+        return _f32(bits << 16)
+    return float(np.uint16(bits).view(np.float16))
+
+
+def _to_half(value: float, bf16: bool) -> int:
+    if bf16:  # round to nearest even on the top 16 bits of the fp32 pattern
+        bits = _bits32(value)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    return int(np.float16(value).view(np.uint16))
+
+
+class Memory:
+    """Global memory as named numpy buffers placed at fake device addresses."""
+
+    def __init__(self):
+        self.regions: list[tuple[int, np.ndarray]] = []
+        self._next = 0x1000_0000
+
+    def place(self, array: np.ndarray) -> int:
+        base = self._next
+        self.regions.append((base, array.reshape(-1).view(np.uint8)))
+        self._next += (array.nbytes + 0xFFFF) & ~0xFFFF or 0x10000
+        return base
+
+    def _find(self, address: int, size: int) -> tuple[np.ndarray, int]:
+        for base, data in self.regions:
+            if base <= address and address + size <= base + data.size:
+                return data, address - base
+        raise IndexError(f"access of {size} bytes at {address:#x} is outside every buffer")
+
+    def read(self, address: int, size: int) -> int:
+        data, offset = self._find(address, size)
+        return int.from_bytes(data[offset:offset + size].tobytes(), "little")
+
+    def write(self, address: int, size: int, value: int) -> None:
+        data, offset = self._find(address, size)
+        data[offset:offset + size] = np.frombuffer(value.to_bytes(size, "little"), dtype=np.uint8)
+
+
+class Function:
+    """A body as instructions parsed once: (guard, op, args), or ("call", block lines) for a call block."""
+
+    def __init__(self, name: str, lines: list[str]):
+        self.name, self.code, self.labels, self.tables = name, [], {}, {}
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if m := _LABEL.match(line):
+                self.labels[m.group(1)] = len(self.code)
+            elif m := re.match(r"(\w+): \.branchtargets (.*);$", line):
+                self.tables[m.group(1)] = m.group(2).split(", ")
+            elif line == "{":
+                end = lines.index("}", i)
+                self.code.append((None, "call", lines[i + 1:end]))
+                i = end
+            elif not line.startswith(".reg"):
+                guard = None
+                if line.startswith("@"):
+                    guard, line = line.split(" ", 1)
+                    guard = guard[1:]
+                op, args = _op_args(line)
+                self.code.append((guard, op, args))
+            i += 1
+
+
+def parse(text: str) -> dict[str, Function]:
+    """Every .entry and .func body of a (multi-module) PTX text, by name."""
+    if ".shared" in text or "bar.sync" in text:
+        raise NotImplementedError("shared memory and barriers (staged kernels) are not interpreted")
+    functions, name, body, depth = {}, None, [], 0
+    for raw in text.splitlines():
+        line = raw.split("//")[0].strip()
+        if not line:
+            continue
+        if name is None:
+            if m := re.match(r"\.visible \.(?:entry|func) (?:\([^)]*\) )?(\w+)\(", line):
+                name, body, depth = m.group(1), [], 0
+            continue
+        if depth == 0 and line != "{":  # the rest of the header: parameter list, .maxntid
+            continue
+        if line == "{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif line == "}":
+            depth -= 1
+            if depth == 0:
+                functions[name] = Function(name, body)
+                name = None
+                continue
+        body.append(line)
+    return functions
+
+
+class Thread:
+    def __init__(self, functions: dict[str, Function], headers: dict[str, dict], memory: Memory, tid: int,
+                 ctaid: tuple[int, int, int]):
+        self.functions, self.headers, self.memory = functions, headers, memory
+        self.special = {"%tid.x": tid, "%ctaid.x": ctaid[0], "%ctaid.y": ctaid[1], "%ctaid.z": ctaid[2]}
+
+    def run(self, name: str, params: dict[str, bytearray]) -> dict[str, bytearray]:
+        """Execute function `name` with its .param inputs; returns the .param space after it (results)."""
+        fn = self.functions[name]
+        self.regs, self.preds, self.params = {}, {}, params
+        i, code, steps = 0, fn.code, 0
+        while i < len(code):
+            steps += 1
+            if steps > 2_000_000:
+                raise RuntimeError(f"{name} does not terminate")
+            guard, op, args = code[i]
+            i += 1
+            if guard and not self.preds[guard]:
+                continue
+            if op == "call":
+                self._call_block(args)
+            elif op == "ret":
+                return params
+            elif op in ("bra", "bra.uni"):
+                i = fn.labels[args[0]]
+            elif op == "brx.idx":
+                i = fn.labels[fn.tables[args[1]][self._val(args[0])]]
+            else:
+                self._execute(op, args)
+        return params
+
+    def _call_block(self, block: list[str]) -> None:
+        frame: dict[str, bytearray] = {}
+        after = []
+        called = None
+        for line in block:
+            if m := re.match(r"\.param \.(?:align \d+ )?\.?b(\d+) (\w+)(?:\[(\d+)\])?;", line):
+                size = int(m.group(3)) if m.group(3) else int(m.group(1)) // 8
+                frame[m.group(2)] = bytearray(size)
+            elif line.startswith("call.uni"):
+                called = line
+            elif called is None:
+                self._execute(*_op_args(line), frame)
+            else:
+                after.append(line)
+        m = re.match(r"call\.uni (?:\((\w+)\), )?(\w+), \(([^)]*)\);", called)
+        ret, target, names = m.group(1), m.group(2), [a.strip() for a in m.group(3).split(",") if a.strip()]
+        saved = (self.regs, self.preds, self.params)
+        callee_params = {}
+        header = self.headers[target]
+        for declared, passed in zip(header["inputs"], names):
+            callee_params[declared] = bytearray(frame[passed])
+        if ret:
+            callee_params[header["output"]] = bytearray(len(frame[ret]))
+        result = self.run(target, callee_params)
+        self.regs, self.preds, self.params = saved
+        if ret:
+            frame[ret] = result[header["output"]]
+        for line in after:
+            self._execute(*_op_args(line), frame)
+
+    # -- values ------------------------------------------------------------------------------------
+    def _val(self, token: str) -> int:
+        if token in self.special:
+            return self.special[token]
+        if token.startswith("%"):
+            return self.regs[token]
+        if token.startswith("0f"):
+            return int(token[2:], 16)
+        return int(token, 0) & _MASK[64]
+
+    def _address(self, token: str) -> int:
+        m = re.fullmatch(r"\[(%\w+)(?:\+(\d+))?\]", token)
+        return self.regs[m.group(1)] + int(m.group(2) or 0)
+
+    # -- instructions ----------------------------------------------------------------------------
+    def _execute(self, op: str, args: list[str], frame: dict | None = None) -> None:
+        r, v = self.regs, self._val
+        parts = op.split(".")
+        head = parts[0]
+        if head in ("ld", "st") and parts[1] == "param":
+            space = frame if frame is not None else self.params
+            m = re.fullmatch(r"\[(\w+)(?:\+(\d+))?\]", args[1] if head == "ld" else args[0])
+            buf, offset = space[m.group(1)], int(m.group(2) or 0)
+            size = int(parts[-1][1:]) // 8
+            if head == "ld":
+                r[args[0]] = int.from_bytes(buf[offset:offset + size], "little")
+            else:
+                buf[offset:offset + size] = (v(args[1]) & _MASK[size * 8]).to_bytes(size, "little")
+            return
+        if head == "ld":  # ld.global.nc.{b16,b32,v2.b32,v4.b32}
+            size = int(parts[-1][1:]) // 8
+            targets = _vector(args[0])
+            address = self._address(args[1])
+            for j, t in enumerate(targets):
+                r[t] = self.memory.read(address + j * size, size)
+            return
+        if head == "st":
+            size = int(parts[-1][1:]) // 8
+            for j, s in enumerate(_vector(args[1])):
+                self.memory.write(self._address(args[0]) + j * size, size, v(s) & _MASK[size * 8])
+            return
+        if head == "red":
+            self._atomic_add(parts[-1], self._address(args[0]), v(args[1]))
+            return
+        if op == "cvta.to.global.u64" or op in ("mov.u32", "mov.u64") or (op == "mov.b32" and "{" not in "".join(args)):
+            r[args[0]] = v(args[1])
+            return
+        if op == "mov.b32":
+            if args[0].startswith("{"):  # unpack a 32-bit word into two halves (low first)
+                lo, hi = _vector(args[0])
+                word = v(args[1])
+                r[lo], r[hi] = word & 0xFFFF, word >> 16
+            else:
+                lo, hi = _vector(args[1])
+                r[args[0]] = v(lo) | (v(hi) << 16)
+            return
+        if head in ("setp",):
+            cmp, a, b = parts[1], v(args[1]), v(args[2])
+            self.preds[args[0]] = {"ge": a >= b, "ne": a != b, "lt": a < b, "eq": a == b}[cmp]
+            return
+        if op == "selp.u32":
+            r[args[0]] = v(args[1]) if self.preds[args[3]] else v(args[2])
+            return
+        if op == "fma.rn.f32":
+            exact = _f32(v(args[1])) * _f32(v(args[2])) + _f32(v(args[3]))
+            r[args[0]] = _bits32(exact)
+            return
+        if op == "max.f32":
+            r[args[0]] = _bits32(max(_f32(v(args[1])), _f32(v(args[2]))))
+            return
+        if op == "cvt.f32.f16":
+            r[args[0]] = _bits32(_half(v(args[1]), False))
+            return
+        if op == "cvt.u32.u16" or op == "cvt.u64.u32":
+            r[args[0]] = v(args[1])
+            return
+        if op in ("cvt.rn.f16.f32", "cvt.rn.bf16.f32"):
+            r[args[0]] = _to_half(_f32(v(args[1])), "bf16" in op)
+            return
+        bits = 64 if parts[-1] == "u64" or "wide" in parts else 32
+        a = [v(x) for x in args[1:]]
+        result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
+                  "add": lambda: a[0] + a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
+                  "mad": lambda: a[0] * a[1] + a[2]}[head]()
+        r[args[0]] = result & _MASK[bits]
+
+    def _atomic_add(self, kind: str, address: int, value: int) -> None:
+        mem = self.memory
+        if kind == "f32":
+            mem.write(address, 4, _bits32(_f32(mem.read(address, 4)) + _f32(value)))
+            return
+        bf16 = kind.startswith("bf16")
+        lanes = 2 if kind.endswith("x2") else 1
+        for j in range(lanes):
+            old = _half(mem.read(address + 2 * j, 2), bf16)
+            mem.write(address + 2 * j, 2, _to_half(old + _half((value >> (16 * j)) & 0xFFFF, bf16), bf16))
+
+
+def _split_args(rest: str) -> list[str]:
+    out, depth, current = [], 0, ""
+    for ch in rest:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        out.append(current.strip())
+    return out
+
+
+def _op_args(line: str) -> tuple[str, list[str]]:
+    op, _, rest = line.rstrip(";").partition(" ")
+    return op, _split_args(rest)
+
+
+def _vector(token: str) -> list[str]:
+    return [t.strip() for t in token.strip("{}").split(",")] if token.startswith("{") else [token]
+
+
+def _headers(text: str) -> dict[str, dict]:
+    """Each .func's input parameter names in order, and its return parameter's name."""
+    found = {}
+    for m in re.finditer(r"\.visible \.func (?:\(\.param [^)]*? (\w+)\[\d+\]\) )?(\w+)\(([^)]*)\)", text):
+        inputs = [p.split()[-1].split("[")[0] for p in m.group(3).split(",") if p.strip()]
+        found[m.group(2)] = {"inputs": inputs, "output": m.group(1)}
+    return found
+
+
+def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, b: np.ndarray,
+           c: np.ndarray) -> None:
+    """Run kernel `entry` of `text` over the grid, reading b and writing c (numpy arrays, in place)."""
+    functions, memory = parse(text), Memory()
+    headers = _headers(text)
+    params = {"param_b": bytearray(memory.place(b).to_bytes(8, "little")),
+              "param_c": bytearray(memory.place(c).to_bytes(8, "little"))}
+    for z in range(grid[2]):
+        for y in range(grid[1]):
+            for x in range(grid[0]):
+                for tid in range(threads):
+                    thread = Thread(functions, headers, memory, tid, (x, y, z))
+                    thread.run(entry, {k: bytearray(val) for k, val in params.items()})
