@@ -1,7 +1,7 @@
-"""A small interpreter for the PTX subset the SpMM generator emits for direct-read kernels (kn, and nk with
-a transposed X): integer address arithmetic, branches and jump tables, calls with .param blocks, 16-bit
-widening, fp32 FMAs, stores and atomic adds. Each thread runs on its own, so kernels with shared memory
-or barriers (staged nk) are refused. It lets CI run generated kernels numerically, not just assemble them.
+"""A small interpreter for the PTX subset the SpMM generator emits: integer address arithmetic, branches
+and jump tables, calls with .param blocks, 16-bit widening, fp32 FMAs, stores and atomic adds, and for
+staged kernels shared memory with bar.sync (a block's threads run in turns from barrier to barrier). It
+lets CI run generated kernels numerically, not just assemble them.
 
 Semantics follow the PTX ISA for these instructions; fma.rn.f32 is exact in float64 (a 24x24-bit product)
 and rounded once to fp32, like the hardware's fused multiply-add.
@@ -93,8 +93,6 @@ class Function:
 
 def parse(text: str) -> dict[str, Function]:
     """Every .entry and .func body of a (multi-module) PTX text, by name."""
-    if ".shared" in text or "bar.sync" in text:
-        raise NotImplementedError("shared memory and barriers (staged kernels) are not interpreted")
     functions, name, body, depth = {}, None, [], 0
     for raw in text.splitlines():
         line = raw.split("//")[0].strip()
@@ -120,16 +118,26 @@ def parse(text: str) -> dict[str, Function]:
     return functions
 
 
+class _Registers(dict):
+    """PTX registers start undefined; reading one before writing is legal (e.g. a value whose predicated
+    load was skipped, then stored under the same predicate). Such reads give NaN bits, so any that reached
+    an output would show."""
+
+    def __missing__(self, name: str) -> int:
+        return 0x7FC07FC0
+
+
 class Thread:
     def __init__(self, functions: dict[str, Function], headers: dict[str, dict], memory: Memory, tid: int,
                  ctaid: tuple[int, int, int]):
         self.functions, self.headers, self.memory = functions, headers, memory
         self.special = {"%tid.x": tid, "%ctaid.x": ctaid[0], "%ctaid.y": ctaid[1], "%ctaid.z": ctaid[2]}
 
-    def run(self, name: str, params: dict[str, bytearray]) -> dict[str, bytearray]:
-        """Execute function `name` with its .param inputs; returns the .param space after it (results)."""
+    def run(self, name: str, params: dict[str, bytearray]):
+        """Execute function `name` with its .param inputs (a generator: it yields at each bar.sync and
+        returns the .param space after it, i.e. the results)."""
         fn = self.functions[name]
-        self.regs, self.preds, self.params = {}, {}, params
+        self.regs, self.preds, self.params = _Registers(), {}, params
         i, code, steps = 0, fn.code, 0
         while i < len(code):
             steps += 1
@@ -140,7 +148,9 @@ class Thread:
             if guard and not self.preds[guard]:
                 continue
             if op == "call":
-                self._call_block(args)
+                yield from self._call_block(args)
+            elif op == "bar.sync":
+                yield
             elif op == "ret":
                 return params
             elif op in ("bra", "bra.uni"):
@@ -174,7 +184,7 @@ class Thread:
             callee_params[declared] = bytearray(frame[passed])
         if ret:
             callee_params[header["output"]] = bytearray(len(frame[ret]))
-        result = self.run(target, callee_params)
+        result = yield from self.run(target, callee_params)
         self.regs, self.preds, self.params = saved
         if ret:
             frame[ret] = result[header["output"]]
@@ -210,7 +220,7 @@ class Thread:
             else:
                 buf[offset:offset + size] = (v(args[1]) & _MASK[size * 8]).to_bytes(size, "little")
             return
-        if head == "ld":  # ld.global.nc.{b16,b32,v2.b32,v4.b32}
+        if head == "ld":  # ld.{global.nc,shared}.{b16,b32,v2.b32,v4.b32}
             size = int(parts[-1][1:]) // 8
             targets = _vector(args[0])
             address = self._address(args[1])
@@ -241,6 +251,12 @@ class Thread:
             cmp, a, b = parts[1], v(args[1]), v(args[2])
             self.preds[args[0]] = {"ge": a >= b, "ne": a != b, "lt": a < b, "eq": a == b}[cmp]
             return
+        if op == "and.pred":
+            self.preds[args[0]] = self.preds[args[1]] and self.preds[args[2]]
+            return
+        if op == "cvt.u16.u32":
+            r[args[0]] = v(args[1]) & 0xFFFF
+            return
         if op == "selp.u32":
             r[args[0]] = v(args[1]) if self.preds[args[3]] else v(args[2])
             return
@@ -260,7 +276,7 @@ class Thread:
         if op in ("cvt.rn.f16.f32", "cvt.rn.bf16.f32"):
             r[args[0]] = _to_half(_f32(v(args[1])), "bf16" in op)
             return
-        bits = 64 if parts[-1] == "u64" or "wide" in parts else 32
+        bits = 64 if parts[-1] in ("u64", "s64") or "wide" in parts else 32
         a = [v(x) for x in args[1:]]
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
                   "add": lambda: a[0] + a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
@@ -317,13 +333,34 @@ def _headers(text: str) -> dict[str, dict]:
 def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, b: np.ndarray,
            c: np.ndarray) -> None:
     """Run kernel `entry` of `text` over the grid, reading b and writing c (numpy arrays, in place)."""
-    functions, memory = parse(text), Memory()
-    headers = _headers(text)
-    params = {"param_b": bytearray(memory.place(b).to_bytes(8, "little")),
-              "param_c": bytearray(memory.place(c).to_bytes(8, "little"))}
+    functions, memory, headers = parse(text), Memory(), _headers(text)
+    shared = re.search(r"\.shared \.align \d+ \.b8 (\w+)\[(\d+)\];", text)
+    params = {"param_b": memory.place(b).to_bytes(8, "little"), "param_c": memory.place(c).to_bytes(8, "little")}
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):
+                symbols = {}
+                if shared:  # each block its own shared memory, poisoned so unstaged reads show
+                    symbols[shared.group(1)] = memory.place(np.full(int(shared.group(2)), 0xFF, np.uint8))
+                block = []
                 for tid in range(threads):
                     thread = Thread(functions, headers, memory, tid, (x, y, z))
-                    thread.run(entry, {k: bytearray(val) for k, val in params.items()})
+                    thread.special.update(symbols)
+                    block.append(thread.run(entry, {k: bytearray(val) for k, val in params.items()}))
+                _run_block(block)
+
+
+def _run_block(block: list) -> None:
+    """Threads of one block in turns, each up to its next bar.sync; all must arrive at every barrier."""
+    live = block
+    while live:
+        arrived = []
+        for thread in live:
+            try:
+                next(thread)
+                arrived.append(thread)
+            except StopIteration:
+                pass
+        if arrived and len(arrived) != len(live):
+            raise RuntimeError(f"{len(live) - len(arrived)} threads left while others wait at a barrier")
+        live = arrived

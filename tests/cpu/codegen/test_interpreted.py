@@ -1,6 +1,7 @@
 """Generated kernels run numerically on the CPU by a small PTX interpreter (ptx_interp.py), against a
-float64 reference, into NaN-poisoned outputs: the launch's own steps (zeroing split rows, transposing X)
-done as the runtime does them. Covers what a GPU test covers for the direct-read kernels, in CI."""
+float64 reference, into NaN-poisoned outputs (shared memory poisoned too): the launch's own steps (zeroing
+split rows, transposing X) done as the runtime does them. Every kernel form the generator emits (direct kn,
+split, chunked runs, nk through a transposed X or staged in shared memory), in CI."""
 import numpy as np
 import pytest
 
@@ -73,6 +74,8 @@ CONFIGS = [
     ("chunked_split", "kn", TileConfig(3, 1, 1, 8, 2, 7, 24)),
     ("nk_transposed", "nk", TileConfig(2, 1, 1, 4, 1, transpose_x=True)),
     ("nk_transposed_split", "nk", TileConfig(4, 1, 1, 4, 2, 5, 16, transpose_x=True)),
+    ("nk_staged", "nk", TileConfig(2, 2, 1, 4)),
+    ("nk_staged_split", "nk", TileConfig(3, 2, 1, 8, 1, 6)),
 ]
 
 
@@ -102,6 +105,17 @@ def test_batched_kernel_reads_and_writes_each_batch_entry(name, layout, config):
     b = np.random.default_rng(2).standard_normal((2, 40, 20) if layout == "kn" else (2, 20, 40))
     plan = make_plan(weight, 20, "float32", layout, config)
     _check(plan, weight, b, None, False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_staged_nk_over_several_chunks_of_k(dtype):
+    """K beyond one shared-memory stage: the block stages chunk after chunk between barriers, and the
+    sections carry their accumulators from one chunk to the next."""
+    weight = _matrix(6, 900, 0.03, seed=5)
+    b = np.random.default_rng(3).standard_normal((33, 900))
+    plan = make_plan(weight, 33, dtype, "nk", TileConfig(2, 2, 1, 4), bias=np.arange(6.0), relu=True)
+    assert plan.K > 400 and "bar.sync" in render(plan).text
+    _check(plan, weight, b, np.arange(6.0), True)
 
 
 def test_single_nonzero_and_all_zero_matrices():
