@@ -1,5 +1,5 @@
 """Kernel designs side by side on a DLMC directory (GPU): the heuristic pick, unsplit and split groups
-(segment_nnz), and for nk X staged in shared memory, each case's output checked, all timed by graph
+(segment_nnz), rows grouped by shared columns (cluster_rows), and for nk X staged in shared memory, each case's output checked, all timed by graph
 replay against cuBLAS in one process. For kn also chunked runs (chunk_k): their first implementation
 measured 2.4-3.3x slower with this script at dfaac08 (results/h200_2026-11-30_designs_*_dfaac08.json);
 the inline one that replaced it is what this measures now. Writes JSON with per-case times and geomean speedups per design.
@@ -20,12 +20,14 @@ from sparseforge.tune.autotune import chunked_candidates
 
 
 def designs(case, n: int, layout: str) -> dict:
-    """The heuristic pick against its alternatives: unsplit, split, and chunked runs (kn) or staged X (nk)."""
+    """The heuristic pick against its alternatives: unsplit, split, rows clustered by shared columns, and
+    chunked runs (kn) or staged X (nk)."""
     row_nnz = case.nnz / max(case.M, 1)
     first = dataclasses.replace(default_config(n, layout, row_nnz, m=case.M), segment_nnz=0)
     group_nnz = row_nnz * first.rows_per_group
     out = {"default": default_config(n, layout, row_nnz, m=case.M), "unsplit": first,
            "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
+    out["clustered"] = dataclasses.replace(out["default"], cluster_rows=True)
     if layout == "kn":
         out["chunked"] = chunked_candidates(first)[0]
     else:

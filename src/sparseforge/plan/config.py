@@ -28,6 +28,10 @@ class TileConfig:
     # True: the launch transposes X into a K x N copy and the kernel reads it like B in kn (coalesced
     # direct loads, warps side by side over tokens running one group's code), writing Y in place.
     transpose_x: bool = False
+    # False: a group is a run of consecutive rows. True: rows are grouped by the columns they share (greedy:
+    # each group starts from the heaviest free row and takes the free rows overlapping it most), so a group
+    # loads fewer distinct B rows: 1.06-1.5x fewer B loads on DLMC rn50 and Transformer matrices (CPU count).
+    cluster_rows: bool = False
 
     def __post_init__(self):
         if not 1 <= self.rows_per_group <= 32:
@@ -57,5 +61,6 @@ class TileConfig:
         split = f"s{self.segment_nnz}" if self.segment_nnz else ""
         chunk = f"k{self.chunk_k}" if self.chunk_k else ""
         transposed = "t" if self.transpose_x else ""
+        clustered = "c" if self.cluster_rows else ""
         return (f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}"
-                f"{split}{chunk}{transposed}")
+                f"{split}{chunk}{transposed}{clustered}")

@@ -126,6 +126,47 @@ def _balanced_groups(row_nnz: np.ndarray, max_rows: int, n_groups_hint: int) -> 
     return groups
 
 
+CLUSTER_WINDOW = 4096  # rows compared with each other at once: the overlap matrix is window^2 floats
+
+
+def _clustered_groups(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
+    """Groups of <= max_rows rows that share columns, within windows of CLUSTER_WINDOW rows. Greedy: the
+    heaviest free row seeds a group, which then takes the free row sharing most columns with its rows so
+    far, while the group's nonzeros stay within the cap _balanced_groups uses."""
+    import scipy.sparse as sp
+
+    cap = max(int(np.ceil(w.row_nnz.sum() / max(n_groups_hint, 1))), 1)
+    pattern = sp.csr_matrix((np.ones(w.indices.size, np.float32), w.indices, w.indptr), shape=w.shape)
+    groups = []
+    for start in range(0, w.shape[0], CLUSTER_WINDOW):
+        stop = min(start + CLUSTER_WINDOW, w.shape[0])
+        block = pattern[start:stop]
+        overlap = (block @ block.T).toarray()
+        groups += [tuple(start + r for r in g) for g in _greedy(overlap, w.row_nnz[start:stop], max_rows, cap)]
+    return groups
+
+
+def _greedy(overlap: np.ndarray, nnz: np.ndarray, max_rows: int, cap: int) -> list[tuple[int, ...]]:
+    free = np.ones(len(nnz), bool)
+    groups = []
+    for seed in np.argsort(-nnz, kind="stable").tolist():
+        if not free[seed]:
+            continue
+        free[seed] = False
+        members, load, score = [seed], int(nnz[seed]), overlap[seed].copy()
+        while len(members) < max_rows:
+            fits = free & (load + nnz <= cap)
+            if not fits.any():
+                break
+            pick = int(np.argmax(np.where(fits, score, -1.0)))
+            free[pick] = False
+            members.append(pick)
+            load += int(nnz[pick])
+            score += overlap[pick]
+        groups.append(tuple(sorted(members)))
+    return groups
+
+
 def _group_program(w: SparseMatrix, rows: tuple[int, ...]) -> RowGroup:
     by_column: dict[int, list[tuple[int, float]]] = {}
     for slot, row in enumerate(rows):
@@ -203,6 +244,9 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
             raise ValueError("bias holds NaN or inf values")
         bias_values = tuple(bias_values.astype(np.float32).tolist())
     hint = math.ceil(w.shape[0] / config.rows_per_group)
-    rows = _balanced_groups(w.row_nnz, config.rows_per_group, hint)
+    if config.cluster_rows:
+        rows = _clustered_groups(w, config.rows_per_group, hint)
+    else:
+        rows = _balanced_groups(w.row_nnz, config.rows_per_group, hint)
     groups = tuple(piece for r in rows for piece in split_group(_group_program(w, r), config.segment_nnz))
     return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, groups, bias_values, relu, arch, w.digest())

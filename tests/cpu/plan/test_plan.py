@@ -144,3 +144,32 @@ def test_split_refuses_relu_and_bf16_before_sm90():
     make_plan(w, 8, "bfloat16", config=TileConfig(segment_nnz=10), arch=90)
     with pytest.raises(ValueError, match="segment_nnz"):
         TileConfig(segment_nnz=-1)
+
+
+@given(problems(), st.booleans())
+@settings(max_examples=120, deadline=None)
+def test_clustered_rows_cover_every_nonzero_once_and_match_dense(problem, split):
+    w, n, config, layout, rng = problem
+    config = dataclasses.replace(config, cluster_rows=True, segment_nnz=5 if split else 0)
+    plan = make_plan(w, n, "float32", layout, config)
+    check_plan(plan, w)
+    assert sorted(r for g in plan.groups if g.segment == 0 for r in g.rows) == list(range(w.shape[0]))
+    assert all(len(g.rows) <= config.rows_per_group for g in plan.groups)
+    b = rng.standard_normal((w.shape[1], n) if layout == "kn" else (n, w.shape[1]))
+    ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
+    got = execute(plan, b)
+    np.testing.assert_allclose(got if layout == "kn" else got.T, ref, rtol=1e-6, atol=1e-9)
+
+
+def test_clustering_groups_rows_that_share_columns():
+    # even rows use columns 0-9, odd rows 10-19: consecutive pairs load 20 columns, clustered pairs 10
+    dense = np.zeros((8, 20), np.float32)
+    dense[0::2, :10] = 1.0
+    dense[1::2, 10:] = 1.0
+    w = SparseMatrix.from_dense(dense)
+    consecutive = make_plan(w, 8, config=TileConfig(rows_per_group=2))
+    clustered = make_plan(w, 8, config=TileConfig(rows_per_group=2, cluster_rows=True))
+    assert sum(len(g.columns) for g in consecutive.groups) == 4 * 20
+    assert sum(len(g.columns) for g in clustered.groups) == 4 * 10
+    assert all(len({r % 2 for r in g.rows}) == 1 for g in clustered.groups)
+    assert clustered.config.short().endswith("c")
