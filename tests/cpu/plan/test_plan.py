@@ -28,10 +28,15 @@ def test_plan_covers_every_nonzero_once_and_matches_dense(problem):
     plan = make_plan(w, n, "float32", layout, config)
     check_plan(plan, w)
     assert all(len(g.rows) <= config.rows_per_group for g in plan.groups)
-    b = rng.standard_normal((w.shape[1], n) if layout == "kn" else (n, w.shape[1]))
-    ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
+    _assert_executes_like_dense(plan, w, rng)
+
+
+def _assert_executes_like_dense(plan, w, rng) -> None:
+    n, kn = plan.N, plan.layout == "kn"
+    b = rng.standard_normal((w.shape[1], n) if kn else (n, w.shape[1]))
+    ref = w.to_dense().astype(np.float64) @ (b if kn else b.T)
     got = execute(plan, b)
-    np.testing.assert_allclose(got if layout == "kn" else got.T, ref, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got if kn else got.T, ref, rtol=1e-6, atol=1e-9)
 
 
 def test_groups_are_balanced_by_nonzeros():
@@ -155,10 +160,7 @@ def test_clustered_rows_cover_every_nonzero_once_and_match_dense(problem, split)
     check_plan(plan, w)
     assert sorted(r for g in plan.groups if g.segment == 0 for r in g.rows) == list(range(w.shape[0]))
     assert all(len(g.rows) <= config.rows_per_group for g in plan.groups)
-    b = rng.standard_normal((w.shape[1], n) if layout == "kn" else (n, w.shape[1]))
-    ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
-    got = execute(plan, b)
-    np.testing.assert_allclose(got if layout == "kn" else got.T, ref, rtol=1e-6, atol=1e-9)
+    _assert_executes_like_dense(plan, w, rng)
 
 
 def test_clustering_groups_rows_that_share_columns():
