@@ -1,7 +1,8 @@
-"""A small interpreter for the PTX subset the SpMM generator emits: integer address arithmetic, branches
-and jump tables, calls with .param blocks, 16-bit widening, fp32 FMAs, stores and atomic adds, and for
-staged kernels shared memory with bar.sync (a block's threads run in turns from barrier to barrier). It
-lets CI run generated kernels numerically, not just assemble them.
+"""A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
+address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
+fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly warp shuffles (a block's
+threads run in turns from one meeting point to the next). It lets CI run generated kernels numerically,
+not just assemble them.
 
 Semantics follow the PTX ISA for these instructions; fma.rn.f32 is exact in float64 (a 24x24-bit product)
 and rounded once to fp32, like the hardware's fused multiply-add.
@@ -151,6 +152,8 @@ class Thread:
                 yield from self._call_block(args)
             elif op == "bar.sync":
                 yield
+            elif op == "shfl.sync.bfly.b32":  # the warp's lanes meet here: the runner swaps the values
+                self.regs[args[0]] = yield ("bfly", self._val(args[1]), self._val(args[2]))
             elif op == "ret":
                 return params
             elif op in ("bra", "bra.uni"):
@@ -220,7 +223,7 @@ class Thread:
             else:
                 buf[offset:offset + size] = (v(args[1]) & _MASK[size * 8]).to_bytes(size, "little")
             return
-        if head == "ld":  # ld.{global.nc,shared}.{b16,b32,v2.b32,v4.b32}
+        if head == "ld":  # ld.{global[.nc],shared}.{b16,u16,b32,v2.b32,v4.b32}
             size = int(parts[-1][1:]) // 8
             targets = _vector(args[0])
             address = self._address(args[1])
@@ -264,6 +267,20 @@ class Thread:
             exact = _f32(v(args[1])) * _f32(v(args[2])) + _f32(v(args[3]))
             r[args[0]] = _bits32(exact)
             return
+        if op == "add.f32":
+            r[args[0]] = _bits32(_f32(v(args[1])) + _f32(v(args[2])))
+            return
+        if op == "mov.f32":
+            r[args[0]] = v(args[1])
+            return
+        if op == "bfe.u32":
+            r[args[0]] = (v(args[1]) >> v(args[2])) & ((1 << v(args[3])) - 1)
+            return
+        if op == "prmt.b32":  # default mode: selector nibbles pick bytes of {b, a}
+            pool = (v(args[1]) | (v(args[2]) << 32)).to_bytes(8, "little")
+            sel = v(args[3])
+            r[args[0]] = int.from_bytes(bytes(pool[(sel >> (4 * i)) & 7] for i in range(4)), "little")
+            return
         if op == "max.f32":
             r[args[0]] = _bits32(max(_f32(v(args[1])), _f32(v(args[2]))))
             return
@@ -276,7 +293,7 @@ class Thread:
         if op in ("cvt.rn.f16.f32", "cvt.rn.bf16.f32"):
             r[args[0]] = _to_half(_f32(v(args[1])), "bf16" in op)
             return
-        bits = 64 if parts[-1] in ("u64", "s64") or "wide" in parts else 32
+        bits = 64 if parts[-1] in ("u64", "s64", "b64") or "wide" in parts else 32
         a = [v(x) for x in args[1:]]
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
                   "add": lambda: a[0] + a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
@@ -330,12 +347,17 @@ def _headers(text: str) -> dict[str, dict]:
     return found
 
 
-def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, b: np.ndarray,
-           c: np.ndarray) -> None:
-    """Run kernel `entry` of `text` over the grid, reading b and writing c (numpy arrays, in place)."""
+def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *args) -> None:
+    """Run kernel `entry` of `text` over the grid. args, in the entry's parameter order: numpy arrays
+    (placed in global memory, written in place; None for a null pointer) or integers."""
     functions, memory, headers = parse(text), Memory(), _headers(text)
     shared = re.search(r"\.shared \.align \d+ \.b8 (\w+)\[(\d+)\];", text)
-    params = {"param_b": memory.place(b).to_bytes(8, "little"), "param_c": memory.place(c).to_bytes(8, "little")}
+    declared = re.search(rf"\.visible \.entry {entry}\(([^)]*)\)", text).group(1)
+    params = {}
+    for decl, value in zip(re.findall(r"\.param \.[ub](\d+) (\w+)", declared), args, strict=True):
+        size, name = int(decl[0]) // 8, decl[1]
+        number = memory.place(value) if isinstance(value, np.ndarray) else int(value or 0)
+        params[name] = number.to_bytes(size, "little")
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):
@@ -351,16 +373,21 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, b: n
 
 
 def _run_block(block: list) -> None:
-    """Threads of one block in turns, each up to its next bar.sync; all must arrive at every barrier."""
-    live = block
+    """Threads of one block in turns, each up to its next bar.sync or warp shuffle (threads that exited
+    count as arrived at a barrier, as on sm_70+); at a shuffle the partner lane must be there too."""
+    live, replies = dict(enumerate(block)), {}
     while live:
-        arrived = []
-        for thread in live:
+        stops = {}
+        for tid, thread in live.items():
             try:
-                next(thread)
-                arrived.append(thread)
+                stops[tid] = thread.send(replies.get(tid))
             except StopIteration:
                 pass
-        if arrived and len(arrived) != len(live):
-            raise RuntimeError(f"{len(live) - len(arrived)} threads left while others wait at a barrier")
-        live = arrived
+        replies = {}
+        for tid, stop in stops.items():
+            if stop is not None:  # butterfly shuffle: lane reads lane ^ offset of its warp
+                partner = tid ^ stop[2]
+                if partner not in stops or stops[partner] is None:
+                    raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
+                replies[tid] = stops[partner][1]
+        live = {tid: live[tid] for tid in stops}

@@ -46,7 +46,8 @@ def run_plan(plan, b: np.ndarray) -> np.ndarray:
             out[..., rows] = 0
     operand = _encode(np.swapaxes(b, -1, -2).copy() if plan.config.transpose_x else b, plan.dtype)
     tiles, blocks = plan.grid
-    launch(source.text, plan.name, (tiles, blocks, int(np.prod(batch, dtype=int))), plan.config.threads, operand, out)
+    launch(source.text, plan.name, (tiles, blocks, int(np.prod(batch, dtype=int))), plan.config.threads, operand,
+           out)
     return _decode(out, plan.dtype)
 
 
@@ -126,3 +127,33 @@ def test_single_nonzero_and_all_zero_matrices():
         plan = make_plan(weight, 8, "float32", "kn", TileConfig(2, 1, 1, 4), bias=np.ones(5))
         got = run_plan(plan, b)
         assert np.allclose(got, dense @ b + 1)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n,bias", [(1, False), (3, True)])
+def test_packed_24_gemv_matches_float64_reference(dtype, n, bias):
+    """The packed 2:4 GEMV (codegen/gemv24.py): chunk loop, prmt selection, warp shuffle reduction."""
+    import torch
+
+    from sparseforge.codegen.gemv24 import WARPS, render_gemv24
+    from sparseforge.prune import nm_mask
+    from sparseforge.semi.packed import pack_24
+
+    m, k = 11, 96  # M not a multiple of the warps per block; K: 6 chunks of 16 over 32 lanes
+    w = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    w = (w * nm_mask(w)).to(getattr(torch, dtype))
+    w[0, :4] = 0  # a 2:4 group with no nonzero
+    packed = pack_24(w)
+    x = np.random.default_rng(n).standard_normal((n, k))
+    b = np.linspace(-1, 1, m) if bias else None
+    as_np = {"float16": lambda t: t.numpy(), "bfloat16": lambda t: t.view(torch.int16).numpy().view(np.uint16)}[dtype]
+    y = _poisoned((n, m), dtype)
+    source = render_gemv24(dtype, n, bias)
+    launch(source.text, source.name, (-(-m // WARPS), 1, 1), WARPS * 32, as_np(packed.values), packed.meta.numpy(),
+           _encode(x, dtype), y, None if b is None else _encode(b, dtype), m, k)
+    ref = _decode(_encode(x, dtype), dtype) @ w.double().numpy().T
+    if bias:
+        ref += _decode(_encode(b, dtype), dtype)
+    got = _decode(y, dtype)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOLERANCE[dtype]
