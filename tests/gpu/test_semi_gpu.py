@@ -183,7 +183,7 @@ def _linear_from(w):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,k", [(16, 16), (45, 48), (300, 1040), (4096, 11008)])
-@pytest.mark.parametrize("n", [1, 2, 5, 8])
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 12, 16])
 def test_packed_gemv_matches_float64_into_poisoned_output(dtype, m, k, n):
     """The CUDA-core 2:4 GEMV for decode widths: any M, K a multiple of 16 (chunk counts below and above a
     warp's 32 lanes), with and without bias."""
@@ -229,7 +229,7 @@ def test_runtime_with_the_gemv_candidate(dtype, monkeypatch):
     linear = nn.Linear(4096, 4096, device="cuda")
     sparsify_24(nn.Sequential(linear))
     layer = SparseLinear24.from_dense(linear.to(dtype))
-    for n in (1, 4, 64):
+    for n in (1, 4, 12, 64):
         x = torch.randn(n, 4096, device="cuda").to(dtype)
         with torch.no_grad():
             got = layer(x)
@@ -237,7 +237,7 @@ def test_runtime_with_the_gemv_candidate(dtype, monkeypatch):
         assert rel_err(got, ref) <= TOL[dtype]
     paths = {(d.n, d.mode): d.path for d in layer.decisions}
     assert set(paths.values()) <= {"2:4", "2:4-gemv", "dense"}
-    assert all(p != "2:4-gemv" for (n, _), p in paths.items() if n > 8)
+    assert all(p != "2:4-gemv" for (n, _), p in paths.items() if n > 16)
 
 
 def test_modes_that_differ_run_their_own_path_eagerly_and_in_a_graph(monkeypatch):

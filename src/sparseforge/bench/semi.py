@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 
+from ..codegen.gemv24 import MAX_N as GEMV_MAX_N  # widths the packed 2:4 GEMV serves
+
 # Linear layers (out_features, in_features) of BERT-base and Llama-class models.
 SHAPES = {
     "bert": [(768, 768), (3072, 768), (768, 3072)],
     "llama": [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)],
 }
 WIDTHS = (1, 16, 64, 256, 2048, 8192)
-GEMV_MAX_N = 8  # widths the packed 2:4 GEMV serves (codegen/gemv24.py)
 # Relative error bounds against a float64 reference (fp32 accumulation, 16-bit output rounding).
 TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2}
 

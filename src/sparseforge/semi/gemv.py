@@ -1,5 +1,5 @@
 """The packed 2:4 GEMV (codegen/gemv24.py) as a callable: Y (n x M) = X (n x K) @ W^T [+ bias] for decode
-widths n <= 8, one launch and no transpose. Compiled once per (dtype, n, bias) through the kernel cache.
+widths n <= 16, one launch and no transpose. Compiled once per (dtype, n, bias) through the kernel cache.
 
 Measured on the H200 at N = 1 (bench24, dfaac08): 1.5-2.2x faster than cuBLAS under graph replay and
 1.1-1.6x called eagerly, on BERT and Llama shapes in fp16 and bf16, where cuSPARSELt lost to dense. So the
@@ -46,7 +46,7 @@ class Gemv24:
         return self._kernels[n]
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (n, K) contiguous, n <= 8, the weight's dtype and device, 16-byte aligned."""
+        """x: (n, K) contiguous, n <= MAX_N, the weight's dtype and device, 16-byte aligned."""
         n, k = x.shape
         if not 1 <= n <= MAX_N or k != self.packed.cols:
             raise Sparse24Error(f"the 2:4 GEMV takes (n <= {MAX_N}, {self.packed.cols}) inputs, got {tuple(x.shape)}")

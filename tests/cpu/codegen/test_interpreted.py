@@ -130,7 +130,7 @@ def test_single_nonzero_and_all_zero_matrices():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("n,bias", [(1, False), (3, True)])
+@pytest.mark.parametrize("n,bias", [(1, False), (3, True), (16, True)])
 def test_packed_24_gemv_matches_float64_reference(dtype, n, bias):
     """The packed 2:4 GEMV (codegen/gemv24.py): chunk loop, prmt selection, warp shuffle reduction."""
     import torch

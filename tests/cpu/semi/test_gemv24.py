@@ -85,7 +85,7 @@ def test_kernel_arithmetic_emulated_matches_dense(dtype):
 
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("n", [1, 3, 8, 16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_ptx_assembles_without_spills(arch, dtype, n, bias):
     source = render_gemv24(dtype, n, bias, arch)
@@ -99,7 +99,9 @@ def test_gemv_ptx_assembles_without_spills(arch, dtype, n, bias):
 def test_gemv_refuses_what_it_cannot_serve():
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         render_gemv24("float32", 1, False)
-    with pytest.raises(ValueError, match="1..8 inputs"):
-        render_gemv24("float16", 9, False)
+    with pytest.raises(ValueError, match="1..16 inputs"):
+        render_gemv24("float16", 17, False)
+    with pytest.raises(ValueError, match="1..16 inputs"):
+        render_gemv24("float16", 0, False)
     with pytest.raises(Sparse24Error, match="CUDA device"):
         Gemv24(weight_24(16, 16, torch.float16))
