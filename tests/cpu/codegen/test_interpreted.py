@@ -73,6 +73,7 @@ CONFIGS = [
     ("split", "kn", TileConfig(2, 1, 2, 4, 1, 6)),
     ("chunked_run", "kn", TileConfig(2, 1, 2, 4, 3, 0, 16)),
     ("chunked_split", "kn", TileConfig(3, 1, 1, 8, 2, 7, 24)),
+    ("chunked_vec4", "kn", TileConfig(2, 2, 4, 8, 4, 0, 8)),
     ("clustered", "kn", TileConfig(3, 1, 2, 4, 2, 0, 16, cluster_rows=True)),
     ("nk_transposed", "nk", TileConfig(2, 1, 1, 4, 1, transpose_x=True)),
     ("nk_transposed_split", "nk", TileConfig(4, 1, 1, 4, 2, 5, 16, transpose_x=True)),
