@@ -106,14 +106,21 @@ def _print(console, records, summary, gpu: bool) -> None:
     if summary:
         s = Table(title="geomean speedups")
         for col in ("model", "sparsity", "dtype", "layout", "batch", "cases", "x cuBLAS", "x cuBLAS TF32",
-                    "x cuSPARSE", "correct"):
+                    "x cuSPARSE", "of floor (median)", "fetch TB/s (median)", "correct"):
             s.add_column(col)
         for row in summary:
             s.add_row(row["model"], str(row["sparsity"]), row["dtype"], row["layout"], str(row["batch"]),
                       str(row["cases"]), f"{row['geomean_speedup_vs_cublas']:.2f}",
                       f"{row['geomean_speedup_vs_cublas_tf32']:.2f}", f"{row['geomean_speedup_vs_cusparse']:.1f}",
+                      _fmt(row.get("median_floor_fraction"), "{:.0%}"), _fmt(row.get("median_fetched_tbs"), "{:.2f}"),
                       str(row["all_correct"]))
         console.print(s)
+        console.print("of floor: the byte/FLOP floor (B and C moved once) over the measured time; fetch TB/s: the B "
+                      "rows the plan re-reads per row group (plan.operand_bytes) over the measured time")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else spec.format(value)
 
 
 def add_bench24_parser(sub) -> None:

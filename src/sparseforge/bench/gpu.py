@@ -57,7 +57,19 @@ def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: floa
     record.update(_dense_times(dense, inputs, layout, dtype))
     record.update(_cusparse_time(dense, inputs, layout))
     _add_ratios_and_roofline(record, case, n, dtype_name)
+    _add_traffic(record, kernel.plan)
     return record
+
+
+def _add_traffic(record: dict, plan) -> None:
+    """The bytes the plan makes the kernel fetch (plan.operand_bytes: B re-read per row group, the usual
+    limit) and the rate that implies: the 'why' behind a case far from its byte floor."""
+    from ..plan import operand_bytes
+
+    traffic = operand_bytes(plan)
+    fetched = traffic["chunked"] + traffic["atomics"] + plan.M * plan.N * plan.element_bytes
+    record["fetched_bytes"] = fetched
+    record["fetched_tbs"] = fetched / (record["sparseforge_us"] * 1e-6) / 1e12
 
 
 def _dense_times(dense, inputs, layout: str, dtype) -> dict:

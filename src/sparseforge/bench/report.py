@@ -28,8 +28,16 @@ def summarize(records: list[dict]) -> list[dict]:
                "cases": len(items), "all_correct": all(r["error_ok"] for r in items)}
         for key in ("speedup_vs_cublas", "speedup_vs_cublas_tf32", "speedup_vs_cusparse"):
             row[f"geomean_{key}"] = geomean(r.get(key) for r in items)
+        # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it
+        row["median_floor_fraction"] = _median(r["floor_us"] / r["sparseforge_us"] for r in items if "floor_us" in r)
+        row["median_fetched_tbs"] = _median(r.get("fetched_tbs") for r in items)
         rows.append(row)
     return rows
+
+
+def _median(values) -> float | None:
+    kept = sorted(v for v in values if v is not None)
+    return kept[len(kept) // 2] if kept else None
 
 
 def provenance(command: list[str]) -> dict:
@@ -39,6 +47,7 @@ def provenance(command: list[str]) -> dict:
         done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent)
         info["commit"] = done.stdout.strip() if done.returncode == 0 else "unknown (not a git checkout)"
+        info["tree"] = _working_tree_hash(Path(__file__).resolve().parent)
     except OSError:
         info["commit"] = "unknown (no git)"
     try:
@@ -51,6 +60,24 @@ def provenance(command: list[str]) -> dict:
     except Exception:
         pass
     return info
+
+
+def _working_tree_hash(where: Path) -> str | None:
+    """The git tree of the files as they are (a copy's HEAD can be stale: the GPU machine gets the working
+    tree, not the history). `git log --format='%h %T'` maps it back to the commit it was run at."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, cwd=where)
+        if top.returncode:
+            return None
+        root = top.stdout.strip()
+        if subprocess.run(["git", "add", "-A"], capture_output=True, cwd=root, env=env).returncode:
+            return None
+        tree = subprocess.run(["git", "write-tree"], capture_output=True, text=True, cwd=root, env=env)
+        return tree.stdout.strip() if tree.returncode == 0 else None
 
 
 def write_json(path: Path, records: list[dict], summary: list[dict], extra: dict) -> None:

@@ -20,10 +20,29 @@ def test_bench_cpu_mode_checks_plans_and_assembles(tmp_path, capsys):
 def test_geomean_and_summary():
     assert math.isclose(geomean([2.0, 8.0]), 4.0)
     records = [{"model": "rn50", "sparsity": 0.9, "dtype": "float32", "layout": "kn", "batch": 1,
-                "sparseforge_us": 1.0, "error_ok": True, "speedup_vs_cublas": s, "speedup_vs_cusparse": 10.0}
-               for s in (1.0, 4.0)]
+                "sparseforge_us": 1.0, "error_ok": True, "speedup_vs_cublas": s, "speedup_vs_cusparse": 10.0,
+                "floor_us": s / 10, "fetched_tbs": s} for s in (1.0, 4.0, 2.0)]
     row = summarize(records)[0]
     assert math.isclose(row["geomean_speedup_vs_cublas"], 2.0) and row["all_correct"]
+    assert math.isclose(row["median_floor_fraction"], 0.2) and row["median_fetched_tbs"] == 2.0
+
+
+def test_working_tree_hash_names_the_files_as_they_are(tmp_path):
+    import subprocess
+
+    from sparseforge.bench.report import _working_tree_hash
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    assert _working_tree_hash(tmp_path) == git("rev-parse", "HEAD^{tree}")
+    (tmp_path / "a.txt").write_text("two")  # uncommitted edits change it; the index is left alone
+    assert _working_tree_hash(tmp_path) != git("rev-parse", "HEAD^{tree}")
+    assert git("status", "--porcelain") == "M a.txt"
 
 
 def test_plot_writes_png(tmp_path):
@@ -31,3 +50,21 @@ def test_plot_writes_png(tmp_path):
                 "speedup_vs_cublas": 4.0}]
     plot(tmp_path / "p.png", records)
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gpu_tables_print_with_and_without_roofline_figures():
+    from rich.console import Console
+
+    from sparseforge.bench.cli import _print
+
+    record = {"case": "rn50/x", "dtype": "float32", "layout": "kn", "M": 64, "K": 64, "N": 49, "nnz": 400,
+              "config": "r4w2v1b16g1", "sparseforge_us": 3.0, "cublas_us": 6.0, "speedup_vs_cublas": 2.0,
+              "speedup_vs_cublas_tf32": 1.5, "cusparse_us": 30.0, "speedup_vs_cusparse": 10.0, "rel_error": 1e-7,
+              "error_ok": True, "compile_seconds": 0.2, "model": "rn50", "sparsity": 0.9, "batch": 1,
+              "floor_us": 0.3, "fetched_tbs": 1.7}
+    console = Console(record=True, width=300)
+    _print(console, [record], summarize([record]), gpu=True)
+    _print(console, [record], summarize([{k: v for k, v in record.items() if k not in ("floor_us", "fetched_tbs")}]),
+           gpu=True)
+    text = console.export_text()
+    assert "10%" in text and "1.70" in text and "2.00" in text
