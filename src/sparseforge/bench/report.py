@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import platform
@@ -62,6 +63,7 @@ def provenance(command: list[str]) -> dict:
     return info
 
 
+@functools.lru_cache(maxsize=4)  # benchmarks rewrite their JSON after every case: hash the tree once
 def _working_tree_hash(where: Path) -> str | None:
     """The git tree of the files as they are (a copy's HEAD can be stale: the GPU machine gets the working
     tree, not the history). `git log --format='%h %T'` maps it back to the commit it was run at."""

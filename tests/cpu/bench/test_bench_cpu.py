@@ -41,6 +41,7 @@ def test_working_tree_hash_names_the_files_as_they_are(tmp_path):
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     assert _working_tree_hash(tmp_path) == git("rev-parse", "HEAD^{tree}")
     (tmp_path / "a.txt").write_text("two")  # uncommitted edits change it; the index is left alone
+    _working_tree_hash.cache_clear()  # hashed once per process otherwise
     assert _working_tree_hash(tmp_path) != git("rev-parse", "HEAD^{tree}")
     assert git("status", "--porcelain") == "M a.txt"
 
