@@ -4,6 +4,8 @@ split rows, transposing X) done as the runtime does them. Every kernel form the 
 split, chunked runs, nk through a transposed X or staged in shared memory), in CI."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
@@ -158,3 +160,37 @@ def test_packed_24_gemv_matches_float64_reference(dtype, n, bias):
     got = _decode(y, dtype)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOLERANCE[dtype]
+
+
+@st.composite
+def kernels(draw):
+    """A random small problem and any tile configuration the generator accepts for it."""
+    layout = draw(st.sampled_from(["kn", "nk"]))
+    staged = layout == "nk" and draw(st.booleans())
+    config = TileConfig(draw(st.integers(1, 5)), draw(st.sampled_from([1, 2])),
+                        1 if layout == "nk" else draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 8)),
+                        1 if staged else draw(st.integers(1, 3)), draw(st.sampled_from([0, 0, 3, 9])),
+                        0 if staged else draw(st.sampled_from([0, 0, 5, 16])), transpose_x=layout == "nk" and not staged,
+                        cluster_rows=draw(st.booleans()))
+    m, k, n = draw(st.integers(1, 10)), draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    density = draw(st.sampled_from([0.0, 0.1, 0.3, 1.0]))
+    seed = draw(st.integers(0, 2**16))
+    return layout, config, m, k, n, density, seed, draw(st.sampled_from(["float32", "float16", "bfloat16"]))
+
+
+@given(kernels())
+@settings(max_examples=60, deadline=None)  # 300 passed locally; 60 keep CI quick
+def test_random_kernels_match_float64_reference(problem):
+    layout, config, m, k, n, density, seed, dtype = problem
+    rng = np.random.default_rng(seed)
+    weight = SparseMatrix.from_dense(np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0)
+                                     .astype(np.float32))
+    bias = rng.standard_normal(m) if seed % 2 else None
+    relu = not config.segment_nnz and seed % 3 == 0
+    plan = make_plan(weight, n, dtype, layout, config, bias=bias, relu=relu)
+    b = rng.standard_normal((k, n) if layout == "kn" else (n, k))
+    got = run_plan(plan, b)
+    ref = _reference(weight, b, layout, dtype, bias, relu)
+    assert np.isfinite(got).all(), "an output element was never written"
+    scale = max(np.linalg.norm(ref), 1e-30)
+    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
