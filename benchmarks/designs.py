@@ -29,7 +29,7 @@ def designs(case, n: int, layout: str) -> dict:
            "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
     out["clustered"] = dataclasses.replace(out["default"], cluster_rows=True)
     if layout == "kn":
-        out["chunked"] = chunked_candidates(first)[0]
+        out["chunked"], out["chunked8_clustered"] = chunked_candidates(first, n)
     else:
         out["staged_x"] = TileConfig(4, 8, 1)
     return {name: config for i, (name, config) in enumerate(out.items())

@@ -55,9 +55,9 @@ if stage final; then
   $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -6
 fi
 if stage designs-rn50; then
-  # the heuristic pick against its alternatives (benchmarks/designs.py), 14 layers spread
+  # the heuristic pick against its alternatives (benchmarks/designs.py), 12 layers spread
   # over rn50; JSON is rewritten after every case, so a stage timeout keeps what was measured.
-  timeout 230 python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" --limit 14 \
+  timeout 230 python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" --limit 12 \
     2>&1 | tee "$OUT/designs_rn50.log" | tail -8
 fi
 if stage rn50-more; then

@@ -72,13 +72,16 @@ def split_candidates(first: TileConfig, n: int, group_nnz: float | None, m: int 
 # B rows per chunk of a run (kn). The first implementation (a function per (group, chunk), accumulators
 # passed through .param) measured 2.4-3.3x slower than unchunked on the H200. Now a run is one
 # function with its groups inline, chunk-outer (codegen/ptx.py: _run_function), not measured yet, so the
-# tuner does not propose it; designs.py measures it. Runs of 4: runs of 8 spill (ptxas, 100-220 bytes).
+# tuner does not propose it; designs.py measures it. The traffic model (plan.operand_bytes, rn50 90%)
+# predicts L2 fetches of B cut 1.64x by runs of 4, 2.49x by runs of 8, 2.92x by runs of 8 over clustered
+# rows; runs of 8 fit the registers without spills only at vec 1 (vec 2: 100-220 bytes of spills).
 CHUNK_K = 64
 
 
-def chunked_candidates(first: TileConfig) -> list[TileConfig]:
-    """A run of 4 groups going chunk by chunk (kn)."""
-    return [dataclasses.replace(first, groups_per_block=4, chunk_k=CHUNK_K)]
+def chunked_candidates(first: TileConfig, n: int) -> list[TileConfig]:
+    """A run of 4 groups at the pick's vector width, and a run of 8 clustered groups at vec 1 (kn)."""
+    long_run = dataclasses.replace(_kn(n, first.rows_per_group, 1, 8), chunk_k=CHUNK_K, cluster_rows=True)
+    return [dataclasses.replace(first, groups_per_block=4, chunk_k=CHUNK_K), long_run]
 
 
 def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = False,

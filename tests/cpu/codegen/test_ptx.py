@@ -127,8 +127,8 @@ def test_split_rows_add_atomically_and_assemble(arch, layout, vec, dtype):
 
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("config", [TileConfig(4, 2, 1, 8, 4, 0, 64), TileConfig(2, 4, 4, 16, 3, 30, 100)],
-                         ids=lambda c: c.short())
+@pytest.mark.parametrize("config", [TileConfig(4, 2, 1, 8, 4, 0, 64), TileConfig(2, 4, 4, 16, 3, 30, 100),
+                                    TileConfig(4, 8, 1, 16, 8, 0, 64, cluster_rows=True)], ids=lambda c: c.short())
 def test_chunked_runs_assemble_one_function_per_run(arch, dtype, config):
     case = SAMPLE_DIR / "rn50/magnitude_pruning/0.9/bottleneck_1_block_group1_1_1.smtx"
     w = SparseMatrix.from_smtx(case, seed=0)

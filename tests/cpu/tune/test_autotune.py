@@ -49,8 +49,9 @@ def test_long_rows_with_few_work_items_split_by_default_and_tuner_can_undo_it():
 
 def test_tuner_does_not_propose_chunked_runs_until_measured():
     assert not any(c.chunk_k for n in (49, 3136) for c in candidates(n, "kn", row_nnz=100.0))
-    kn = chunked_candidates(default_config(3136, "kn"))
-    assert [c.groups_per_block for c in kn] == [4] and all(c.chunk_k == 64 for c in kn)
+    kn = chunked_candidates(default_config(3136, "kn"), 3136)
+    assert [c.groups_per_block for c in kn] == [4, 8] and all(c.chunk_k == 64 for c in kn)
+    assert kn[1].vec == 1 and kn[1].cluster_rows and not kn[0].cluster_rows
 
 
 def test_nk_transposes_x_by_default_and_keeps_staging_as_a_candidate():
