@@ -52,7 +52,7 @@ def main() -> int:
     for case in cases:
         for name, config in designs(case, case.N, args.layout).items():
             try:
-                record = run_case(case, args.dtype, args.layout, case.N, None, config=config)
+                record = run_case(case, args.dtype, args.layout, case.N, None, config=config, with_cusparse=False)
                 plan = make_plan(case.load(dtype=args.dtype), case.N, args.dtype, args.layout, config)
                 record["operand_bytes"] = operand_bytes(plan)  # the traffic model's prediction
             except Exception as exc:  # a design that fails to build or run is a result too

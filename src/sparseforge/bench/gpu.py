@@ -28,8 +28,9 @@ def _inputs(shape, dtype, count: int, seed: int):
 
 
 def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0,
-             config=None) -> dict:
-    """config: a fixed TileConfig (no tuning); else tuned for tune_budget seconds (None: heuristic pick)."""
+             config=None, with_cusparse: bool = True) -> dict:
+    """config: a fixed TileConfig (no tuning); else tuned for tune_budget seconds (None: heuristic pick).
+    with_cusparse=False skips the cuSPARSE baseline (design comparisons need only cuBLAS)."""
     import torch
 
     from ..spmm import compile_spmm
@@ -55,7 +56,8 @@ def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: floa
     out_buf = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
     record["sparseforge_us"] = graph_time_us(lambda b: kernel(b, out=out_buf), inputs)
     record.update(_dense_times(dense, inputs, layout, dtype))
-    record.update(_cusparse_time(dense, inputs, layout))
+    if with_cusparse:
+        record.update(_cusparse_time(dense, inputs, layout))
     _add_ratios_and_roofline(record, case, n, dtype_name)
     _add_traffic(record, kernel.plan)
     return record
