@@ -48,6 +48,9 @@ class TileConfig:
             raise ValueError(f"chunk_k must be >= 0 (0: one pass over K), got {self.chunk_k}")
         if self.segment_nnz < 0:
             raise ValueError(f"segment_nnz must be >= 0 (0: no splitting), got {self.segment_nnz}")
+        for flag in ("transpose_x", "cluster_rows"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
 
     @property
     def threads(self) -> int:

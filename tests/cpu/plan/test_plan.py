@@ -93,7 +93,7 @@ def test_bad_plan_arguments(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs", [{"rows_per_group": 0}, {"warps_per_block": 3}, {"vec": 3}, {"load_batch": 0},
-                                    {"groups_per_block": 0}])
+                                    {"groups_per_block": 0}, {"cluster_rows": "yes"}, {"transpose_x": 1}])
 def test_bad_tile_config(kwargs):
     with pytest.raises(ValueError):
         TileConfig(**kwargs)
