@@ -94,7 +94,7 @@ class Linear24Runtime:
             return WidthChoice.both(Decision(n, SPARSE, "policy 'sparse': 2:4 without comparing to dense",
                                              **extra)), plan
         timed = {SPARSE: _both_us(lambda: _run_padded(plan, x))}
-        if gemv_module.USE_IN_DECISIONS and n <= gemv_module.MAX_N:
+        if gemv_module.USE_IN_DECISIONS and n <= gemv_module.DECISION_MAX_N:
             self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
             timed[GEMV] = _both_us(lambda: self.gemv(x))
         choice = decide_modes(n, timed, _both_us(lambda: F.linear(x, self.weight, self.bias)), self.min_speedup,
