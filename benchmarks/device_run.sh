@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
-#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [rn50-more] [designs-tf] [semi] [bench24] [verify] [next] [minilm]
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [rn50-more] [designs-tf] [semi] [bench24] [verify] [next = rn50-b1 rn50-nk rn50-b32] [minilm]
 # Carried, git-ignored inputs: .dlmc/ (the DLMC archive, dlmc stages), .whl/ (nvmath-python for cp312: the
 # image lacks it), .minilm/ (all-MiniLM-L6-v2 as float16 safetensors: the wheel is over the carry limit).
 set -uo pipefail
@@ -57,7 +57,7 @@ fi
 if stage designs-rn50; then
   # the heuristic pick against its alternatives (benchmarks/designs.py), 12 layers spread
   # over rn50; JSON is rewritten after every case, so a stage timeout keeps what was measured.
-  timeout 230 python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" --limit 12 \
+  timeout ${DESIGNS_RN50_S:-230} python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" --limit 12 \
     2>&1 | tee "$OUT/designs_rn50.log" | tail -8
 fi
 if stage rn50-more; then
@@ -85,13 +85,17 @@ if stage verify; then
   timeout 45 $SF bench24 --shapes bert,4096x4096 --n 1,16,256 --dtype fp16 --no-torch --out "$OUT/bench24_verify.json" 2>&1 | tail -25
   timeout 75 $SF bench $DLMC/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b1.json" 2>&1 | tail -6
 fi
-if stage next; then
-  # what the third session left unmeasured (NOTES.md runbook); runs after `tests`
+# what the third session left unmeasured (NOTES.md runbook); `next` = the three stages below, after `tests`
+if stage next || stage rn50-b1; then
   timeout 80 $SF bench $DLMC/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b1.json" 2>&1 | tail -6
+fi
+if stage next || stage rn50-nk; then
   for s in 0.9 0.95; do
-    timeout 80 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp32 --layout nk --tune-budget 0 --out "$OUT/rn50_${s}_fp32_b1_nk.json" 2>&1 | tail -6
+    timeout 75 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp32 --layout nk --tune-budget 0 --out "$OUT/rn50_${s}_fp32_b1_nk.json" 2>&1 | tail -6
   done
-  timeout 190 $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
+fi
+if stage next || stage rn50-b32; then
+  timeout ${B32_S:-190} $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
 fi
 if stage minilm; then
   python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" 2>&1 | tail -45
