@@ -45,7 +45,9 @@ def default_config(n: int, layout: str, row_nnz: float | None = None, relu: bool
         # X transposed by the launch, then read like B in kn: measured 1.06-2.0x faster than staging X
         # through shared memory on all six Transformer layer-0 matrices (H200, fp32, N = 256)
         return dataclasses.replace(_kn(n, 4, 1), transpose_x=True)
-    first = _kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1)
+    # rows grouped by shared columns: measured 1.02-1.23x faster on all 12 rn50 90% layers of designs.py
+    # (geomean 1.10x, fp32, batch 1), 0.95-1.24x on the Transformer at N = 256 (geomean 1.02x)
+    first = dataclasses.replace(_kn(n, 4, 4 if n >= 1024 else 2 if n >= 128 else 1), cluster_rows=True)
     if n > 256 or relu or not row_nnz or row_nnz < SPLIT_ROW_NNZ or not m:  # measured only at N <= 256
         return first
     if _work_items(first, n, m) > SPLIT_MAX_ITEMS:
@@ -69,19 +71,20 @@ def split_candidates(first: TileConfig, n: int, group_nnz: float | None, m: int 
     return [dataclasses.replace(first, segment_nnz=max(int(group_nnz * f), 4)) for f in fractions]
 
 
-# B rows per chunk of a run (kn). The first implementation (a function per (group, chunk), accumulators
-# passed through .param) measured 2.4-3.3x slower than unchunked on the H200. Now a run is one
-# function with its groups inline, chunk-outer (codegen/ptx.py: _run_function), not measured yet, so the
-# tuner does not propose it; designs.py measures it. The traffic model (plan.operand_bytes, rn50 90%)
-# predicts L2 fetches of B cut 1.64x by runs of 4, 2.49x by runs of 8, 2.92x by runs of 8 over clustered
-# rows; runs of 8 fit the registers without spills only at vec 1 (vec 2: 100-220 bytes of spills).
+# B rows per chunk of a run (kn). Measured slower on the H200 in both forms, so the tuner does not propose
+# it: a function per (group, chunk) with accumulators through .param 2.4-3.3x slower than unchunked; one
+# function per run, groups inline and chunk-outer (codegen/ptx.py: _run_function), still 1.05-4.3x slower
+# on 11 of 12 rn50 90% layers and all 8 Transformer layers (designs.py, fp32: geomean 0.69x of cuBLAS
+# against 1.24x unchunked on rn50), although the traffic model (plan.operand_bytes) predicts L2 fetches of B
+# cut 1.64x by runs of 4 and 2.92x by runs of 8 over clustered rows: B re-reads hit L2, and a run's longer
+# dependent FMA chains and register pressure cost more than they save.
 CHUNK_K = 64
 
 
 def chunked_candidates(first: TileConfig, n: int) -> list[TileConfig]:
     """A run of 4 groups at the pick's vector width, and a run of 8 clustered groups at vec 1 (kn)."""
     long_run = dataclasses.replace(_kn(n, first.rows_per_group, 1, 8), chunk_k=CHUNK_K, cluster_rows=True)
-    return [dataclasses.replace(first, groups_per_block=4, chunk_k=CHUNK_K), long_run]
+    return [dataclasses.replace(first, groups_per_block=4, chunk_k=CHUNK_K, cluster_rows=False), long_run]
 
 
 def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = False,
@@ -96,7 +99,7 @@ def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = F
     else:
         unsplit = dataclasses.replace(first, segment_nnz=0)
         v = first.vec
-        pool = [unsplit, TileConfig(4, first.warps_per_block, first.vec, 32), _kn(n, 8, v), _kn(n, 2, v),
+        pool = [unsplit, dataclasses.replace(first, cluster_rows=False), TileConfig(4, first.warps_per_block, first.vec, 32), _kn(n, 8, v), _kn(n, 2, v),
                 _kn(n, 4, max(v // 2, 1)), _kn(n, 4, min(v * 2, 4)), _kn(n, 4, v, 2), _kn(n, 1, v),
                 _kn(n, 8, max(v // 2, 1))]
     group_nnz = row_nnz * unsplit.rows_per_group if row_nnz else None

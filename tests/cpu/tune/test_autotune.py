@@ -54,6 +54,13 @@ def test_tuner_does_not_propose_chunked_runs_until_measured():
     assert kn[1].vec == 1 and kn[1].cluster_rows and not kn[0].cluster_rows
 
 
+def test_kn_clusters_rows_by_default_and_tuner_keeps_consecutive_rows():
+    configs = candidates(196, "kn", row_nnz=50.0, m=512)
+    assert configs[0].cluster_rows
+    assert dataclasses.replace(configs[0], cluster_rows=False) in configs
+    assert not default_config(256, "nk").cluster_rows
+
+
 def test_nk_transposes_x_by_default_and_keeps_staging_as_a_candidate():
     configs = candidates(256, "nk")
     assert configs[0].transpose_x and configs[0].vec == 1
