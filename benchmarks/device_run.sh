@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
-#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [rn50-more] [designs-tf] [semi] [bench24] [verify] [next = rn50-b1 rn50-nk rn50-b32] [minilm]
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [rn50-more] [designs-tf] [semi] [bench24] [verify] [next = rn50-b1 rn50-nk rn50-b32] [targets] [targets-lp] [minilm]
 # Carried, git-ignored inputs: .dlmc/ (the DLMC archive, dlmc stages), .whl/ (nvmath-python for cp312: the
 # image lacks it), .minilm/ (all-MiniLM-L6-v2 as float16 safetensors: the wheel is over the carry limit).
 set -uo pipefail
@@ -96,6 +96,22 @@ if stage next || stage rn50-nk; then
 fi
 if stage next || stage rn50-b32; then
   timeout ${B32_S:-190} $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
+fi
+if stage targets; then
+  # requirement 10's target set on the committed code: fp32 rn50 batch 1, the Transformer at N = 256
+  # (every dtype, both layouts), compile times; `targets-lp`: rn50 batch 1 in fp16 and bf16
+  for s in 0.9 0.95; do
+    timeout 80 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp32 --tune-budget 0 --out "$OUT/rn50_${s}_fp32_b1.json" 2>&1 | tail -5
+  done
+  T=/tmp/tf_subset/transformer/magnitude_pruning
+  for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
+  timeout 170 $SF bench /tmp/tf_subset --dtype all --layout both --tune-budget 0 --out "$OUT/transformer_n256.json" 2>&1 | tail -16
+  timeout 90 python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -6
+fi
+if stage targets-lp; then
+  for d in fp16 bf16; do for s in 0.9 0.95; do
+    timeout 75 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype $d --tune-budget 0 --out "$OUT/rn50_${s}_${d}_b1.json" 2>&1 | tail -5
+  done; done
 fi
 if stage minilm; then
   python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" 2>&1 | tail -45
