@@ -226,7 +226,7 @@ def test_runtime_with_the_gemv_candidate(dtype, monkeypatch):
     from sparseforge.semi import gemv as gemv_module
 
     monkeypatch.setattr(gemv_module, "USE_IN_DECISIONS", True)
-    monkeypatch.setattr(gemv_module, "DECISION_MAX_N", gemv_module.MAX_N)  # the widths to open up next
+    monkeypatch.setattr(gemv_module, "DECISION_MAX_N", gemv_module.MAX_N)  # built widths past the decision range
     linear = nn.Linear(4096, 4096, device="cuda")
     sparsify_24(nn.Sequential(linear))
     layer = SparseLinear24.from_dense(linear.to(dtype))

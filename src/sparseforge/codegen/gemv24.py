@@ -1,7 +1,8 @@
 """Lowering target: a 2:4 GEMV/skinny GEMM on CUDA cores over sparseforge's packed format (semi/packed.py),
 Y (n x M) = X (n x K) @ W^T [+ bias], for decode widths n <= 16. Memory-bound at small n: it streams 0.5625x
-the bytes of the dense weight once, for all n columns (n = 9-16: 130-142 registers, no spills; not run on
-a GPU yet, so the 2:4 runtime does not consider those widths: semi/gemv.py DECISION_MAX_N).
+the bytes of the dense weight once, for all n columns (n = 9-16: 130-142 registers, no spills; correct on
+the H200 but measured 0.20-0.75x of cuBLAS at n = 16, so the 2:4 runtime does not time those widths:
+semi/gemv.py DECISION_MAX_N).
 
 One warp per output row. Per step a lane takes one 16-column chunk: its 8 kept values (one 16-byte load),
 their positions (one 16-bit load) and, for each of the n inputs, the chunk's 16 x values (two 16-byte
