@@ -19,6 +19,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 if [ -f .dlmc/dlmc-subset.tar.xz ] && [ ! -d $DLMC ]; then mkdir -p /tmp/dlmc && tar -xJf .dlmc/dlmc-subset.tar.xz -C /tmp/dlmc; fi
 
+# the Transformer layer-0 matrices (encoder and decoder, 16 a sparsity) the N = 256 targets use
+tf_subset() {
+  local T=/tmp/tf_subset/transformer/magnitude_pruning s
+  for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
+}
+
 if stage probe; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
   which ptxas nvlink; ptxas --version | tail -1
@@ -42,8 +48,7 @@ fi
 if stage final; then
   # The target set: rn50 batch 1 (fp32, fp16), rn50 batch 8 (fp32), Transformer layer-0 matrices
   # (encoder and decoder, 16 a sparsity) at N = 256 in all dtypes and both layouts; compile times.
-  T=/tmp/tf_subset/transformer/magnitude_pruning
-  for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
+  tf_subset
   for s in 0.9 0.95; do
     $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp32 --tune-budget 0 --out "$OUT/rn50_${s}_fp32_b1.json" 2>&1 | tail -9
   done
@@ -69,8 +74,7 @@ if stage rn50-more; then
 fi
 if stage designs-tf; then
   # the same on the Transformer layer-0 matrices, both layouts (nk: staged vs transposed X)
-  T=/tmp/tf_subset/transformer/magnitude_pruning
-  for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
+  tf_subset
   timeout 130 python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer.json" --limit 8 2>&1 | tee "$OUT/designs_tf.log" | tail -8
   timeout 110 python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer_nk.json" --layout nk --limit 6 2>&1 | tee "$OUT/designs_tf_nk.log" | tail -8
 fi
@@ -103,8 +107,7 @@ if stage targets; then
   for s in 0.9 0.95; do
     timeout 80 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp32 --tune-budget 0 --out "$OUT/rn50_${s}_fp32_b1.json" 2>&1 | tail -5
   done
-  T=/tmp/tf_subset/transformer/magnitude_pruning
-  for s in 0.9 0.95; do mkdir -p $T/$s && cp $DLMC/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
+  tf_subset
   timeout 170 $SF bench /tmp/tf_subset --dtype all --layout both --tune-budget 0 --out "$OUT/transformer_n256.json" 2>&1 | tail -16
   timeout 90 python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -6
 fi
