@@ -1,80 +1,109 @@
-"""Kernel designs side by side on a DLMC directory (GPU): the heuristic pick, unsplit and split groups
-(segment_nnz), rows grouped by shared columns (cluster_rows), and for nk X staged in shared memory, each case's output checked, all timed by graph
-replay against cuBLAS in one process. For kn also chunked runs (chunk_k): their first implementation
-measured 2.4-3.3x slower with this script at dfaac08 (results/h200_2026-11-30_designs_*_dfaac08.json);
-the inline one that replaced it is what this measures now. Writes JSON with per-case times and geomean speedups per design.
+"""Every mapping side by side (GPU): for each case, every candidate of the design space (tune/space.py)
+compiled and timed by graph replay, beside cuBLAS, each output checked against float64; with the cost
+model's prediction for each, and what the default chooser (its shortlist of tune.choose.TOP) would pick.
+This is the data the cost model is fitted on (benchmarks/cost_fit.py) and the check that the shortlist
+holds each layer's winner.
 
-    PYTHONPATH=src python benchmarks/designs.py DLMC_DIR OUT.json [--dtype float32] [--batch 1] [--limit N]
+    PYTHONPATH=src python benchmarks/designs.py OUT.json DLMC_ROOT CASE[:N] ... [--dtype float32] [--layout kn]
+CASE: a path under DLMC_ROOT without .smtx (rn50 cases take N from rn50_batchsizes.txt unless :N is given).
 """
 import argparse
-import dataclasses
 import json
+import math
 import sys
+import time
+from pathlib import Path
 
-from sparseforge.bench.gpu import run_case
-from sparseforge.bench.report import geomean, provenance
-from sparseforge.plan import TileConfig, make_plan, operand_bytes
-from sparseforge.suite import discover
-from sparseforge.tune import default_config
-from sparseforge.tune.autotune import chunked_candidates
+import torch
+
+from sparseforge import SparseMatrix
+from sparseforge.bench.gpu import TOLERANCE, relative_error
+from sparseforge.bench.report import provenance
+from sparseforge.runtime.compiler import CompileError
+from sparseforge.runtime.driver import CudaError
+from sparseforge.runtime.timing import graph_time_us
+from sparseforge.spmm import _describe, _make_plan, _plans, _renderable
+from sparseforge.runtime import build_kernel, compile_plan
+from sparseforge.tune.choose import TOP, choose, shortlist
+from sparseforge.tune.space import search_space
 
 
-def designs(case, n: int, layout: str) -> dict:
-    """The heuristic pick against its alternatives: unsplit, split, rows clustered by shared columns, and
-    chunked runs (kn) or staged X (nk)."""
-    row_nnz = case.nnz / max(case.M, 1)
-    first = dataclasses.replace(default_config(n, layout, row_nnz, m=case.M), segment_nnz=0)
-    group_nnz = row_nnz * first.rows_per_group
-    out = {"default": default_config(n, layout, row_nnz, m=case.M), "unsplit": first,
-           "split": dataclasses.replace(first, segment_nnz=max(int(group_nnz * (0.25 if n <= 256 else 2.0)), 4))}
-    out["clustered"] = dataclasses.replace(out["default"], cluster_rows=True)
-    if layout == "kn":
-        out["chunked"], out["chunked8_clustered"] = chunked_candidates(first, n)
-    else:
-        out["staged_x"] = TileConfig(4, 8, 1)
-    return {name: config for i, (name, config) in enumerate(out.items())
-            if config not in list(out.values())[:i]}  # a design equal to an earlier one is not re-run
+def batch_sizes(root: Path) -> dict:
+    path = root / "rn50_batchsizes.txt"
+    return dict((a, int(b)) for a, b in (line.strip().split(",") for line in path.read_text().splitlines() if "," in line))
+
+
+def run(root: Path, spec: str, dtype: str, layout: str) -> dict:
+    name, _, n_text = spec.partition(":")
+    n = int(n_text) if n_text else batch_sizes(root)[Path(name).name]
+    w = SparseMatrix.from_smtx(root / f"{name}.smtx", seed=0).astype(dtype)
+    tdt = getattr(torch, dtype)
+    make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
+    plans = _plans(make, search_space(n, layout, w.shape[0], w.nnz / w.shape[0]))
+    shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    inputs = [torch.randn(shape, device="cuda", generator=gen).to(tdt) for _ in range(4)]
+    out_shape = (w.shape[0], n) if layout == "kn" else (n, w.shape[0])
+    out = torch.empty(out_shape, device="cuda", dtype=tdt)
+    dense = w.to_torch("cuda")
+    ref = dense.double() @ inputs[0].double() if layout == "kn" else inputs[0].double() @ dense.double().T
+    errors = {}
+
+    def compile_one(plan):
+        real = _renderable(make, plan)
+        return real, compile_plan(real)
+
+    def load_and_time(plan, compiled):
+        kernel = build_kernel(compiled[0], 0, built=compiled[1])
+        check = torch.full(out_shape, float("nan"), device="cuda", dtype=tdt)
+        kernel(inputs[0], out=check)
+        errors[kernel.plan.config.short()] = relative_error(check, ref)
+        return kernel, graph_time_us(lambda b: kernel(b, out=out), inputs)
+
+    def dense_us():
+        if layout == "kn":
+            return graph_time_us(lambda b: torch.mm(dense, b, out=out), inputs)
+        return graph_time_us(lambda x: torch.mm(x, dense.t(), out=out), inputs)
+
+    started = time.perf_counter()
+    _, choice = choose(plans, _describe, compile_one, load_and_time, math.inf, top=len(plans), time_dense=dense_us,
+                       build_errors=(CompileError, CudaError))
+    records = choice.records
+    for r in records:
+        r["rel_error"] = errors.get(r["label"])
+        r["error_ok"] = r["rel_error"] is not None and r["rel_error"] <= TOLERANCE[dtype]
+    timed = [i for i, r in enumerate(records) if r.get("us")]
+    best = min(timed, key=lambda i: records[i]["us"])
+    picked = min((i for i in shortlist(records, TOP) if records[i].get("us")), key=lambda i: records[i]["us"])
+    predicted = min(range(len(records)), key=lambda i: records[i]["predicted_us"])
+    return {"case": name, "M": w.shape[0], "K": w.shape[1], "N": n, "nnz": w.nnz, "dtype": dtype, "layout": layout,
+            "cublas_us": choice.dense_us, "candidates": records, "best": records[best]["label"],
+            "best_mapping": records[best]["mapping"], "best_us": records[best]["us"],
+            "chooser_us": records[picked]["us"], "chooser_label": records[picked]["label"],
+            "model_top1_us": records[predicted].get("us"), "seconds": time.perf_counter() - started,
+            "all_correct": all(r["error_ok"] for r in records if r.get("us"))}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path")
     parser.add_argument("out")
+    parser.add_argument("root", type=Path)
+    parser.add_argument("cases", nargs="+")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--layout", default="kn")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--limit", type=int, default=None, help="at most LIMIT cases, spread over the directory")
     args = parser.parse_args()
-    cases = discover(args.path, batch=args.batch)
-    if args.limit:  # every k-th case, so a short run still spans the layer shapes
-        cases = cases[:: max(len(cases) // args.limit, 1)][: args.limit]
-    records = []
-    for case in cases:
-        for name, config in designs(case, case.N, args.layout).items():
-            try:
-                record = run_case(case, args.dtype, args.layout, case.N, None, config=config, with_cusparse=False)
-                plan = make_plan(case.load(dtype=args.dtype), case.N, args.dtype, args.layout, config)
-                record["operand_bytes"] = operand_bytes(plan)  # the traffic model's prediction
-            except Exception as exc:  # a design that fails to build or run is a result too
-                record = {"case": case.name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            records.append({"design": name, **record})
-            print(name, case.name, record.get("sparseforge_us"), record.get("speedup_vs_cublas"),
-                  record.get("error_ok", record.get("error")), flush=True)
-            _write(args.out, records, partial=True)  # survives a stage timeout
-    summary = _write(args.out, records, partial=False)
-    print(json.dumps(summary, indent=1))
-    return 0 if all(v["all_correct"] for v in summary.values()) else 1
-
-
-def _write(path: str, records: list, partial: bool) -> dict:
-    summary = {name: {"geomean_speedup_vs_cublas": geomean(r.get("speedup_vs_cublas") for r in records
-                                                            if r["design"] == name),
-                      "all_correct": all(r.get("error_ok", False) for r in records if r["design"] == name)}
-               for name in dict.fromkeys(r["design"] for r in records)}
-    with open(path, "w") as f:
-        json.dump({"provenance": provenance(sys.argv), "partial": partial, "summary": summary, "cases": records},
-                  f, indent=1)
-    return summary
+    results = []
+    for spec in args.cases:
+        r = run(args.root, spec, args.dtype, args.layout)
+        results.append(r)
+        Path(args.out).write_text(json.dumps({"provenance": provenance(sys.argv), "cases": results}, indent=1))
+        print(f"{r['case'][-48:]:48s} {r['M']:5d}x{r['K']:<5d} N={r['N']:<5d} cuBLAS {r['cublas_us']:7.2f}  best "
+              f"{r['best_us']:7.2f} {r['best_mapping']:13s} {r['best']:20s} chooser {r['chooser_us']:7.2f}  "
+              f"model-top1 {r['model_top1_us'] or float('nan'):7.2f}  ok={r['all_correct']}  {r['seconds']:.0f}s",
+              flush=True)
+    geo = lambda key: math.exp(sum(math.log(r["cublas_us"] / r[key]) for r in results) / len(results))  # noqa: E731
+    print(f"geomean x cuBLAS: best {geo('best_us'):.2f}  chooser {geo('chooser_us'):.2f}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The public SpMM API: compile_spmm() and spmm()."""
+"""The public SpMM API: compile_spmm() and spmm(): plan every mapping, let the chooser pick, build and load."""
 from __future__ import annotations
 
 import time
@@ -7,9 +7,12 @@ from dataclasses import asdict
 import numpy as np
 
 from .formats import SparseMatrix
-from .plan import LAYOUTS, TileConfig, make_plan
-from .runtime import KernelCache, build_kernel, cache_key
-from .tune import candidates, default_config, tune
+from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
+from .plan.csr import CsrConfig, make_csr_plan
+from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
+from .tune.choose import Choice, choose, chooser_digest, rank
+from .tune.cost import estimate
+from .tune.space import search_space
 
 _DTYPE_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
                 "float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
@@ -54,55 +57,179 @@ def _bias_values(bias):
     return np.asarray(bias, dtype=np.float64)
 
 
+def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
+               sketch: bool = False):
+    """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
+    if isinstance(config, CsrConfig):
+        return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch)
+    return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
+
+
+def _config_record(config) -> dict:
+    return {"family": "csr" if isinstance(config, CsrConfig) else "tile", "config": asdict(config)}
+
+
+def _config_from_record(record: dict):
+    """The config a cached choice names, or None when the record is not one this version can rebuild."""
+    try:
+        family = {"csr": CsrConfig, "tile": TileConfig}[record["family"]]
+        return family(**record["config"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
-                 device="cuda", config: TileConfig | None = None, tune_budget: float | None = 5.0):
-    """Generate, compile (or fetch from cache) and load a kernel specialised to W.
+                 device="cuda", config: TileConfig | CsrConfig | None = None, tune_budget: float | None = 5.0,
+                 deterministic: bool = False, time_dense: bool = True):
+    """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
 
     W: SparseMatrix, or a dense 2-D torch tensor / numpy array (M x K). n: N, the columns of B (layout
     "kn": B is K x N, C = W @ B is M x N) or the tokens of X (layout "nk": X is N x K, Y = X @ W^T is
     N x M). dtype: torch.float32 / float16 / bfloat16 (inputs and outputs; fp32 accumulation; W's values
-    are rounded to dtype). bias: M values added before relu. config: a fixed TileConfig, else the
-    autotuner measures a few within tune_budget seconds (None: no tuning, the heuristic pick) and stores
-    the winner in the cache. Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan, k.source,
-    k.compile_seconds.
+    are rounded to dtype). bias: M values added before relu.
+
+    The choice (tune/choose.py): the cost model ranks every candidate of tune/space.py (row groups, row
+    per block, split K, the small-N kernel for n <= 64); with tune_budget seconds (default 5) the top few
+    are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
+    them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
+    config: a fixed TileConfig / CsrConfig instead. deterministic: no atomics (bitwise-reproducible runs).
+
+    Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
+    k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every
+    candidate predicted and measured; k.choice.explain()), k.dense_faster (True when cuBLAS measured faster
+    than the fastest sparse kernel; both times in k.choice).
     """
     w = _as_sparse(W)
     name = _dtype_name(dtype)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
-    if not isinstance(n, (int, np.integer)) or n < 1:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
+    n = int(n)
+    if config is not None and not isinstance(config, (TileConfig, CsrConfig)):
+        raise TypeError(f"config must be a TileConfig or CsrConfig, got {type(config).__name__}")
+    if deterministic and getattr(config, "segment_nnz", 0):
+        raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
+                         "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
     index, arch = _device_index(device)
     w = w.astype(name)
     bias_values = _bias_values(bias)
 
-    def build(cfg: TileConfig):
-        plan = make_plan(w, int(n), name, layout, cfg, bias_values, relu, arch)
-        return build_kernel(plan, index)
+    def make(cfg, sketch: bool = False):
+        return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch)
 
-    if config is not None or tune_budget is None:
-        return build(config or default_config(int(n), layout, w.nnz / max(w.shape[0], 1), relu, w.shape[0]))
-    cache = KernelCache()
-    bias_tag = "none" if bias_values is None else cache_key(bias_values.astype(np.float32).tobytes())
-    key = cache_key(w.digest(), str(n), name, layout, bias_tag, str(relu), "tune-v2")
-    known = cache.get_tuned(key, arch)
-    if known:
-        kernel = build(TileConfig(**known["config"]))
-        kernel.tuning = known["records"]
+    if config is not None:
+        return build_kernel(make(config), index)
+    started = time.perf_counter()
+    space = search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
+    if tune_budget is None:
+        plan, choice = _predicted_best(make, space, started)
+        kernel = build_kernel(plan, index)
+        kernel.choice, kernel.tune_seconds = choice, choice.seconds
         return kernel
-    import torch
-
-    shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
-    make_input = lambda: torch.randn(shape, device=f"cuda:{index}").to(getattr(torch, name))  # noqa: E731
-    start = time.perf_counter()
-    configs = candidates(int(n), layout, w.nnz / max(w.shape[0], 1), relu, w.shape[0])
-    kernel, records = tune(build, int(n), layout, make_input, tune_budget, configs)
-    kernel.tune_seconds, kernel.tuning = time.perf_counter() - start, records
-    cache.put_tuned(key, arch, {"config": asdict(kernel.plan.config), "records": records})
+    cache = KernelCache()
+    compiler = default_compiler()
+    bias_tag = "none" if bias_values is None else cache_key(bias_values.astype(np.float32).tobytes())
+    key = kernel_key("choice", "|".join([w.digest(), str(n), name, layout, bias_tag, str(relu), str(deterministic),
+                                         str(time_dense), chooser_digest()]), arch, compiler.version)
+    known = cache.get_tuned(key, arch)
+    winner = _config_from_record(known) if known else None
+    if winner is not None and "choice" in known:
+        kernel = build_kernel(make(winner), index)
+        kernel.choice = Choice.from_dict(known["choice"])
+        kernel.tuning = kernel.choice.records
+        return kernel
+    kernel, choice = _measure(make, space, w, n, name, layout, index, tune_budget, time_dense, compiler)
+    kernel.choice, kernel.tuning, kernel.tune_seconds = choice, choice.records, time.perf_counter() - started
+    cache.put_tuned(key, arch, {**_config_record(kernel.plan.config), "records": choice.records,
+                                "choice": choice.as_dict()})
     return kernel
 
 
-def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune_budget: float | None = None):
+# Candidates whose cold compile the cost model puts over this are not proposed (per-nonzero code for
+# millions of nonzeros: a 1.7M-nonzero layer took 44 s); the small-N kernel and smaller tilings remain.
+COMPILE_LIMIT_S = 60.0
+
+
+def _plans(make, space) -> list:
+    """Plans (generated kernels as sketches) of the configs that apply (a config that does not fit the
+    problem is dropped), without those whose compile would blow COMPILE_LIMIT_S (unless none would stay)."""
+    plans = []
+    for cfg in space:
+        try:
+            plans.append(make(cfg, sketch=True))
+        except ValueError:
+            continue
+    fits = [p for p in plans if estimate(p).compile_s <= COMPILE_LIMIT_S]
+    return fits or plans
+
+
+def _predicted_best(make, space, started: float):
+    plans = _plans(make, space)
+    choice = Choice([_describe(p) for p in plans])
+    choice.winner = rank([r["predicted_us"] for r in choice.records])[0]
+    plan = _renderable(make, plans[choice.winner])
+    choice.seconds = time.perf_counter() - started
+    return plan, choice
+
+
+def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
+              deterministic: bool = False, arch: int = 90):
+    """The cost model's pick without a GPU: (renderable plan, Choice with every candidate predicted).
+    What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
+    w = _as_sparse(W).astype(_dtype_name(dtype))
+    name, bias_values = _dtype_name(dtype), _bias_values(bias)
+    space = search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
+    return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
+                                                                 arch, sketch), space, time.perf_counter())
+
+
+def _renderable(make, plan):
+    return make(plan.config) if getattr(plan, "sketch", False) else plan
+
+
+def _describe(plan) -> dict:
+    e = estimate(plan)
+    return {"label": plan.config.short(), "mapping": plan.mapping, "predicted_us": e.us, **_config_record(plan.config),
+            **{k: v for k, v in e.as_dict().items() if k != "predicted_us"}}
+
+
+def _measure(make, space, w, n, name, layout, index, budget, time_dense, compiler):
+    import torch
+
+    from .runtime.compiler import CompileError
+    from .runtime.driver import CudaError
+    from .runtime.timing import graph_time_us
+
+    plans = _plans(make, space)
+    shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
+    torch_dtype = getattr(torch, name)
+    gen = torch.Generator(device=f"cuda:{index}").manual_seed(0)
+    inputs = [torch.randn(shape, device=f"cuda:{index}", generator=gen).to(torch_dtype) for _ in range(3)]
+    out_shape = (w.shape[0], n) if layout == "kn" else (n, w.shape[0])
+    out = torch.empty(out_shape, device=f"cuda:{index}", dtype=torch_dtype)
+
+    def compile_one(plan):
+        real = _renderable(make, plan)
+        return real, compile_plan(real, compiler=compiler)
+
+    def load_and_time(plan, compiled):
+        kernel = build_kernel(*compiled[:1], index, built=compiled[1])
+        return kernel, graph_time_us(lambda b: kernel(b, out=out), inputs)
+
+    def dense_us() -> float:
+        weight = w.to_torch(f"cuda:{index}")
+        if layout == "kn":
+            return graph_time_us(lambda b: torch.mm(weight, b, out=out), inputs)
+        wt = weight.t()
+        return graph_time_us(lambda x: torch.mm(x, wt, out=out), inputs)
+
+    return choose(plans, _describe, compile_one, load_and_time, budget,
+                  time_dense=dense_us if time_dense else None, build_errors=(CompileError, CudaError))
+
+
+def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune_budget: float | None = None,
+         deterministic: bool = False):
     """C = W @ B (layout "kn", B: [batch,] K x N) or Y = B @ W^T (layout "nk", B: [batch,] N x K) in one
     call; the kernel for (W, N, dtype, layout, epilogue, device) is compiled once and kept in-process."""
     import torch
@@ -114,9 +241,10 @@ def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune
     w = _as_sparse(W)
     n = B.shape[-1] if layout == "kn" else B.shape[-2]
     bias_tag = None if bias is None else _bias_values(bias).tobytes()
-    key = (w.digest(), n, str(B.dtype), layout, bias_tag, relu, str(B.device))
+    key = (w.digest(), n, str(B.dtype), layout, bias_tag, relu, str(B.device), deterministic)
     kernel = _LOADED.get(key)
     if kernel is None:
-        kernel = compile_spmm(w, n, B.dtype, layout, bias, relu, B.device, tune_budget=tune_budget)
+        kernel = compile_spmm(w, n, B.dtype, layout, bias, relu, B.device, tune_budget=tune_budget,
+                              deterministic=deterministic)
         _LOADED[key] = kernel
     return kernel(B, out=out)

@@ -15,7 +15,11 @@ def add_bench_parser(sub) -> None:
     bench.add_argument("--n", type=int, default=None, help="force one N for every case")
     bench.add_argument("--dtype", choices=[*DTYPES, "all"], default="fp32")
     bench.add_argument("--layout", choices=["kn", "nk", "both"], default="kn")
-    bench.add_argument("--tune-budget", type=float, default=3.0, help="seconds of autotuning per kernel (0: none)")
+    bench.add_argument("--tune-budget", type=float, default=5.0,
+                       help="seconds the chooser may spend timing candidates per kernel (default 5, compile_spmm's "
+                            "default; 0: the cost model's pick, nothing timed)")
+    bench.add_argument("--explain", action="store_true",
+                       help="print, per case, every candidate mapping: predicted and measured time, the winner")
     bench.add_argument("--limit", type=int, default=None, help="only the first LIMIT cases")
     bench.add_argument("--out", type=Path, default=None, help="write results JSON here")
     bench.add_argument("--plot", type=Path, default=None, help="write a speedup plot (PNG) here")
@@ -54,6 +58,8 @@ def run_bench(args) -> int:
             progress.update(task, description=f"{case.layer[:40]} {dtype} {layout}")
             record = _one(case, dtype, layout, gpu, args)
             record["batch"] = args.batch
+            if args.explain:
+                progress.console.print(_explain(record))
             records.append(record)
             if args.out and gpu:  # partial results survive an interrupted run
                 write_json(args.out, records, [], {"mode": "gpu", "partial": True})
@@ -82,17 +88,30 @@ def _one(case, dtype, layout, gpu: bool, args) -> dict:
     return run_case_cpu(case, dtype, layout, case.N, assemble=True)
 
 
+def _explain(record: dict) -> str:
+    from ..tune.choose import Choice
+
+    head = f"{record['case']} {record['dtype']} {record['layout']} N={record['N']}: {record.get('mapping')}"
+    if "choice" not in record:
+        return head + " (fixed config)"
+    choice = record["choice"]
+    if isinstance(choice, list):  # CPU mode: predictions only
+        choice = {"records": choice, "winner": min(range(len(choice)), key=lambda i: choice[i]["predicted_us"])}
+    return head + "\n" + Choice.from_dict(choice).explain()
+
+
 def _print(console, records, summary, gpu: bool) -> None:
     from rich.table import Table
 
     table = Table(title="sparseforge bench" + ("" if gpu else " (CPU mode)"))
-    cols = ["case", "dtype", "layout", "M", "K", "N", "nnz", "config"]
+    cols = ["case", "dtype", "layout", "M", "K", "N", "nnz", "mapping", "config"]
     cols += ["sf us", "cuBLAS us", "x cuBLAS", "x TF32", "cuSPARSE us", "x cuSPARSE", "rel err", "compile s"] if gpu \
         else ["ref rel err", "assemble s"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("case", "config") else "right")
     for r in records:
-        row = [r["case"], r["dtype"], r["layout"], str(r["M"]), str(r["K"]), str(r["N"]), str(r["nnz"]), r["config"]]
+        row = [r["case"], r["dtype"], r["layout"], str(r["M"]), str(r["K"]), str(r["N"]), str(r["nnz"]),
+               r.get("mapping", "-"), r["config"]]
         if gpu:
             row += [f"{r['sparseforge_us']:.2f}", f"{r['cublas_us']:.2f}", f"{r['speedup_vs_cublas']:.2f}",
                     f"{r.get('speedup_vs_cublas_tf32', float('nan')):.2f}",

@@ -6,30 +6,32 @@ import time
 
 import numpy as np
 
-from ..plan import check_plan, execute, make_plan
+from ..plan import check_plan, execute
+from ..plan.csr import execute_csr
 from ..runtime import PtxasCompiler
 from ..suite import Case
-from ..tune import default_config
 
 
 def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: bool, arch: int = 90) -> dict:
     w = case.load(dtype=dtype_name)
     start = time.perf_counter()
-    row_nnz = w.nnz / max(w.shape[0], 1)  # the GPU's heuristic pick, splits included
-    plan = make_plan(w, n, dtype_name, layout, default_config(n, layout, row_nnz, m=w.shape[0]), arch=arch)
-    check_plan(plan, w)
+    from ..spmm import plan_spmm
+
+    plan, choice = plan_spmm(w, n, dtype_name, layout, arch=arch)  # the cost model's pick (no GPU to time)
+    if plan.mapping != "csr":
+        check_plan(plan, w)
     n_check = min(n, 64)
-    small = make_plan(w, n_check, dtype_name, layout, default_config(n_check, layout, row_nnz, m=w.shape[0]), arch=arch)
+    small, _ = plan_spmm(w, n_check, dtype_name, layout, arch=arch)
     rng = np.random.default_rng(0)
     b = rng.standard_normal((case.K, n_check) if layout == "kn" else (n_check, case.K))
     ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
-    got = execute(small, b)
+    got = (execute_csr if small.mapping == "csr" else execute)(small, b)
     got = got if layout == "kn" else got.T
     error = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
     record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,
               "N": n, "nnz": case.nnz, "dtype": dtype_name, "layout": layout, "config": plan.config.short(),
-              "reference_rel_error": error, "plan_seconds": time.perf_counter() - start,
-              "groups": len(plan.groups), "b_loads": plan.b_loads}
+              "mapping": plan.mapping, "predicted_us": choice.records[choice.winner]["predicted_us"],
+              "choice": choice.records, "reference_rel_error": error, "plan_seconds": time.perf_counter() - start}
     compiler = PtxasCompiler.available() if assemble else None
     if compiler:
         from ..codegen import render

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..suite import Case
-from .timing import eager_time_us, graph_time_us
+from ..runtime.timing import eager_time_us, graph_time_us
 
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
 H200 = {"bandwidth": 4.3e12, "fp32_fma": 67e12}  # measured copy bandwidth; datasheet FP32 (CUDA cores)
@@ -29,7 +29,8 @@ def _inputs(shape, dtype, count: int, seed: int):
 
 def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0,
              config=None, with_cusparse: bool = True) -> dict:
-    """config: a fixed TileConfig (no tuning); else tuned for tune_budget seconds (None: heuristic pick).
+    """config: a fixed TileConfig (no tuning); else chosen with tune_budget seconds of timing (None: the
+    cost model's pick, nothing timed).
     with_cusparse=False skips the cuSPARSE baseline (design comparisons need only cuBLAS)."""
     import torch
 
@@ -51,8 +52,12 @@ def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: floa
     record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,
               "N": n, "nnz": case.nnz, "dtype": dtype_name, "layout": layout, "rel_error": error,
               "error_ok": error <= TOLERANCE[dtype_name], "config": kernel.plan.config.short(),
-              "compile_seconds": kernel.compile_seconds, "tune_seconds": kernel.tune_seconds,
-              "cache_hit": kernel.cache_hit, "registers": kernel.registers}
+              "mapping": kernel.mapping, "compile_seconds": kernel.compile_seconds,
+              "tune_seconds": kernel.tune_seconds, "tune_budget": tune_budget, "cache_hit": kernel.cache_hit,
+              "registers": kernel.registers}
+    if kernel.choice is not None:  # every candidate the chooser predicted and timed (bench --explain)
+        record["choice"] = kernel.choice.as_dict()
+        record["dense_faster"] = kernel.dense_faster
     out_buf = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
     record["sparseforge_us"] = graph_time_us(lambda b: kernel(b, out=out_buf), inputs)
     record.update(_dense_times(dense, inputs, layout, dtype))
@@ -68,6 +73,8 @@ def _add_traffic(record: dict, plan) -> None:
     limit) and the rate that implies: the 'why' behind a case far from its byte floor."""
     from ..plan import operand_bytes
 
+    if plan.mapping == "csr":  # W as data: no row groups to count (the cost model's terms are in the choice)
+        return
     traffic = operand_bytes(plan)
     fetched = traffic["chunked"] + traffic["atomics"] + plan.M * plan.N * plan.element_bytes
     record["fetched_bytes"] = fetched

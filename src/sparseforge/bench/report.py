@@ -32,6 +32,11 @@ def summarize(records: list[dict]) -> list[dict]:
         # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it
         row["median_floor_fraction"] = _median(r["floor_us"] / r["sparseforge_us"] for r in items if "floor_us" in r)
         row["median_fetched_tbs"] = _median(r.get("fetched_tbs") for r in items)
+        wins: dict[str, int] = defaultdict(int)
+        for r in items:
+            wins[r.get("mapping", "?")] += 1
+        row["mapping_wins"] = dict(sorted(wins.items()))  # which mapping the chooser picked, how often
+        row["dense_faster_cases"] = [r["case"] for r in items if r.get("dense_faster")]
         rows.append(row)
     return rows
 

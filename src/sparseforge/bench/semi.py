@@ -33,7 +33,7 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
 
     from ..semi.runtime import Linear24Runtime, _padded_input
     from ..semi.transpose import transpose_columns
-    from .timing import eager_time_us
+    from ..runtime.timing import eager_time_us
 
     w = random_24_weight(m, k, dtype, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
@@ -75,7 +75,7 @@ def _packed_gemv(w, xs, dtype: str) -> dict:
     import torch
 
     from ..semi.gemv import Gemv24
-    from .timing import eager_time_us, graph_time_us
+    from ..runtime.timing import eager_time_us, graph_time_us
 
     try:
         gemv = Gemv24(w)
@@ -97,7 +97,7 @@ def interleaved_us(paths: dict, xs: list, rounds: int = 3, timer=None) -> dict:
     named *_only_us or transpose_us gets the input's index, the others the input."""
     from statistics import median
 
-    from .timing import graph_time_us
+    from ..runtime.timing import graph_time_us
 
     timer = timer or graph_time_us
     samples: dict[str, list[float]] = {name: [] for name in paths}
@@ -128,7 +128,7 @@ def _torch_semi_structured(w, xs, record: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from .timing import eager_time_us, graph_time_us
+    from ..runtime.timing import eager_time_us, graph_time_us
 
     try:
         from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured

@@ -1,4 +1,17 @@
-"""Lowering: Plan -> kernel source text. One module per target; render() is pure (no I/O, no GPU)."""
-from .ptx import PTX_VERSION, KernelSource, render
+"""Lowering: plan -> kernel source text. One module per target; render() is pure (no I/O, no GPU).
 
-__all__ = ["PTX_VERSION", "KernelSource", "render"]
+ptx.py: the generated row-group kernels (every nonzero an FMA immediate: row groups, row per block, split
+K, staged or transposed X); csr.py: the small-N kernel over padded CSR (W as data); gemv24.py: the packed
+2:4 GEMV. render(plan) picks the module by plan.mapping.
+"""
+from .csr import render_csr
+from .ptx import PTX_VERSION, KernelSource
+from .ptx import render as render_groups
+
+
+def render(plan) -> KernelSource:
+    """PTX of any SpMM plan."""
+    return render_csr(plan) if plan.mapping == "csr" else render_groups(plan)
+
+
+__all__ = ["PTX_VERSION", "KernelSource", "render", "render_csr", "render_groups"]

@@ -1,8 +1,9 @@
 """Inspector and plan: analyse a sparsity pattern, balance rows over warps, describe the kernel to generate."""
 from .config import WARP, TileConfig
-from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS, ColumnUse, Plan, RowGroup, make_plan, pick_vec
+from .plan import (DTYPES, ELEMENT_BYTES, LAYOUTS, ColumnUse, GroupSketch, Plan, RowGroup, make_plan, pick_vec,
+                   sketch_plan)
 from .reference import check_plan, coverage, execute
 from .traffic import operand_bytes
 
-__all__ = ["DTYPES", "ELEMENT_BYTES", "LAYOUTS", "WARP", "ColumnUse", "Plan", "RowGroup", "TileConfig",
-           "check_plan", "coverage", "execute", "make_plan", "operand_bytes", "pick_vec"]
+__all__ = ["DTYPES", "ELEMENT_BYTES", "LAYOUTS", "WARP", "ColumnUse", "GroupSketch", "Plan", "RowGroup", "TileConfig",
+           "check_plan", "coverage", "execute", "make_plan", "operand_bytes", "pick_vec", "sketch_plan"]

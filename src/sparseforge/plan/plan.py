@@ -42,6 +42,26 @@ class RowGroup:
         """Its sums are partial: the kernel adds them into the output atomically."""
         return self.segments > 1
 
+    @property
+    def width(self) -> int:
+        """Distinct k the group reads (B rows loaded per column tile)."""
+        return len(self.columns)
+
+
+@dataclass(frozen=True)
+class GroupSketch:
+    """A row group's counts without its program: what the cost model reads, built in numpy (sketch_plan).
+    A plan made of sketches can be ranked, not rendered."""
+    rows: tuple[int, ...]
+    nnz: int
+    width: int                               # distinct k the group reads
+    segment: int = 0
+    segments: int = 1
+
+    @property
+    def partial(self) -> bool:
+        return self.segments > 1
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -67,6 +87,33 @@ class Plan:
         return self.layout == "kn" or self.config.transpose_x
 
     @property
+    def mapping(self) -> str:
+        """The mapping of the work (a tuner candidate each): "row-per-block" (every warp of a block on one
+        row's code, many blocks), "split-k" (groups cut along K, partial sums added atomically),
+        "staged-x" (nk: X through shared memory), else "row-groups" (a warp loads each B row once for a
+        group of rows sharing it)."""
+        c = self.config
+        if not self.direct:
+            return "staged-x"
+        if c.segment_nnz and any(g.partial for g in self.groups):
+            return "split-k"
+        return "row-per-block" if c.rows_per_group == 1 else "row-groups"
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+    @property
+    def transposes_input(self) -> bool:
+        """The launch hands the kernel X transposed (nk with transpose_x)."""
+        return self.config.transpose_x
+
+    @property
+    def output_alignment(self) -> int:
+        """Bytes the output pointer must be aligned to (vector stores of vec elements)."""
+        return self.config.vec * self.element_bytes
+
+    @property
     def columns_per_block(self) -> int:
         c = self.config
         return c.warps_per_block * c.columns_per_warp if self.direct else 32
@@ -89,7 +136,12 @@ class Plan:
     @property
     def b_loads(self) -> int:
         """B rows loaded per column tile, over all groups (nnz minus what column sharing saves)."""
-        return sum(len(g.columns) for g in self.groups)
+        return sum(g.width for g in self.groups)
+
+    @property
+    def sketch(self) -> bool:
+        """Made by sketch_plan: counts only, for ranking; make_plan builds the renderable plan."""
+        return bool(self.groups) and isinstance(self.groups[0], GroupSketch)
 
     @property
     def name(self) -> str:
@@ -129,10 +181,22 @@ def _balanced_groups(row_nnz: np.ndarray, max_rows: int, n_groups_hint: int) -> 
 CLUSTER_WINDOW = 4096  # rows compared with each other at once: the overlap matrix is window^2 floats
 
 
+_CLUSTERS: dict = {}  # (weight digest, max_rows, hint) -> groups: candidates of one layer share them
+
+
 def _clustered_groups(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
     """Groups of <= max_rows rows that share columns, within windows of CLUSTER_WINDOW rows. Greedy: the
     heaviest free row seeds a group, which then takes the free row sharing most columns with its rows so
     far, while the group's nonzeros stay within the cap _balanced_groups uses."""
+    key = (w.digest(), max_rows, n_groups_hint)
+    if key not in _CLUSTERS:
+        if len(_CLUSTERS) > 64:
+            _CLUSTERS.clear()
+        _CLUSTERS[key] = _cluster(w, max_rows, n_groups_hint)
+    return _CLUSTERS[key]
+
+
+def _cluster(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
     import scipy.sparse as sp
 
     cap = max(int(np.ceil(w.row_nnz.sum() / max(n_groups_hint, 1))), 1)
@@ -216,9 +280,9 @@ def pick_vec(n: int, layout: str, wanted: int) -> int:
     return 1
 
 
-def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
-              config: TileConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> Plan:
-    """Inspect W's pattern and build the plan for C = W @ B (kn) or Y = X @ W^T (nk), N columns/tokens."""
+def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfig | None, bias, relu: bool,
+             arch: int) -> tuple[TileConfig, tuple[float, ...] | None, list[tuple[int, ...]]]:
+    """(config with the vector width N allows, bias as fp32 values, the row groups) after validation."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if dtype not in DTYPES:
@@ -248,5 +312,30 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
         rows = _clustered_groups(w, config.rows_per_group, hint)
     else:
         rows = _balanced_groups(w.row_nnz, config.rows_per_group, hint)
+    return config, bias_values, rows
+
+
+def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+              config: TileConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> Plan:
+    """Inspect W's pattern and build the plan for C = W @ B (kn) or Y = X @ W^T (nk), N columns/tokens."""
+    config, bias_values, rows = _checked(w, n, dtype, layout, config, bias, relu, arch)
     groups = tuple(piece for r in rows for piece in split_group(_group_program(w, r), config.segment_nnz))
     return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, groups, bias_values, relu, arch, w.digest())
+
+
+def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+                config: TileConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> Plan:
+    """The plan make_plan would build, as counts per group (nonzeros, distinct k; split groups cut into
+    near-equal pieces): numpy only, ~50x faster, so the chooser can rank every candidate of a large layer."""
+    config, bias_values, rows = _checked(w, n, dtype, layout, config, bias, relu, arch)
+    group_of_row = np.empty(w.shape[0], np.int64)
+    for g, members in enumerate(rows):
+        group_of_row[list(members)] = g
+    nnz = np.bincount(group_of_row, weights=w.row_nnz, minlength=len(rows)).astype(np.int64)
+    pairs = np.unique(group_of_row[np.repeat(np.arange(w.shape[0]), w.row_nnz)] * w.shape[1] + w.indices)
+    width = np.bincount(pairs // w.shape[1], minlength=len(rows))
+    groups = []
+    for members, count, distinct in zip(rows, nnz.tolist(), width.tolist()):
+        pieces = math.ceil(count / config.segment_nnz) if config.segment_nnz and count > config.segment_nnz else 1
+        groups += [GroupSketch(members, count // pieces, -(-distinct // pieces), i, pieces) for i in range(pieces)]
+    return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, tuple(groups), bias_values, relu, arch, w.digest())

@@ -1,7 +1,9 @@
-"""Runtime: compilers, the disk cache, module loading and launches."""
+"""Runtime: the one path from kernel source to a loaded, timed kernel: compilers, the disk cache, one
+cache-key recipe, one loader, launches, and the timing that decisions use (timing.py)."""
 from .cache import KernelCache, cache_key
 from .compiler import CompileError, DriverCompiler, PtxasCompiler, default_compiler, find_tool
-from .kernel import SpmmKernel, build_kernel
+from .kernel import Built, SpmmKernel, build_kernel, compile_plan, compile_source, kernel_key, load_kernel
 
-__all__ = ["CompileError", "DriverCompiler", "KernelCache", "PtxasCompiler", "SpmmKernel", "build_kernel",
-           "cache_key", "default_compiler", "find_tool"]
+__all__ = ["Built", "CompileError", "DriverCompiler", "KernelCache", "PtxasCompiler", "SpmmKernel", "build_kernel",
+           "cache_key", "compile_plan", "compile_source", "default_compiler", "find_tool", "kernel_key",
+           "load_kernel"]

@@ -1,17 +1,20 @@
-"""SpmmKernel: a compiled, loaded kernel for one plan, callable on torch CUDA tensors."""
+"""The one place kernel source becomes a loaded kernel: one cache-key recipe (kernel_key), one compile
+path (compile_source: render on a miss, compile, cache), one loader (load_kernel), and SpmmKernel, the
+callable over a plan of any mapping (generated row groups, row per block, split K, small-N CSR).
+"""
 from __future__ import annotations
 
+import ctypes
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
+from .._version import __version__
 from ..codegen import KernelSource, render
-from ..plan import Plan
 from .cache import KernelCache, cache_key
 from .compiler import default_compiler
-
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-_VERSION = "0.1.0"
 
 
 class SpmmKernel:
@@ -24,17 +27,15 @@ class SpmmKernel:
     load_seconds, cache_hit.
     """
 
-    def __init__(self, plan: Plan, source: KernelSource | None, cubin: bytes, device_index: int,
-                 compile_seconds: float, cache_hit: bool):
-        from .driver import LoadedKernel
-
+    def __init__(self, plan, built: "Built", device_index: int):
         start = time.perf_counter()
-        self.plan, self._source, self.device_index = plan, source, device_index
-        self._loaded = LoadedKernel(cubin, plan.name, device_index)
+        self.plan, self._source, self.device_index = plan, built.source, device_index
+        self._loaded = load_kernel(built.cubin, plan.name, device_index)
         self.load_seconds = time.perf_counter() - start
-        self.compile_seconds, self.cache_hit = compile_seconds, cache_hit
+        self.compile_seconds, self.cache_hit = built.seconds, built.hit
         self.tune_seconds = 0.0
         self.tuning: list[dict] = []
+        self.choice = None  # the chooser's record (tune/choose.py) when the kernel was picked by timing
         import torch
 
         self._dtype = getattr(torch, plan.dtype)
@@ -42,6 +43,19 @@ class SpmmKernel:
         # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
         self._partial = (torch.tensor(plan.partial_rows, dtype=torch.long, device=self._device)
                          if plan.partial_rows else None)
+        # the small-N mapping reads W as data: its device tensors live as long as the kernel
+        self._weight_tensors, self._data = _weight_data(plan, self._device)
+
+    @property
+    def mapping(self) -> str:
+        """Which mapping of the work this kernel is: see plan.mapping."""
+        return self.plan.mapping
+
+    @property
+    def dense_faster(self) -> bool | None:
+        """True when the chooser measured dense cuBLAS faster than this (the fastest sparse) kernel; None
+        when dense was not timed. choice.sparse_us / choice.dense_us hold both times."""
+        return None if self.choice is None or self.choice.dense_us is None else self.choice.dense_faster
 
     @property
     def source(self) -> str:
@@ -88,11 +102,11 @@ class SpmmKernel:
             self._check(out, "out", self.out_shape)
             if tuple(out.shape) != shape:
                 raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
-        if self.plan.config.transpose_x:
+        if self.plan.transposes_input:
             b = b.transpose(-1, -2).contiguous()  # X^T, K x N: the kernel reads it like B in kn
         elif b.data_ptr() % 16:
             b = b.clone()  # a fresh allocation is 256-byte aligned: staging copies use 16-byte loads
-        align = self.plan.config.vec * self.plan.element_bytes
+        align = self.plan.output_alignment
         target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
         self.zero_partial_rows(target)
         self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream)
@@ -110,7 +124,11 @@ class SpmmKernel:
         Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first; with
         config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous)."""
         tiles, blocks = self.plan.grid
-        self._loaded.launch((tiles, blocks, batch), self.plan.config.threads, stream, b_ptr, c_ptr)
+        if self._data is None:
+            self._loaded.launch((tiles, blocks, batch), self.plan.threads, stream, b_ptr, c_ptr)
+            return
+        self._loaded.launch_args((tiles, blocks, batch), self.plan.threads, stream, (b_ptr, c_ptr, *self._data),
+                                 _CSR_TYPES)
 
     @property
     def registers(self) -> int:
@@ -121,6 +139,24 @@ class SpmmKernel:
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
+_CSR_TYPES = (ctypes.c_void_p,) * 6
+
+
+def _weight_data(plan, device) -> tuple[tuple, tuple | None]:
+    """(device tensors, their pointers) of a plan that reads W as data (values, column indices, row ranges,
+    bias; a null pointer for no bias), else ((), None)."""
+    if plan.mapping != "csr":
+        return (), None
+    import torch
+
+    values = torch.from_numpy(plan.values).to(device=device, dtype=getattr(torch, plan.dtype))
+    cols = torch.from_numpy(plan.cols).to(device)
+    rows = torch.from_numpy(plan.rows).to(device)
+    bias = None if plan.bias is None else torch.tensor(plan.bias, dtype=torch.float32, device=device)
+    owners = (values, cols, rows, bias)
+    return owners, tuple(0 if t is None else t.data_ptr() for t in owners)
+
+
 @lru_cache(maxsize=1)
 def generator_digest() -> str:
     """sha256 of the code that turns a plan into PTX: editing the generator invalidates cached kernels."""
@@ -129,36 +165,77 @@ def generator_digest() -> str:
     return cache_key(*(f.read_bytes() for f in files))
 
 
-def plan_key(plan: Plan, compiler_version: str) -> str:
-    """Everything that determines the binary: the weight (digest of its pattern and values), the problem,
-    the tiling, the epilogue, the arch, the generator's own code, the toolchain and this package's version.
+def kernel_key(kind: str, spec: str, arch: int, compiler_version: str) -> str:
+    """The one cache-key recipe for every compiled kernel: its family, everything that fixes its source
+    (spec), the arch, the generator's own code, the toolchain and this package's version."""
+    return cache_key(kind, spec, str(arch), generator_digest(), compiler_version, __version__)
+
+
+def plan_spec(plan) -> str:
+    """What determines a plan's binary. Generated kernels: the weight (digest of pattern and values), the
+    problem, the tiling, the epilogue. The small-N kernel: only the shape and options (W is data).
     Keying on these rather than on the rendered text lets a cache hit skip rendering altogether."""
+    if plan.mapping == "csr":
+        return plan.source_key
     bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
-    return cache_key(plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),
-                     bias, str(plan.relu), str(plan.arch), generator_digest(), compiler_version, _VERSION)
+    return "|".join([plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),
+                     bias, str(plan.relu)])
 
 
-def build_kernel(plan: Plan, device_index: int, cache: KernelCache | None = None, compiler=None) -> SpmmKernel:
-    """Compile (or fetch from the disk cache) and load the kernel of `plan`."""
+@dataclass
+class Built:
+    """A compiled kernel before loading: the cubin, the source if it was rendered, build seconds
+    (0 on a cache hit) and whether the cache had it."""
+    cubin: bytes
+    source: KernelSource | None
+    seconds: float
+    hit: bool
+
+
+def compile_source(key: str, arch: int, render_source: Callable[[], KernelSource], cache: KernelCache | None = None,
+                   compiler=None) -> Built:
+    """The cubin for `key`: from the disk cache, or rendered, compiled and stored. No CUDA call: safe to run
+    in threads (the chooser compiles its candidates side by side)."""
     from .. import env
 
     start = time.perf_counter()
     compiler = compiler or default_compiler()
     cache = cache or KernelCache()
-    key = plan_key(plan, compiler.version)
     dump = env.dump_source_dir()
-    source = render(plan) if dump else None
+    source = render_source() if dump else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
-        (dump / f"{plan.name}.ptx").write_text(source.text)
+        (dump / f"{source.name}.ptx").write_text(source.text)
 
     def build():
         nonlocal source
-        source = source or render(plan)
-        cubin = compiler.compile(source.modules, plan.arch)
-        return cubin, {"name": plan.name, "compiler": compiler.version,
+        source = source or render_source()
+        cubin = compiler.compile(source.modules, arch)
+        return cubin, {"name": source.name, "compiler": compiler.version,
                        "compile_seconds": time.perf_counter() - start}
 
-    cubin, meta, hit = cache.get_or_build(key, plan.arch, build)
-    seconds = 0.0 if hit else time.perf_counter() - start
-    return SpmmKernel(plan, source, cubin, device_index, seconds, hit)
+    cubin, _, hit = cache.get_or_build(key, arch, build)
+    return Built(cubin, source, 0.0 if hit else time.perf_counter() - start, hit)
+
+
+def load_kernel(cubin: bytes, name: str, device_index: int):
+    """The one loader: a cubin's entry `name` loaded on a device (runtime/driver.py)."""
+    from .driver import LoadedKernel
+
+    return LoadedKernel(cubin, name, device_index)
+
+
+def plan_key(plan, compiler_version: str) -> str:
+    return kernel_key("spmm", plan_spec(plan), plan.arch, compiler_version)
+
+
+def compile_plan(plan, cache: KernelCache | None = None, compiler=None) -> Built:
+    compiler = compiler or default_compiler()
+    key = plan_key(plan, compiler.version)
+    return compile_source(key, plan.arch, lambda: render(plan), cache, compiler)
+
+
+def build_kernel(plan, device_index: int, cache: KernelCache | None = None, compiler=None,
+                 built: Built | None = None) -> SpmmKernel:
+    """Compile (or fetch from the disk cache) and load the kernel of `plan` (built: already compiled)."""
+    return SpmmKernel(plan, built or compile_plan(plan, cache, compiler), device_index)

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..tune.choose import MIN_SPEEDUP, fastest_with_margin
+
 SPARSE, DENSE = "2:4", "dense"
 GEMV = "2:4-gemv"  # sparseforge's packed 2:4 GEMV on CUDA cores (decode widths), instead of cuSPARSELt
 PATHS = (SPARSE, GEMV, DENSE)
-
-# 2:4 is taken only when it measured at least this much faster than dense: medians of repeated CUDA-event
-# timings still move by ~1-2% between runs, and a tie is better served by the path with no plan to keep.
-MIN_SPEEDUP = 1.03
 
 
 @dataclass(frozen=True)
@@ -40,12 +38,13 @@ class Decision:
 
 def decide(n: int, sparse_us: float, dense_us: float, min_speedup: float = MIN_SPEEDUP, path: str = SPARSE,
            **extra) -> Decision:
-    """The faster path by measurement, the sparse `path` only with a margin of `min_speedup`."""
+    """The faster path by measurement (tune/choose.py), the sparse `path` only with a margin of `min_speedup`
+    (MIN_SPEEDUP: the chooser's one margin)."""
     if not (sparse_us > 0 and dense_us > 0):
         raise ValueError(f"timings must be positive, got 2:4 {sparse_us} us, dense {dense_us} us")
-    ratio = dense_us / sparse_us
+    picked, ratio = fastest_with_margin({path: sparse_us, DENSE: dense_us}, DENSE, min_speedup)
     where = {"graph": " under graph replay", "eager": " called eagerly"}.get(extra.get("mode"), "")
-    if ratio >= min_speedup:
+    if picked == path:
         return Decision(n, path, f"{path} measured {ratio:.2f}x faster than dense{where}", sparse_us, dense_us,
                         **extra)
     return Decision(n, DENSE, f"{path} measured {ratio:.2f}x of dense{where} (< {min_speedup:.2f}x): dense kept",

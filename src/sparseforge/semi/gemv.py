@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from ..codegen.gemv24 import MAX_N, WARPS, render_gemv24
+from ..codegen.gemv24 import MAX_N, WARPS, kernel_name, render_gemv24
 from .cusparselt import Sparse24Error, current_stream_handle
 from .packed import pack_24
 
@@ -36,18 +36,16 @@ class Gemv24:
     def kernel(self, n: int):
         """The loaded kernel for n inputs (compiled, or taken from the disk cache, on first use)."""
         if n not in self._kernels:
-            from ..runtime.cache import KernelCache, cache_key
             from ..runtime.compiler import default_compiler
-            from ..runtime.driver import LoadedKernel
+            from ..runtime.kernel import compile_source, kernel_key, load_kernel
 
             major, minor = torch.cuda.get_device_capability(self.index)
             arch = major * 10 + minor
-            source = render_gemv24(str(self.dtype).replace("torch.", ""), n, self.bias is not None, arch)
+            dtype, bias = str(self.dtype).replace("torch.", ""), self.bias is not None
             compiler = default_compiler()
-            key = cache_key(source.modules[0], str(arch), compiler.version)
-            cubin, _, _ = KernelCache().get_or_build(
-                key, arch, lambda: (compiler.compile(source.modules, arch), {"name": source.name}))
-            self._kernels[n] = LoadedKernel(cubin, source.name, self.index)
+            key = kernel_key("gemv24", f"{dtype}|{n}|{bias}", arch, compiler.version)
+            built = compile_source(key, arch, lambda: render_gemv24(dtype, n, bias, arch), compiler=compiler)
+            self._kernels[n] = load_kernel(built.cubin, kernel_name(dtype, n, bias), self.index)
         return self._kernels[n]
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

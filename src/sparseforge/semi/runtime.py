@@ -119,7 +119,7 @@ def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
 
 def _graph_us(fn) -> float:
     """Median GPU microseconds per call under CUDA-graph replay (what a graph-captured model sees)."""
-    from ..bench.timing import eager_time_us, graph_time_us
+    from ..runtime.timing import eager_time_us, graph_time_us
 
     try:
         return graph_time_us(lambda _: fn(), [None], calls_per_graph=10, repeats=15)
@@ -134,6 +134,6 @@ def _both_us(fn) -> tuple[float, float]:
 
 def _eager_us(fn) -> float:
     """Median microseconds per call issued eagerly, back to back: host time included where it dominates."""
-    from ..bench.timing import eager_time_us
+    from ..runtime.timing import eager_time_us
 
     return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)

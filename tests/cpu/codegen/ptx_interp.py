@@ -285,7 +285,7 @@ class Thread:
             r[args[0]] = _bits32(max(_f32(v(args[1])), _f32(v(args[2]))))
             return
         if op == "cvt.f32.f16":
-            r[args[0]] = _bits32(_half(v(args[1]), False))
+            r[args[0]] = _bits32(_half(v(args[1]) & 0xFFFF, False))  # a b16 register (undefined: NaN bits)
             return
         if op == "cvt.u32.u16" or op == "cvt.u64.u32":
             r[args[0]] = v(args[1])

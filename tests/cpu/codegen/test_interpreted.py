@@ -194,3 +194,79 @@ def test_random_kernels_match_float64_reference(problem):
     assert np.isfinite(got).all(), "an output element was never written"
     scale = max(np.linalg.norm(ref), 1e-30)
     assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+
+
+# -- the small-N kernel over padded CSR (codegen/csr.py) ---------------------------------------------------
+def run_csr(plan, b: np.ndarray) -> np.ndarray:
+    """The small-N kernel of `plan` on b, as the runtime launches it (W's values, indices and row ranges
+    as data arrays); float64 out."""
+    from sparseforge.codegen import render
+
+    batch = b.shape[:-2]
+    out = _poisoned((*batch, *((plan.M, plan.N) if plan.layout == "kn" else (plan.N, plan.M))), plan.dtype)
+    bias = None if plan.bias is None else np.asarray(plan.bias, np.float32)
+    source = render(plan)
+    launch(source.text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,
+           _encode(b, plan.dtype), out, _encode(plan.values.astype(np.float64), plan.dtype), plan.cols, plan.rows, bias)
+    return _decode(out, plan.dtype)
+
+
+@st.composite
+def csr_kernels(draw):
+    """A random small problem (tails, empty rows, all-zero, one nonzero, dense rows) and any small-N config."""
+    from sparseforge.plan.csr import CsrConfig
+
+    config = CsrConfig(draw(st.sampled_from([4, 8, 16, 32])), draw(st.integers(1, 9)), draw(st.sampled_from([1, 2])))
+    m, k, n = draw(st.integers(1, 12)), draw(st.integers(1, 48)), draw(st.integers(1, 20))
+    density = draw(st.sampled_from([0.0, 0.05, 0.3, 1.0]))
+    return (draw(st.sampled_from(["kn", "nk"])), config, m, k, n, density, draw(st.integers(0, 2**16)),
+            draw(st.sampled_from(["float32", "float16", "bfloat16"])), draw(st.integers(1, 2)))
+
+
+@given(csr_kernels())
+@settings(max_examples=40, deadline=None)
+def test_random_small_n_kernels_match_float64_reference(problem):
+    from sparseforge.plan.csr import make_csr_plan
+
+    layout, config, m, k, n, density, seed, dtype, batch = problem
+    rng = np.random.default_rng(seed)
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    if seed % 5 == 0:
+        dense[:, :] = 0
+        dense[m // 2, k // 2] = 1.5  # one nonzero
+    weight = SparseMatrix.from_dense(dense)
+    bias = rng.standard_normal(m) if seed % 2 else None
+    relu = seed % 3 == 0
+    plan = make_csr_plan(weight, n, dtype, layout, config, bias=bias, relu=relu)
+    b = rng.standard_normal((batch, k, n) if layout == "kn" else (batch, n, k))
+    got = run_csr(plan, b)
+    ref = _reference(weight, b, layout, dtype, bias, relu)
+    assert np.isfinite(got).all(), "an output element was never written"
+    scale = max(np.linalg.norm(ref), 1e-30)
+    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+
+
+def test_small_n_kernel_never_multiplies_padding():
+    """Rows are padded to 4 slots; a padded slot must not be read as a weight even where B holds inf there
+    (column 0 is what padding points at)."""
+    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+
+    dense = np.zeros((3, 6), np.float32)
+    dense[0, [1, 2, 3]] = [1.0, -2.0, 0.5]  # 3 nonzeros: one padded slot
+    dense[2, 5] = 4.0
+    plan = make_csr_plan(SparseMatrix.from_dense(dense), 4, "float32", "kn", CsrConfig(4, 4, 1))
+    b = np.random.default_rng(0).standard_normal((6, 4))
+    b[0] = np.inf
+    got = run_csr(plan, b)
+    assert np.isfinite(got).all()
+    assert np.allclose(got, dense.astype(np.float64) @ np.where(np.isinf(b), 0, b), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [TileConfig(1, 1, 1, 4), TileConfig(1, 2, 2, 8, 2), TileConfig(2, 1, 4, 4)],
+                         ids=["row_per_block", "two_rows_per_block_run", "two_rows_vec4"])
+def test_row_per_block_kernels_match_float64_reference(config):
+    weight = _matrix(11, 50, 0.2, seed=9)
+    b = np.random.default_rng(4).standard_normal((50, 44))
+    plan = make_plan(weight, 44, "float32", "kn", config, bias=np.ones(11), relu=True)
+    assert plan.mapping == ("row-per-block" if config.rows_per_group == 1 else "row-groups")
+    _check(plan, weight, b, np.ones(11), True)

@@ -1,0 +1,109 @@
+"""Refit the cost model's GPU constants (tune/cost.py: Gpu) from measured runs, on the CPU.
+
+Reads benchmark / design JSON files (per case: the config's short name and the measured time), rebuilds
+each case's plan from the DLMC matrix, and fits the constants that minimise the squared log error of the
+predicted times. Reports the rank agreement within each case (what the chooser needs: the winner among the
+top few), before and after.
+
+    PYTHONPATH=src python benchmarks/cost_fit.py DLMC_ROOT results/*.json [--write fitted.json]
+"""
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.stats import spearmanr
+
+from sparseforge import SparseMatrix
+from sparseforge.plan import TileConfig, make_plan
+from sparseforge.plan.csr import CsrConfig, make_csr_plan
+from sparseforge.tune.cost import H200, estimate
+
+FITTED = ("l2_bytes_per_s", "ifetch_bytes_per_s", "launch_us", "cycles_per_instruction", "step_cycles")
+
+
+def parse_config(short: str):
+    if short.startswith("csr_"):
+        m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)", short)
+        return CsrConfig(int(m[1]), int(m[2]), int(m[3]))
+    m = re.fullmatch(r"r(\d+)w(\d+)v(\d+)b(\d+)g(\d+)(?:s(\d+))?(?:k(\d+))?(t?)(c?)", short)
+    return TileConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0), int(m[7] or 0),
+                      bool(m[8]), bool(m[9]))
+
+
+def load_records(paths):
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for case in data.get("cases", []):
+            if case.get("config") and case.get("sparseforge_us") and case.get("error_ok", True):
+                yield case
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dlmc_root")
+    parser.add_argument("results", nargs="+")
+    parser.add_argument("--write")
+    parser.add_argument("--limit", type=int, default=400)
+    args = parser.parse_args()
+    plans, measured, keys = [], [], []
+    matrices = {}
+    for case in load_records(args.results):
+        if len(plans) >= args.limit:
+            break
+        path = Path(args.dlmc_root) / f"{case['case']}.smtx"
+        if not path.exists() or case.get("batch", 1) != 1:
+            continue
+        w = matrices.setdefault(path, SparseMatrix.from_smtx(path))
+        config = parse_config(case["config"])
+        w_t = w.astype(case["dtype"])
+        if isinstance(config, CsrConfig):
+            plan = make_csr_plan(w_t, case["N"], case["dtype"], case["layout"], config)
+        else:
+            plan = make_plan(w_t, case["N"], case["dtype"], case["layout"], config)
+        plans.append(plan)
+        measured.append(case["sparseforge_us"])
+        keys.append((case["case"], case["dtype"], case["layout"], case["N"]))
+    measured = np.log(np.array(measured))
+    print(f"{len(plans)} measured plans", file=sys.stderr)
+
+    def predict(gpu):
+        return np.log(np.array([estimate(p, 1, gpu).us for p in plans]))
+
+    def report(gpu, label):
+        pred = predict(gpu)
+        groups = defaultdict(list)
+        for key, p, m in zip(keys, pred, measured):
+            groups[key].append((p, m))
+        rhos = [spearmanr(*zip(*g)).statistic for g in groups.values() if len(g) >= 3]
+        hits = sum(min(g)[1] <= min(x[1] for x in g) * 1.0 + 1e-9 or
+                   sorted(g)[0][1] <= math.log(1.1) + min(x[1] for x in g) for g in groups.values() if len(g) >= 2)
+        print(f"{label}: rms log error {np.sqrt(np.mean((pred - measured) ** 2)):.3f}; per-case rank corr "
+              f"median {np.nanmedian(rhos) if rhos else float('nan'):.2f} over {len(rhos)} cases; top-1 within 10% "
+              f"of the best in {hits} of {sum(len(g) >= 2 for g in groups.values())}")
+
+    report(H200, "before")
+    start = np.log([getattr(H200, f) for f in FITTED])
+
+    def loss(x):
+        gpu = dataclasses.replace(H200, **{f: float(math.exp(v)) for f, v in zip(FITTED, x)})
+        return float(np.mean((predict(gpu) - measured) ** 2))
+
+    best = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 400, "xatol": 1e-3, "fatol": 1e-5})
+    fitted = dataclasses.replace(H200, **{f: float(math.exp(v)) for f, v in zip(FITTED, best.x)})
+    report(fitted, "fitted")
+    values = {f: getattr(fitted, f) for f in FITTED}
+    print(json.dumps(values, indent=1))
+    if args.write:
+        Path(args.write).write_text(json.dumps(values, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

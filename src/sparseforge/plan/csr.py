@@ -1,0 +1,170 @@
+"""The small-N mapping: W's values and column indices as data (padded CSR), warps over nonzeros.
+
+Why a second family: at N = 1..32 the generated kernels' instruction stream *is* the weight (~16 bytes of
+SASS per nonzero against 4-8 bytes as data: value + index), one lane in 32 does useful work at N = 1, and
+a 200k-nonzero layer takes seconds to compile (the 1000 x 2048 FC layer at N = 1 ran 26.9 us against
+3.4 us for cuBLAS). Here the kernel depends only on the shape, so one compile serves every pattern.
+
+Layout (CsrPlan): each row's nonzeros start at a multiple of 4 (the padding is never read as a weight: a
+lane's FMA is predicated on the row's real end), so a lane reads 4 column indices and 4 values with one
+16-byte (8-byte for 16-bit values) load. `lanes_per_row` lanes share a row (short rows: 32 / lanes rows per
+warp), each accumulating `columns` output columns in fp32; a butterfly over the row's lanes sums them in a
+fixed order, so the result is deterministic (no atomics).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formats import SparseMatrix
+from .config import WARP
+from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS
+
+NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
+
+
+@dataclass(frozen=True)
+class CsrConfig:
+    lanes_per_row: int = 32   # lanes that share one row's nonzeros (4..32); 32 / lanes rows per warp
+    columns: int = 8          # output columns (of N) one lane accumulates; grid.x covers N in these tiles
+    warps_per_block: int = 4  # rows per block = warps * 32 / lanes_per_row
+
+    def __post_init__(self):
+        if self.lanes_per_row not in (4, 8, 16, 32):
+            raise ValueError(f"lanes_per_row must be 4, 8, 16 or 32, got {self.lanes_per_row}")
+        if not 1 <= self.columns <= 32:
+            raise ValueError(f"columns must be in 1..32, got {self.columns}")
+        if self.warps_per_block not in (1, 2, 4, 8, 16):
+            raise ValueError(f"warps_per_block must be 1, 2, 4, 8 or 16, got {self.warps_per_block}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps_per_block * WARP
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.threads // self.lanes_per_row
+
+    def short(self) -> str:
+        return f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}"
+
+
+@dataclass(frozen=True, eq=False)
+class CsrPlan:
+    """What the small-N kernel needs: the problem, the config and the weight as padded-CSR arrays."""
+    M: int
+    K: int
+    N: int
+    layout: str
+    dtype: str
+    config: CsrConfig
+    rows: np.ndarray = field(repr=False)     # int32 [M, 2]: (first slot, end of the real nonzeros)
+    cols: np.ndarray = field(repr=False)     # int32 [slots]: column index (padding: 0, never used)
+    values: np.ndarray = field(repr=False)   # float32 [slots]: weight values (padding: 0, never used)
+    nnz: int = 0
+    bias: tuple[float, ...] | None = None
+    relu: bool = False
+    arch: int = 90
+    digest: str = ""
+
+    mapping = "csr"
+    partial_rows: tuple[int, ...] = ()
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(column tiles, row blocks) of one batch entry."""
+        return math.ceil(self.N / self.config.columns), math.ceil(self.M / self.config.rows_per_block)
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+    transposes_input = False  # nk reads X as it is (one element per load)
+
+    @property
+    def output_alignment(self) -> int:
+        return self.element_bytes  # one element per store
+
+    @property
+    def load_width(self) -> int:
+        """Elements of one B row (kn) a lane reads with one load: the widest of 8/4/2/1 that divides both
+        its column tile and N (so no vector straddles N), within 16 bytes. nk reads one element at a time."""
+        if self.layout == "nk":
+            return 1
+        for width in (8, 4, 2, 1):
+            if width * self.element_bytes <= 16 and self.config.columns % width == 0 and self.N % width == 0:
+                return width
+        return 1
+
+    @property
+    def name(self) -> str:
+        """The kernel depends on the shape, not the pattern: one compile serves every weight of this shape."""
+        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "")
+        return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
+
+    @property
+    def source_key(self) -> str:
+        """What the generated text depends on (the weight's values are data, not code)."""
+        return f"{self.name}|{self.arch}"
+
+    def describe(self) -> str:
+        slots = int(self.cols.size)
+        return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz} ({slots} slots, padded to "
+                f"{NNZ_PER_STEP} per row); N {self.N}; layout {self.layout}; dtype {self.dtype}\n"
+                f"  values and indices as data; {self.config.lanes_per_row} lanes per row, "
+                f"{self.config.columns} columns per lane; grid {self.grid} x batch, {self.threads} threads")
+
+
+def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+                  config: CsrConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> CsrPlan:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if n < 1:
+        raise ValueError(f"N must be >= 1, got {n}")
+    config = config or CsrConfig()
+    counts = w.row_nnz.astype(np.int64)
+    padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP
+    starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+    slots = int(padded.sum())
+    if slots >= 2 ** 31:
+        raise ValueError(f"W has {slots} padded nonzeros; the small-N kernel indexes them with 32 bits")
+    cols = np.zeros(max(slots, NNZ_PER_STEP), np.int32)
+    values = np.zeros(max(slots, NNZ_PER_STEP), np.float32)
+    where = np.repeat(starts - w.indptr[:-1], counts) + np.arange(w.nnz)
+    cols[where] = w.indices
+    values[where] = w.values.astype(np.float32)
+    rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
+    bias_values = None
+    if bias is not None:
+        bias_values = np.asarray(bias, dtype=np.float64).reshape(-1)
+        if bias_values.shape != (w.shape[0],):
+            raise ValueError(f"bias must have M = {w.shape[0]} entries, got {bias_values.size}")
+        if not np.isfinite(bias_values).all():
+            raise ValueError("bias holds NaN or inf values")
+        bias_values = tuple(bias_values.astype(np.float32).tolist())
+    return CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
+                   relu, arch, w.digest())
+
+
+def execute_csr(plan: CsrPlan, b: np.ndarray) -> np.ndarray:
+    """float64 reference of what the kernel computes (used by tests and the CPU bench mode)."""
+    b = np.asarray(b, dtype=np.float64)
+    if b.ndim == 3:
+        return np.stack([execute_csr(plan, one) for one in b])
+    operand = b if plan.layout == "kn" else b.T
+    out = np.zeros((plan.M, plan.N))
+    for r, (start, end) in enumerate(plan.rows.tolist()):
+        out[r] = plan.values[start:end].astype(np.float64) @ operand[plan.cols[start:end]]
+    if plan.bias is not None:
+        out += np.asarray(plan.bias)[:, None]
+    if plan.relu:
+        out = np.maximum(out, 0)
+    return out if plan.layout == "kn" else out.T

@@ -1,0 +1,157 @@
+"""The chooser: one way to pick among kernels, used by SpMM (every mapping of tune/space.py), by the 2:4
+runtime's per-width decisions (semi/decide.py) and by the kernel families to come.
+
+1. rank: the cost model (tune/cost.py) orders every candidate; ties keep the caller's order, so the ranking
+   is deterministic.
+2. measure: the top few are compiled side by side (threads: ptxas runs in subprocesses), then each is
+   timed by CUDA-graph replay on fresh random inputs, within a time budget (the best-ranked always runs);
+   dense (cuBLAS) is timed beside them where the caller allows it.
+3. pick: the fastest; a sparse path over dense only with a margin (MIN_SPEEDUP) where the caller asks for
+   that decision (fastest_with_margin).
+Failures to compile or launch score as "not a winner" (recorded with the message); anything else raises.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Sequence
+
+# A sparse path is taken over dense only when it measured at least this much faster: medians of repeated
+# CUDA-event timings still move by ~1-2% between runs, and a tie is better served by the path with no
+# extra state to keep.
+MIN_SPEEDUP = 1.03
+TOP = 5  # candidates timed by default: the best of each mapping, then the next best overall
+
+
+@dataclass
+class Choice:
+    """What the chooser did: every candidate with its prediction, and the measured ones with their times."""
+    records: list[dict] = field(default_factory=list)
+    winner: int | None = None        # index into records
+    dense_us: float | None = None    # cuBLAS under the same timing, where timed
+    seconds: float = 0.0             # ranking + compiling + timing
+
+    @property
+    def sparse_us(self) -> float | None:
+        return None if self.winner is None else self.records[self.winner].get("us")
+
+    @property
+    def dense_faster(self) -> bool | None:
+        if self.dense_us is None or self.sparse_us is None:
+            return None
+        return self.dense_us < self.sparse_us
+
+    def as_dict(self) -> dict:
+        return {"records": self.records, "winner": self.winner, "dense_us": self.dense_us,
+                "sparse_us": self.sparse_us, "dense_faster": self.dense_faster, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Choice":
+        return cls(list(data["records"]), data["winner"], data.get("dense_us"), data.get("seconds", 0.0))
+
+    def explain(self) -> str:
+        """One line per candidate: mapping, config, predicted and measured time, the winner marked."""
+        lines = []
+        for i, r in enumerate(self.records):
+            measured = f"{r['us']:8.2f} us" if r.get("us") is not None else (
+                "  failed   " if r.get("error") else "  not timed")
+            mark = "*" if i == self.winner else " "
+            lines.append(f"  {mark} {r['mapping']:<13} {r['label']:<26} predicted {r['predicted_us']:8.2f} us"
+                         f"  measured {measured}" + (f"  ({r['error'][:60]})" if r.get("error") else ""))
+        if self.dense_us is not None:
+            lines.append(f"    {'dense':<13} {'cuBLAS':<26} {'':>22}  measured {self.dense_us:8.2f} us")
+        return "\n".join(lines)
+
+
+@lru_cache(maxsize=1)
+def chooser_digest() -> str:
+    """sha256 of the tuning code (space, cost model, chooser): editing it invalidates cached choices, not
+    compiled kernels."""
+    return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()
+
+
+def rank(predicted: Sequence[float]) -> list[int]:
+    """Indices from the fastest predicted to the slowest; equal predictions keep their order."""
+    return sorted(range(len(predicted)), key=lambda i: (predicted[i], i))
+
+
+def shortlist(records: Sequence[dict], top: int) -> list[int]:
+    """Which candidates to time: the best-predicted of each mapping first (the model's errors are largest
+    between mappings: a layer's best mapping is what decides), then the rest by predicted time."""
+    order = rank([r["predicted_us"] for r in records])
+    firsts, seen = [], set()
+    for i in order:
+        if records[i]["mapping"] not in seen:
+            seen.add(records[i]["mapping"])
+            firsts.append(i)
+    firsts.sort(key=lambda i: order.index(i))
+    picked = firsts[:top]
+    picked += [i for i in order if i not in picked][:max(0, top - len(picked))]
+    return picked
+
+
+def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one: Callable[[object], object],
+           load_and_time: Callable[[object, object], tuple[object, float]], budget_s: float, top: int = TOP,
+           time_dense: Callable[[], float] | None = None, build_errors: tuple = ()) -> tuple[object, Choice]:
+    """Rank candidates by describe(c)["predicted_us"], compile the `top` best in parallel, time them within
+    budget_s seconds (the best-ranked always), and time dense if given. Returns (winning kernel, Choice).
+
+    describe(c) -> dict with "label", "mapping", "predicted_us" (and anything else worth recording);
+    compile_one(c) -> a compiled artefact (no CUDA calls: it runs in a thread);
+    load_and_time(c, compiled) -> (kernel, microseconds);
+    build_errors: exception types that mean "this candidate cannot build or run" (scored, not raised)."""
+    started = time.perf_counter()
+    records = [describe(c) for c in candidates]
+    chosen = shortlist(records, max(1, top))
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        compiled = dict(zip(chosen, pool.map(lambda i: _attempt(compile_one, build_errors, candidates[i]), chosen)))
+    best, best_us, winner = None, math.inf, None
+    for position, i in enumerate(chosen):
+        if position and time.perf_counter() - started > budget_s:
+            records[i]["skipped"] = "tuning budget spent"
+            continue
+        artefact, error = compiled[i]
+        if error is None:
+            outcome, error = _attempt(lambda c: load_and_time(c, artefact), build_errors, candidates[i])
+        if error is not None:
+            records[i]["error"] = error
+            records[i]["us"] = None
+            continue
+        kernel, us = outcome
+        records[i]["us"] = us
+        if us < best_us:
+            best, best_us, winner = kernel, us, i
+    if best is None:
+        raise RuntimeError("no candidate built and ran: " + "; ".join(
+            f"{records[i]['label']}: {records[i].get('error')}" for i in chosen))
+    choice = Choice(records, winner)
+    if time_dense is not None:
+        choice.dense_us = time_dense()
+    choice.seconds = time.perf_counter() - started
+    return best, choice
+
+
+def _attempt(fn, errors: tuple, arg):
+    try:
+        return fn(arg), None
+    except errors as err:  # noqa: PERF203 - a candidate that cannot build is recorded, not fatal
+        return None, f"{type(err).__name__}: {str(err)[:300]}"
+
+
+def fastest_with_margin(times: dict[str, float], baseline: str, min_speedup: float = MIN_SPEEDUP
+                        ) -> tuple[str, float]:
+    """(path, its speedup over the baseline): the fastest path other than the baseline if it is at least
+    min_speedup faster than it, else the baseline. Times in any one unit, all positive."""
+    if baseline not in times or len(times) < 2:
+        raise ValueError(f"need the baseline {baseline!r} and at least one other path, got {sorted(times)}")
+    for path, t in times.items():
+        if not t > 0:
+            raise ValueError(f"timings must be positive, got {path} {t}")
+    best = min((p for p in times if p != baseline), key=lambda p: times[p])
+    ratio = times[baseline] / times[best]
+    return (best, ratio) if ratio >= min_speedup else (baseline, ratio)

@@ -1,0 +1,136 @@
+"""The cost model: a plan -> predicted microseconds, from what the kernel must do, so the chooser times only
+the few candidates that can win. Pure and deterministic (plans in, numbers out; no GPU).
+
+Terms, each a time on the whole GPU (GPU below: one H200's measured or datasheet figures):
+- issue: warp instructions / (SMs x 4 schedulers x clock);
+- operand traffic: the dense operand's bytes each work item fetches (B rows re-read per row group, or per
+  nonzero and column tile in the small-N kernel), at the L2 rate the benchmarks measured for these reads;
+- instruction fetch: each block fetches the code of its groups (the generated kernels' weight *is* code,
+  ~16 bytes of SASS a nonzero against 4-8 as data);
+- latency: the longest chain of dependent work one warp runs, times the waves of blocks the GPU can hold.
+predicted = launch + max(the four). The constants are the GPU's, not any layer's; `fit` in
+benchmarks/cost_fit.py refits them from measured design runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan.csr import NNZ_PER_STEP
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One H200. Fitted (benchmarks/cost_fit.py, 261 measured plans of the e1a6cad / 8d1233c runs: rn50
+    and Transformer, fp32 and fp16, every design): rms log error 0.48 -> 0.26, median rank correlation
+    of the designs within a case 0.29 -> 0.90. The rest are the datasheet's."""
+    sms: int = 132
+    clock_hz: float = 1.755e9       # sustained SM clock under load (boost 1.98 GHz)
+    l2_bytes_per_s: float = 4.07e12  # fitted: B re-reads from L2 (bench's fetched_tbs reads 3-3.2 TB/s)
+    ifetch_bytes_per_s: float = 3.56e11  # fitted: code bytes from L2 into the SMs' instruction caches
+    launch_us: float = 1.64         # fitted: a real kernel's floor under graph replay (an empty one: ~0.6 us)
+    cycles_per_instruction: float = 8.9  # fitted: one warp's instruction stream with its dependences
+    step_cycles: float = 700.0      # small-N kernel: one step's dependent loads (index, then B) at L2
+    # latency; not fitted yet (no measured small-N runs)
+    registers: int = 65536          # per SM
+    max_warps: int = 64             # per SM
+    sass_bytes: int = 16            # bytes per SASS instruction
+
+
+H200 = Gpu()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    us: float
+    terms: dict          # microseconds of each term, for --explain
+    compile_s: float     # predicted cold compile seconds (generation + ptxas)
+
+    def as_dict(self) -> dict:
+        return {"predicted_us": round(self.us, 3), "terms": {k: round(v, 3) for k, v in self.terms.items()},
+                "predicted_compile_s": round(self.compile_s, 2)}
+
+
+def _waves(blocks: int, warps_per_block: int, registers: int, gpu: Gpu) -> int:
+    per_sm = min(gpu.max_warps, gpu.registers // (32 * max(registers, 24))) // warps_per_block
+    return max(1, math.ceil(blocks / (gpu.sms * max(per_sm, 1))))
+
+
+def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+    c, es = plan.config, plan.element_bytes
+    vec = c.vec if plan.direct else 1
+    wide = es == 2
+    # per group: a load per distinct k (+ widening of 16-bit values), an FMA per nonzero and column of the
+    # thread's vector, the epilogue, and the call into the group's function
+    instr = np.array([g.width * (1 + (vec if wide else 0)) + g.nnz * vec + len(g.rows) * vec * (3 if wide else 1)
+                      + 24 for g in plan.groups] or [0], dtype=np.float64)
+    tiles, row_blocks = plan.grid
+    warps_per_tile = c.warps_per_block if plan.direct else 1
+    per_block = c.groups_per_block if plan.direct else c.warps_per_block
+    warp_instr = instr.sum() * tiles * warps_per_tile * batch
+    issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
+    row_bytes = plan.N * es
+    fetched = plan.b_loads * row_bytes
+    written = plan.M * plan.N * es * (1 + sum(g.partial for g in plan.groups) / max(len(plan.groups), 1))
+    traffic = (fetched + written) * batch / gpu.l2_bytes_per_s
+    ifetch = instr.sum() * gpu.sass_bytes * tiles * batch * (1 if plan.direct else 1) / gpu.ifetch_bytes_per_s
+    if per_block > 1:  # a block's chain: its groups one after another
+        padded = np.concatenate([instr, np.zeros((-len(instr)) % per_block)])
+        chains = padded.reshape(-1, per_block).sum(axis=1)
+    else:
+        chains = instr
+    accumulators = max((len(g.rows) for g in plan.groups), default=1) * vec
+    registers = 24 + accumulators + c.load_batch * vec
+    blocks = tiles * row_blocks * batch
+    waves = _waves(blocks, c.warps_per_block, registers, gpu)
+    latency = ((waves - 1) * chains.mean() + chains.max()) * gpu.cycles_per_instruction / gpu.clock_hz
+    terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": ifetch * 1e6, "latency": latency * 1e6}
+    # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores; ~50k FMAs a second a core
+    compile_s = 0.3 + plan.nnz * vec / 6e4
+    return Estimate(gpu.launch_us + max(terms.values()), terms, compile_s)
+
+
+def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+    c, es = plan.config, plan.element_bytes
+    tiles, row_blocks = plan.grid
+    counts = (plan.rows[:, 1] - plan.rows[:, 0]).astype(np.int64)
+    steps = -(-counts // (c.lanes_per_row * NNZ_PER_STEP))
+    rows_per_warp = 32 // c.lanes_per_row
+    padded = np.concatenate([steps, np.zeros((-len(steps)) % rows_per_warp, np.int64)])
+    warp_steps = padded.reshape(-1, rows_per_warp).max(axis=1)
+    loads = c.columns // plan.load_width
+    per_step = 12 + NNZ_PER_STEP * (4 + loads + c.columns * (2 if es == 2 else 1))
+    reduce = c.columns * 2 * int(math.log2(c.lanes_per_row)) + 2 * c.columns + 30
+    warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * tiles * batch
+    issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
+    data = plan.cols.size * (4 + es) * tiles * batch
+    gathers = plan.nnz * tiles * batch * min(32, c.columns * es) if plan.layout == "kn" else \
+        plan.nnz * tiles * batch * c.columns * 32
+    written = plan.M * plan.N * es * batch
+    traffic = (data + gathers + written) / gpu.l2_bytes_per_s
+    blocks = tiles * row_blocks * batch
+    registers = 40 + c.columns * (NNZ_PER_STEP + 1)
+    waves = _waves(blocks, c.warps_per_block, registers, gpu)
+    chain = warp_steps * gpu.step_cycles + reduce * gpu.cycles_per_instruction
+    latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
+    terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
+    return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
+
+
+def estimate(plan, batch: int = 1, gpu: Gpu = H200) -> Estimate:
+    """Predicted time of one launch of `plan` over `batch` inputs."""
+    if plan.mapping == "csr":
+        return _csr_estimate(plan, batch, gpu)
+    return _groups_estimate(plan, batch, gpu)
+
+
+def dense_estimate(m: int, k: int, n: int, dtype: str, batch: int = 1, gpu: Gpu = H200) -> float:
+    """cuBLAS's time, roughly: the larger of its bytes at HBM speed and its FLOPs at the unit's rate
+    (fp32 on CUDA cores, 16-bit on tensor cores), plus the launch. Only to tell whether dense is worth
+    timing; the chooser measures it."""
+    es = 4 if dtype == "float32" else 2
+    flops = 2.0 * m * k * n * batch
+    rate = 50e12 if dtype == "float32" else 600e12
+    return gpu.launch_us + max((m * k + (k + m) * n * batch) * es / 4.0e12, flops / rate) * 1e6

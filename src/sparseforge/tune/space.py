@@ -1,0 +1,60 @@
+"""The design space the chooser ranks: every mapping of the SpMM work, as plan options.
+
+- row groups (plan/plan.py; autotune.candidates: clustered or consecutive rows, 1-8 rows a group, vector
+  widths, groups per block, nk staged or transposed X);
+- row per block: one row (or two) per block, every warp of the block on that row's code, across N; many
+  blocks. A plain kernel of this shape beat the row-group pick on 26 of 43 held-out rn50 layers (issue 10):
+  it wins where M is small and K large (few row groups leave SMs idle), the row groups where B-row sharing
+  pays (M large, K small);
+- split K (segment_nnz): atomics, so not in deterministic mode;
+- small N (plan/csr.py): W as data, warps over nonzeros, for N <= SMALL_N_MAX.
+Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..plan import TileConfig, pick_vec
+from ..plan.csr import CsrConfig
+from .autotune import _column_warps, candidates
+
+SMALL_N_MAX = 64  # widths where the small-N kernel is proposed (issue 10 asks for N = 1..32; the chooser
+# decides by measurement where it stops winning)
+
+
+def row_per_block(n: int, layout: str) -> list[TileConfig]:
+    """One row per block at vector width 1 (128 columns a block, the issue's reference) and at the widest
+    vector N allows; two rows per block; a run of two single-row groups per block."""
+    transposed = layout == "nk"
+    vec = pick_vec(n, "kn", 4 if n >= 1024 else 2 if n >= 128 else 1)
+    out = [TileConfig(1, _column_warps(n, 1, cap=4), 1, 16, 1),
+           TileConfig(1, _column_warps(n, vec, cap=4), vec, 16, 1),
+           TileConfig(2, _column_warps(n, vec, cap=4), vec, 16, 1, cluster_rows=True),
+           TileConfig(1, _column_warps(n, vec, cap=4), vec, 16, 2)]
+    return [dataclasses.replace(c, transpose_x=transposed) for c in out]
+
+
+def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
+    """Lanes per row near the row's nonzeros / 8 (each lane then takes about two steps of 4), and all 32;
+    columns per lane covering N up to 8 (16 for N > 8: fewer re-reads of W's data per column tile)."""
+    want = 4
+    while want < 32 and want * 8 < row_nnz:
+        want *= 2
+    columns = [min(1 << (n - 1).bit_length(), 8)] + ([16] if n > 8 else [])
+    return [CsrConfig(lanes, c, 4) for lanes in sorted({want, 32}) for c in columns]
+
+
+def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
+                 deterministic: bool = False) -> list:
+    """Every candidate config (TileConfig or CsrConfig) for an M-row weight with row_nnz nonzeros per row on
+    average, at width n. deterministic: no candidate that adds partial sums with atomics."""
+    configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout)
+    if n <= SMALL_N_MAX:
+        configs += small_n(n, row_nnz)
+    if deterministic:
+        configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
+    unique = []
+    for c in configs:
+        if c not in unique:
+            unique.append(c)
+    return unique

@@ -1,0 +1,53 @@
+"""The small-N plan (plan/csr.py): padded-CSR arrays that the kernel reads at 16-byte steps."""
+import numpy as np
+import pytest
+
+from sparseforge import SparseMatrix
+from sparseforge.plan.csr import NNZ_PER_STEP, CsrConfig, execute_csr, make_csr_plan
+
+
+def _weight(seed=0, m=9, k=30, density=0.3):
+    rng = np.random.default_rng(seed)
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    dense[2] = 0
+    return SparseMatrix.from_dense(dense), dense
+
+
+def test_rows_start_aligned_and_hold_exactly_their_nonzeros():
+    w, dense = _weight()
+    plan = make_csr_plan(w, 5)
+    starts, ends = plan.rows[:, 0], plan.rows[:, 1]
+    assert (starts % NNZ_PER_STEP == 0).all() and (ends - starts == w.row_nnz).all()
+    assert (starts[1:] >= ends[:-1]).all()  # no overlap
+    for r in range(w.shape[0]):
+        cols, vals = plan.cols[starts[r]:ends[r]], plan.values[starts[r]:ends[r]]
+        assert np.array_equal(cols, np.nonzero(dense[r])[0]) and np.array_equal(vals, dense[r, cols])
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_reference_executor_matches_dense(layout):
+    w, dense = _weight(1)
+    bias = np.arange(9.0)
+    plan = make_csr_plan(w, 7, "float32", layout, bias=bias, relu=True)
+    b = np.random.default_rng(2).standard_normal((30, 7) if layout == "kn" else (7, 30))
+    want = np.maximum(dense.astype(np.float64) @ (b if layout == "kn" else b.T) + bias[:, None], 0)
+    assert np.allclose(execute_csr(plan, b), want if layout == "kn" else want.T)
+
+
+def test_name_depends_on_shape_not_pattern_and_config_validates():
+    a, _ = _weight(0)
+    b, _ = _weight(5)
+    assert make_csr_plan(a, 4).name == make_csr_plan(b, 4).name
+    assert make_csr_plan(a, 4).name != make_csr_plan(a, 5).name
+    assert make_csr_plan(a, 4, bias=np.ones(9)).name.endswith("_bias")
+    for bad in ({"lanes_per_row": 3}, {"columns": 0}, {"warps_per_block": 3}):
+        with pytest.raises(ValueError):
+            CsrConfig(**bad)
+
+
+def test_load_width_never_straddles_n():
+    w, _ = _weight()
+    assert make_csr_plan(w, 8, "float32", "kn", CsrConfig(32, 8)).load_width == 4
+    assert make_csr_plan(w, 6, "float32", "kn", CsrConfig(32, 8)).load_width == 2
+    assert make_csr_plan(w, 16, "float16", "kn", CsrConfig(32, 8)).load_width == 8
+    assert make_csr_plan(w, 16, "float16", "nk", CsrConfig(32, 8)).load_width == 1

@@ -1,0 +1,77 @@
+"""The chooser (tune/choose.py): deterministic ranking, a shortlist across mappings, timing within a budget,
+failures scored not raised, and the sparse-over-dense margin the 2:4 decisions use."""
+import pytest
+
+from sparseforge.tune.choose import MIN_SPEEDUP, Choice, choose, fastest_with_margin, rank, shortlist
+
+
+def _records(pairs):
+    return [{"label": f"c{i}", "mapping": m, "predicted_us": p} for i, (m, p) in enumerate(pairs)]
+
+
+def test_rank_is_deterministic_and_stable_on_ties():
+    assert rank([3.0, 1.0, 2.0, 1.0]) == [1, 3, 2, 0]
+    assert rank([5.0] * 4) == [0, 1, 2, 3]
+
+
+def test_shortlist_takes_each_mappings_best_before_the_next_overall():
+    records = _records([("groups", 1.0), ("groups", 1.1), ("groups", 1.2), ("rowblock", 3.0), ("csr", 9.0)])
+    assert shortlist(records, 3) == [0, 3, 4]
+    assert shortlist(records, 4) == [0, 3, 4, 1]
+    assert shortlist(records, 1) == [0]
+
+
+class Boom(Exception):
+    pass
+
+
+def test_choose_times_the_shortlist_and_keeps_the_fastest_measured():
+    cands = [("groups", 1.0, 9.0), ("rowblock", 2.0, 4.0), ("csr", 3.0, None), ("groups", 4.0, 1.0)]
+    compiled = []
+
+    def describe(c):
+        return {"label": c[0], "mapping": c[0], "predicted_us": c[1]}
+
+    def compile_one(c):
+        compiled.append(c)
+        if c[2] is None:
+            raise Boom("ptxas failed")
+        return c
+
+    def load_and_time(c, artefact):
+        return f"kernel-{c[0]}-{c[2]}", c[2]
+
+    kernel, choice = choose(cands, describe, compile_one, load_and_time, budget_s=60, top=3,
+                            time_dense=lambda: 5.0, build_errors=(Boom,))
+    assert kernel == "kernel-rowblock-4.0"  # the unshortlisted 1.0 us candidate is never compiled
+    assert len(compiled) == 3 and cands[3] not in compiled
+    assert choice.records[2]["error"].startswith("Boom") and choice.records[2]["us"] is None
+    assert choice.sparse_us == 4.0 and choice.dense_us == 5.0 and choice.dense_faster is False
+    assert "*" in choice.explain().splitlines()[1] and "cuBLAS" in choice.explain()
+    assert Choice.from_dict(choice.as_dict()).as_dict() == choice.as_dict()
+
+
+def test_choose_raises_real_bugs_and_reports_when_nothing_ran():
+    describe = lambda c: {"label": "x", "mapping": "m", "predicted_us": 1.0}  # noqa: E731
+    with pytest.raises(ZeroDivisionError):
+        choose([1], describe, lambda c: 1 / 0, lambda c, a: (c, 1.0), 10, build_errors=(Boom,))
+    with pytest.raises(RuntimeError, match="no candidate built"):
+        choose([1], describe, lambda c: (_ for _ in ()).throw(Boom("x")), lambda c, a: (c, 1.0), 10,
+               build_errors=(Boom,))
+
+
+def test_budget_spent_leaves_the_rest_untimed_but_the_first_always_runs():
+    describe = lambda c: {"label": str(c), "mapping": str(c), "predicted_us": float(c)}  # noqa: E731
+    kernel, choice = choose([1, 2, 3], describe, lambda c: c, lambda c, a: (c, 10.0 - c), budget_s=0.0)
+    assert kernel == 1 and choice.records[0]["us"] == 9.0
+    assert all(r.get("skipped") for r in choice.records[1:])
+
+
+def test_fastest_with_margin():
+    assert fastest_with_margin({"2:4": 1.0, "dense": 1.0 * MIN_SPEEDUP}, "dense") == ("2:4", pytest.approx(MIN_SPEEDUP))
+    assert fastest_with_margin({"2:4": 1.0, "dense": 1.01}, "dense")[0] == "dense"
+    assert fastest_with_margin({"a": 2.0, "b": 1.0, "dense": 3.0}, "dense")[0] == "b"
+    with pytest.raises(ValueError):
+        fastest_with_margin({"dense": 1.0}, "dense")
+    with pytest.raises(ValueError):
+        fastest_with_margin({"a": 0.0, "dense": 1.0}, "dense")

@@ -1,0 +1,80 @@
+"""The cost model (tune/cost.py) and the design space (tune/space.py): deterministic, sketches count what
+full plans count, and every mapping is proposed where it applies."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from sparseforge import SparseMatrix
+from sparseforge.plan import TileConfig, make_plan, sketch_plan
+from sparseforge.plan.csr import CsrConfig, make_csr_plan
+from sparseforge.tune.cost import estimate
+from sparseforge.tune.space import SMALL_N_MAX, search_space
+
+
+def _weight(m=64, k=256, density=0.1, seed=0):
+    rng = np.random.default_rng(seed)
+    return SparseMatrix.from_dense(np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0)
+                                   .astype(np.float32))
+
+
+@pytest.mark.parametrize("config", [TileConfig(4, 4, 2), TileConfig(1, 4, 1), TileConfig(4, 2, 1, 16, 1, 0,
+                                    cluster_rows=True), TileConfig(2, 4, 1, 8, 2)])
+def test_sketch_counts_equal_the_full_plan(config):
+    w = _weight()
+    full, sketch = make_plan(w, 96, config=config), sketch_plan(w, 96, config=config)
+    assert sketch.sketch and not full.sketch
+    assert [(g.rows, g.nnz, g.width) for g in sketch.groups] == [(g.rows, g.nnz, g.width) for g in full.groups]
+    assert estimate(sketch).us == pytest.approx(estimate(full).us)
+
+
+def test_split_sketch_keeps_nonzeros_close():
+    w = _weight(density=0.5)
+    config = TileConfig(4, 4, 1, 8, 1, 30)
+    full, sketch = make_plan(w, 64, config=config), sketch_plan(w, 64, config=config)
+    assert sketch.mapping == full.mapping == "split-k"
+    assert abs(sketch.nnz - full.nnz) <= len(sketch.groups)
+    assert abs(len(sketch.groups) - len(full.groups)) <= len(sketch.groups) // 4
+
+
+def test_estimates_are_deterministic_and_grow_with_work():
+    w, heavy = _weight(density=0.05), _weight(density=0.4)
+    for make, cfg in ((make_plan, TileConfig()), (make_csr_plan, CsrConfig())):
+        a, b = estimate(make(w, 64, config=cfg)), estimate(make(w, 64, config=cfg))
+        assert a == b and a.us > 0 and set(a.terms) == {"issue", "operand", "ifetch", "latency"}
+        assert estimate(make(heavy, 64, config=cfg)).us > a.us
+        assert estimate(make(w, 64, config=cfg), batch=8).us > a.us
+
+
+def test_small_n_kernel_is_predicted_faster_at_n1_on_a_large_layer():
+    """The instruction stream is the weight at N = 1: the data-driven kernel must rank first there."""
+    w = _weight(m=1000, k=2048, density=0.1)
+    generated = estimate(sketch_plan(w, 1, config=TileConfig(4, 1, 1, 16)))
+    small = estimate(make_csr_plan(w, 1, config=CsrConfig(32, 1)))
+    assert small.us < generated.us
+
+
+@pytest.mark.parametrize("n", [1, 8, 49, 256, 3136])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_space_proposes_every_mapping_that_applies(n, layout):
+    space = search_space(n, layout, m=512, row_nnz=100.0)
+    assert len(space) == len(set(space))
+    tiles = [c for c in space if isinstance(c, TileConfig)]
+    assert any(c.rows_per_group == 1 for c in tiles)  # row per block
+    assert any(c.rows_per_group > 1 for c in tiles)   # row groups
+    assert any(isinstance(c, CsrConfig) for c in space) == (n <= SMALL_N_MAX)
+    if layout == "nk":
+        assert any(c.transpose_x for c in tiles) and any(not c.transpose_x for c in tiles)
+
+
+def test_deterministic_space_has_no_atomics_and_relu_no_splits():
+    assert any(getattr(c, "segment_nnz", 0) for c in search_space(49, "kn", 512, 100.0))
+    assert not any(getattr(c, "segment_nnz", 0) for c in search_space(49, "kn", 512, 100.0, deterministic=True))
+    assert not any(getattr(c, "segment_nnz", 0) for c in search_space(49, "kn", 512, 100.0, relu=True))
+
+
+def test_row_per_block_includes_the_reference_shape():
+    """One row, 128 columns a block at vector width 1 (4 warps): the shape issue 10's reference kernel has."""
+    space = search_space(3136, "kn", 256, 60.0)
+    assert TileConfig(1, 4, 1, 16, 1) in space
+    assert dataclasses.replace(TileConfig(1, 4, 1, 16, 1), transpose_x=True) in search_space(256, "nk", 256, 60.0)
