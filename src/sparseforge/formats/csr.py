@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SparseFormatError
+from .exact import INDEX_LIMIT, exact_int_array
 from .smtx import read_smtx, write_smtx
 
 # Values are kept in numpy; bfloat16 has no numpy dtype, so its values are held exactly in float32.
@@ -51,6 +52,9 @@ def validate_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, sh
     m, k = shape
     if m < 1 or k < 1:
         raise SparseFormatError(f"shape {shape}: both dimensions must be >= 1")
+    if m >= INDEX_LIMIT or k >= INDEX_LIMIT:
+        raise SparseFormatError(f"shape {shape}: M and K must be < 2**31 = {INDEX_LIMIT}; indices are int32 "
+                                "in every kernel. Split the weight into blocks first")
     if indptr.ndim != 1 or len(indptr) != m + 1:
         raise SparseFormatError(f"indptr must have M+1 = {m + 1} entries, found {indptr.size}")
     if indptr[0] != 0:
@@ -97,18 +101,23 @@ class SparseMatrix:
     """A sparse weight matrix W (M x K) in CSR form, immutable and validated on construction.
 
     indptr: int64[M+1]; indices: int32[nnz], strictly increasing within each row; values: [nnz],
-    finite; dtype: "float32" | "float16" | "bfloat16" | "float64" (the dtype kernels will use).
+    finite; dtype: "float32" | "float16" | "bfloat16" | "float64" (the dtype kernels will use);
+    shape: (M, K) with 1 <= M, K < 2**31.
+
+    indptr and indices are taken exactly or refused: any entry that is not an integer (1.7, nan, True)
+    or does not fit (an index >= 2**31) raises SparseFormatError, never wraps or truncates. A shape that
+    is not a sequence raises TypeError.
     """
 
     __slots__ = ("indptr", "indices", "values", "shape", "dtype", "_digest")
 
     def __init__(self, indptr, indices, values, shape, dtype: Any = None, *, validate: bool = True):
-        indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
-        indices = np.ascontiguousarray(np.asarray(indices), dtype=np.int32)
+        indptr = exact_int_array(indptr, "indptr", np.int64)
+        indices = exact_int_array(indices, "indices", np.int32, hint="; column indices are int32, K must be < 2**31")
         values = np.asarray(values)
         name = _dtype_name(dtype if dtype is not None else values.dtype)
         values = np.ascontiguousarray(values, dtype=_STORAGE[name])
-        shape = tuple(int(s) for s in shape)
+        shape = _exact_shape(shape)
         if validate:
             validate_csr(indptr, indices, values, shape)
         for array in (indptr, indices, values):
@@ -257,6 +266,16 @@ def _round_to(values: np.ndarray, name: str) -> np.ndarray:
 
         return torch.tensor(np.asarray(values, dtype=np.float32)).bfloat16().float().numpy()
     return np.asarray(values).astype(_STORAGE[name])
+
+
+def _exact_shape(shape) -> tuple[int, ...]:
+    """shape as a tuple of Python ints, exactly (1.7 or 2**64 raise SparseFormatError, not int() them)."""
+    if isinstance(shape, (str, bytes)) or not np.iterable(shape):
+        raise TypeError(f"shape must be a pair of integers (M, K), got {type(shape).__name__} {shape!r}")
+    dims = exact_int_array(list(shape), "shape", np.int64)
+    if dims.ndim != 1:
+        raise SparseFormatError(f"shape must be a pair of integers (M, K), got {shape!r}")
+    return tuple(dims.tolist())
 
 
 def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:

@@ -127,3 +127,70 @@ def test_digest_changes_with_values_and_pattern():
 def test_astype_bfloat16_rounds_values():
     w = SparseMatrix.from_dense(np.array([[1.0 + 2 ** -12]], np.float32)).astype("bfloat16")
     assert w.dtype == "bfloat16" and w.values[0] == 1.0
+
+
+# -- issue 14: indices are exact int32, values round only as documented, masked arrays -----------------------
+
+@pytest.mark.parametrize("indices, message", [
+    ([2**32 + 2], "entry 0 = 4294967298 does not fit in int32"),  # used to wrap to column 2
+    (np.array([2**32 + 2], np.int64), "entry 0 = 4294967298 does not fit in int32"),
+    ([2**31], "entry 0 = 2147483648 does not fit in int32"),  # used to show the wrapped -2147483648
+    (np.array([2**64 - 1], np.uint64), "entry 0 = 18446744073709551615 does not fit in int32"),
+    ([1.7], "entry 0 is 1.7, not an integer"),  # used to truncate to column 1
+    (np.array([0.5], np.float32), "entry 0 is 0.5, not an integer"),
+    ([np.nan], "entry 0 is nan, not an integer"),
+    (np.array([True]), "got an array of bool"),
+    ([1, "2"], "got an array of <U21"),
+])
+def test_indices_that_are_not_exact_int32_are_refused(indices, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix([0, len(indices)], indices, np.ones(len(indices), np.float32), (1, 4))
+
+
+@pytest.mark.parametrize("indptr, message", [
+    ([0.0, 1.5], "indptr: entry 1 is 1.5, not an integer"),  # used to truncate to [0, 1]
+    (np.array([0, 2**64 - 1], np.uint64), "indptr: entry 1 = 18446744073709551615 does not fit in int64"),
+    ([0, 10**30], r"indptr: entry 1 = 1000000000000000000000000000000 does not fit in int64"),
+])
+def test_indptr_that_is_not_exact_int64_is_refused(indptr, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix(indptr, [0], [1.0], (1, 4))
+
+
+def test_integral_float_and_wide_integer_indices_are_taken_exactly():
+    w = SparseMatrix(np.array([0.0, 2.0]), np.array([0, 3], np.uint64), [1.0, 2.0], (np.uint8(1), 4.0))
+    assert (w.shape, w.indptr.tolist(), w.indices.tolist()) == ((1, 4), [0, 2], [0, 3])
+    assert w.indptr.dtype == np.int64 and w.indices.dtype == np.int32
+
+
+@pytest.mark.parametrize("shape, message", [
+    ((1, 2**31), r"M and K must be < 2\*\*31"),
+    ((2**40, 1), r"M and K must be < 2\*\*31"),
+    ((1.7, 4), "shape: entry 0 is 1.7, not an integer"),  # used to become (1, 4)
+    ((1, 2**70), "shape: entry 1 = 1180591620717411303424 does not fit in int64"),
+])
+def test_shape_that_is_not_exact_or_beyond_int32_is_refused(shape, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix([0, 1], [0], [1.0], shape)
+
+
+@pytest.mark.parametrize("shape", ["ab", 5, None])
+def test_shape_of_the_wrong_python_type_is_a_type_error(shape):
+    with pytest.raises(TypeError, match="shape must be a pair of integers"):
+        SparseMatrix([0, 1], [0], [1.0], shape)
+
+
+def test_from_scipy_refuses_columns_beyond_int32():
+    # scipy keeps int64 indices for K >= 2**31; a plain astype(int32) read column 2**32 + 2 as column 2
+    big = sp.coo_array(([1.0], ([0], [2**32 + 2])), shape=(1, 2**32 + 4))
+    with pytest.raises(SparseFormatError, match=r"K must be < 2\*\*31"):
+        SparseMatrix.from_scipy(big)
+
+
+def test_from_scipy_takes_int64_indices_exactly():
+    dense = np.array([[0, 1.5, 0, 2], [3, 0, 0, 0]])
+    csr = sp.csr_array(dense)
+    csr.indices, csr.indptr = csr.indices.astype(np.int64), csr.indptr.astype(np.int64)
+    assert SparseMatrix.from_scipy(csr) == SparseMatrix.from_dense(dense)
+
+
