@@ -194,3 +194,21 @@ def test_from_scipy_takes_int64_indices_exactly():
     assert SparseMatrix.from_scipy(csr) == SparseMatrix.from_dense(dense)
 
 
+@pytest.mark.parametrize("values, dtype, message", [
+    ([1 + 2j], "float32", "values must be real numbers, got an array of complex128"),  # dropped the 2j
+    (["1.5"], "float32", "values must be real numbers, got an array of <U3"),  # parsed the text
+    (np.array([1.5, "x"], dtype=object), "float32", "values: entry 1 is 'x', not a real number"),
+    ([1e300], "float16", r"values: entry 0 = 1e\+300 overflows float16"),  # said 'value inf is not finite'
+    ([3.5e38], "bfloat16", r"values: entry 0 = 3.5e\+38 overflows bfloat16"),
+    (np.array([10**400], dtype=object), "float64", r"values: entry 0 = 10000000000000000000\.\.\.\(401 characters\) overflows"),
+])
+def test_values_a_cast_would_change_are_refused(values, dtype, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix([0, 1], [0], values, (1, 2), dtype)
+
+
+def test_constructor_rounds_values_to_bfloat16():
+    w = SparseMatrix([0, 1], [0], [1.0 + 2**-12], (1, 2), "bfloat16")
+    assert w.values.tolist() == [1.0]
+
+
