@@ -136,7 +136,10 @@ class SparseMatrix:
     # -- constructors --------------------------------------------------------------------------
     @classmethod
     def from_dense(cls, dense) -> "SparseMatrix":
-        """From a 2-D numpy array or torch tensor of any float dtype; exact zeros (and -0.0) are dropped."""
+        """From a 2-D numpy array or torch tensor of any float dtype; exact zeros (and -0.0) are dropped.
+
+        Masked entries of a numpy masked array count as zeros (even a masked NaN), as np.ma.filled(0).
+        """
         array, name = _dense_to_numpy(dense)
         if array.ndim != 2:
             raise SparseFormatError(f"expected a 2-D weight, got shape {array.shape}; "
@@ -313,7 +316,7 @@ def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
         name = _dtype_name(dense.dtype)
         tensor = dense.detach().cpu()
         return (tensor.float() if name == "bfloat16" else tensor).numpy(), name
-    array = np.asarray(dense)
+    array = np.ma.filled(dense, 0) if np.ma.isMaskedArray(dense) else np.asarray(dense)
     if not np.issubdtype(array.dtype, np.floating):
         raise SparseFormatError(f"expected a floating-point weight, got {array.dtype}")
     return array, _dtype_name(array.dtype)

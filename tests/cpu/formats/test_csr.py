@@ -212,3 +212,8 @@ def test_constructor_rounds_values_to_bfloat16():
     assert w.values.tolist() == [1.0]
 
 
+@pytest.mark.parametrize("masked", [2.0, np.nan])
+def test_from_dense_masked_entries_count_as_zero(masked):
+    dense = np.ma.masked_array([[1.0, masked], [0.0, 3.0]], mask=[[False, True], [False, False]])
+    w = SparseMatrix.from_dense(dense)
+    assert w.to_dense().tolist() == [[1.0, 0.0], [0.0, 3.0]] and w.nnz == 2
