@@ -76,3 +76,49 @@ def test_empty_matrix_file(tmp_path):
     path.write_text("3, 4, 0\n0 0 0 0\n\n")
     w = SparseMatrix.from_smtx(path)
     assert w.nnz == 0 and w.to_dense().shape == (3, 4) and not w.to_dense().any()
+
+
+# -- issue 14: every field is read exactly or refused with the file and the line -----------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("1, 4, 1\n0 1\n4294967298\n", r"line 3 \(column indices\): entry 0 = 4294967298 does not fit in int32"),  # was column 2
+    ("1, 4, 1\n0 1\n2147483650\n", r"line 3 \(column indices\): entry 0 = 2147483650 does not fit in int32"),  # was -2147483646
+    ("1, 100000000000000, 1\n0 1\n99999999999999\n", r"line 1: M = 1, K = 100000000000000; both must be < 2\*\*31"),
+    ("2147483648, 4, 0\n", r"line 1: M = 2147483648, K = 4; both must be < 2\*\*31"),
+    ("1, 4, 1\n0 1\n--2\n", r"line 3 \(column indices\): '--2' is not an integer"),  # was a bare StopIteration
+    ("1, 4, 1\n0 1\n99999999999999999999\n", "line 3 .* 99999999999999999999 does not fit in int32"),  # OverflowError
+    ("1, 4, 99999999999999999999\n0 1\n1\n", "line 1 .* 99999999999999999999 does not fit in int64"),
+    ("1, 4, 1\n0 99999999999999999999\n1\n", "line 2 .* 99999999999999999999 does not fit in int64"),
+    ("1, 4, 1\n0 1\n+3\n", "line 3 .*'\\+3' is not an integer"),  # was read as 3
+    ("1, 4, 1\n0 1\n\u0663\n", "line 3 .*'\u0663' is not an integer"),  # ARABIC-INDIC THREE, was read as 3
+    ("1, 4, 1\n0 1\n1_0\n", "line 3 .*'1_0' is not an integer"),  # was read as 10
+    ("1, 4, 1\n0 1\n1e3\n", "line 3 .*'1e3' is not an integer"),
+    ("1, 4, 1\n0 1\n0x10\n", "line 3 .*'0x10' is not an integer"),
+    ("1, 4, 1\n0 1\n2.0\n", "line 3 .*'2.0' is not an integer"),
+    ("1, 4, 1\n0 1\n3-\n", "line 3 .*'3-' is not an integer"),
+    ("1, 4, 1\n0 1\n3\x1c\n", "line 3 .*'3\\\\x1c' is not an integer"),  # splitlines() broke the line here
+    ("1, 4, 1\n\n0 1\n3\n", r"line 2 \(row offsets\): expected 2 integers, found 0 \(an empty line"),
+    ("1, 4, 5\n0 5\n0 1 2 3 3\n", r"line 1: nnz = 5 is more than M\*K = 4"),
+    ("1, 4, 1\n0 1\n-1\n", r"row 0: column index -1 is out of range \[0, 4\)"),
+    ("1, 4, 1\n0 1\n1\n\x85\n", "line 4: unexpected content"),
+])
+def test_smtx_fields_that_are_not_exact_integers_name_file_and_line(tmp_path, text, message):
+    path = tmp_path / "bad.smtx"
+    path.write_bytes(text.encode())
+    with pytest.raises(SparseFormatError, match=message) as raised:
+        SparseMatrix.from_smtx(path)
+    assert str(raised.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize("text", [
+    "2, 3, 2\r\n0 1 2\r\n2 0\r\n",  # Windows line endings
+    "\ufeff2, 3, 2\n0 1 2\n2 0\n",  # a UTF-8 byte-order mark
+    "2,3,2,\n0,1,2,\n2,0,\n\n  \n",  # trailing commas, trailing blank lines
+    "2\t3\t2\n0\t1\t2\n2\t0",  # tabs, no final newline
+    "2, 3, 2\n0 1 2\n002 -0\n",  # leading zeros and -0 are still the integers they spell
+])
+def test_smtx_separator_and_line_ending_variants_read_the_same(tmp_path, text):
+    path = tmp_path / "w.smtx"
+    path.write_bytes(text.encode())
+    w = SparseMatrix.from_smtx(path)
+    assert (w.shape, w.indptr.tolist(), w.indices.tolist()) == ((2, 3), [0, 1, 2], [2, 0])
