@@ -1,8 +1,10 @@
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -217,3 +219,81 @@ def test_from_dense_masked_entries_count_as_zero(masked):
     dense = np.ma.masked_array([[1.0, masked], [0.0, 3.0]], mask=[[False, True], [False, False]])
     w = SparseMatrix.from_dense(dense)
     assert w.to_dense().tolist() == [[1.0, 0.0], [0.0, 3.0]] and w.nnz == 2
+
+
+# -- fuzz: constructor arguments give a matrix equal to what they say, or SparseFormatError --------------------
+
+_CONTAINERS = ["list", np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+               np.float16, np.float32, np.float64, object, bool]
+_NASTY_INDICES = [2**31 - 1, 2**31, 2**32, 2**32 + 2, 2**63, 2**64 + 1, -1, -2**63 - 1, 1.7, 2.0, -0.0, 0.5,
+                  float("nan"), float("inf"), True, 10**30, 1e30, np.float16(3), np.uint64(2**64 - 1)]
+_NASTY_VALUES = [1e300, -1e39, 65505.0, 3.4e38, float("nan"), float("inf"), 10**400, 2**64, True, 1 + 2j, "1.5",
+                 None, -0.0, 2**53 + 1, np.float16(-2), np.int64(-2**63)]
+_NASTY_SHAPES = [(2**31, 1), (1, 2**32 + 1), (2**64, 1), (1.5, 1), (True, 1), "ab", 5, None, (1,), (1, 1, 1),
+                 (np.uint64(1), np.int8(1)), (-1, 1), (0, 1), ("1", "1"), ((1, 1), 1), np.array([1.0, 1.0])]
+_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32, "float64": np.float64}
+
+
+@st.composite
+def _container(draw, items: list, nasty: list):
+    """`items`, maybe with an entry replaced by or extended with a nasty one, as a list or a numpy array."""
+    items = list(items)
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):  # mostly clean: a clean list, a wide dtype
+        new = draw(st.sampled_from(nasty) | st.integers(-2**70, 2**70) | st.floats(allow_nan=True))
+        at = draw(st.integers(0, len(items)))
+        items[at:at + draw(st.integers(0, 1))] = [new]
+    kind = draw(st.sampled_from(_CONTAINERS))
+    if kind == "list":
+        return items
+    try:  # numpy's own cast may wrap or fail here; what it makes is then the input the matrix must match
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return np.array(items, dtype=object).astype(kind)
+    except (OverflowError, ValueError, TypeError):
+        return items
+
+
+@st.composite
+def constructor_args(draw):
+    keep = draw(hnp.arrays(bool, st.tuples(st.integers(1, 4), st.integers(1, 4))))
+    w = SparseMatrix.from_dense(keep * np.arange(1, keep.size + 1, dtype=np.float64).reshape(keep.shape))
+    indptr = draw(_container(w.indptr.tolist(), _NASTY_INDICES))
+    indices = draw(_container(w.indices.tolist(), _NASTY_INDICES))
+    values = draw(_container(w.values.tolist(), _NASTY_VALUES))
+    shape = draw(st.just(w.shape) | st.sampled_from(_NASTY_SHAPES))
+    dtype = draw(st.sampled_from([None, "float32", "float16", "bfloat16", "float64", torch.float16, "int8"]))
+    return indptr, indices, values, shape, dtype
+
+
+def _as_written(x) -> list:
+    return x.tolist() if isinstance(x, np.ndarray) else list(x)
+
+
+def _rounded_as_documented(values, name: str) -> np.ndarray:
+    """SparseMatrix's rule: read as float64, round to nearest in the dtype (bfloat16 through float32)."""
+    exact = np.array([float(v) for v in _as_written(values)], dtype=np.float64)
+    if name == "bfloat16":
+        return torch.tensor(exact.astype(np.float32)).bfloat16().float().numpy()
+    return exact.astype(_STORAGE[name])
+
+
+@given(constructor_args())
+@settings(max_examples=600, deadline=None)
+def test_fuzzed_constructor_builds_what_it_is_given_or_raises(args):
+    indptr, indices, values, shape, dtype = args
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a ComplexWarning or an overflow warning is a silent change
+            w = SparseMatrix(indptr, indices, values, shape, dtype)
+    except SparseFormatError:
+        event("refused")
+        return
+    except TypeError:
+        assert isinstance(shape, str) or not np.iterable(shape), "TypeError for something else than shape's type"
+        event("TypeError for shape")
+        return
+    event("built")
+    assert w.indptr.tolist() == _as_written(indptr)  # == between Python numbers: 2 == 2.0, 1 != 1.7
+    assert w.indices.tolist() == _as_written(indices)
+    assert list(w.shape) == _as_written(shape)
+    assert np.array_equal(w.values, _rounded_as_documented(values, w.dtype))
