@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SparseFormatError
+from .exact import INDEX_LIMIT, as_array, exact_int_array, shown
 from .smtx import read_smtx, write_smtx
 
 # Values are kept in numpy; bfloat16 has no numpy dtype, so its values are held exactly in float32.
@@ -51,6 +53,9 @@ def validate_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, sh
     m, k = shape
     if m < 1 or k < 1:
         raise SparseFormatError(f"shape {shape}: both dimensions must be >= 1")
+    if m >= INDEX_LIMIT or k >= INDEX_LIMIT:
+        raise SparseFormatError(f"shape {shape}: M and K must be < 2**31 = {INDEX_LIMIT}; indices are int32 "
+                                "in every kernel. Split the weight into blocks first")
     if indptr.ndim != 1 or len(indptr) != m + 1:
         raise SparseFormatError(f"indptr must have M+1 = {m + 1} entries, found {indptr.size}")
     if indptr[0] != 0:
@@ -97,18 +102,23 @@ class SparseMatrix:
     """A sparse weight matrix W (M x K) in CSR form, immutable and validated on construction.
 
     indptr: int64[M+1]; indices: int32[nnz], strictly increasing within each row; values: [nnz],
-    finite; dtype: "float32" | "float16" | "bfloat16" | "float64" (the dtype kernels will use).
+    finite; dtype: "float32" | "float16" | "bfloat16" | "float64" (the dtype kernels will use);
+    shape: (M, K) with 1 <= M, K < 2**31.
+
+    indptr and indices are taken exactly or refused: any entry that is not an integer (1.7, nan, True)
+    or does not fit (an index >= 2**31) raises SparseFormatError, never wraps or truncates. values are
+    read as float64 (exact for float16/32/64 and integers up to 2**53), then rounded to nearest in
+    `dtype` (bfloat16 through float32, as torch does); a finite value beyond the dtype's range, a complex
+    or a text entry raises SparseFormatError. A shape that is not a sequence raises TypeError.
     """
 
     __slots__ = ("indptr", "indices", "values", "shape", "dtype", "_digest")
 
     def __init__(self, indptr, indices, values, shape, dtype: Any = None, *, validate: bool = True):
-        indptr = np.ascontiguousarray(np.asarray(indptr), dtype=np.int64)
-        indices = np.ascontiguousarray(np.asarray(indices), dtype=np.int32)
-        values = np.asarray(values)
-        name = _dtype_name(dtype if dtype is not None else values.dtype)
-        values = np.ascontiguousarray(values, dtype=_STORAGE[name])
-        shape = tuple(int(s) for s in shape)
+        indptr = exact_int_array(indptr, "indptr", np.int64)
+        indices = exact_int_array(indices, "indices", np.int32, hint="; column indices are int32, K must be < 2**31")
+        values, name = _rounded_values(values, dtype)
+        shape = _exact_shape(shape)
         if validate:
             validate_csr(indptr, indices, values, shape)
         for array in (indptr, indices, values):
@@ -126,7 +136,10 @@ class SparseMatrix:
     # -- constructors --------------------------------------------------------------------------
     @classmethod
     def from_dense(cls, dense) -> "SparseMatrix":
-        """From a 2-D numpy array or torch tensor of any float dtype; exact zeros (and -0.0) are dropped."""
+        """From a 2-D numpy array or torch tensor of any float dtype; exact zeros (and -0.0) are dropped.
+
+        Masked entries of a numpy masked array count as zeros (even a masked NaN), as np.ma.filled(0).
+        """
         array, name = _dense_to_numpy(dense)
         if array.ndim != 2:
             raise SparseFormatError(f"expected a 2-D weight, got shape {array.shape}; "
@@ -155,9 +168,8 @@ class SparseMatrix:
         """From a DLMC `.smtx` pattern; values are a seeded standard normal (same seed, same values)."""
         shape, indptr, indices = read_smtx(path)
         values = np.random.default_rng(seed).standard_normal(len(indices))
-        name = _dtype_name(dtype)
         try:
-            return cls(indptr, indices, _round_to(values, name), shape, name)
+            return cls(indptr, indices, values, shape, dtype)
         except SparseFormatError as err:
             raise SparseFormatError(f"{path}: {err}") from None
 
@@ -203,8 +215,7 @@ class SparseMatrix:
                      values=self.values, shape=np.array(self.shape), dtype=np.array(self.dtype))
 
     def astype(self, dtype: Any) -> "SparseMatrix":
-        name = _dtype_name(dtype)
-        return SparseMatrix(self.indptr, self.indices, _round_to(self.values, name), self.shape, name)
+        return SparseMatrix(self.indptr, self.indices, self.values, self.shape, dtype)
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -259,6 +270,43 @@ def _round_to(values: np.ndarray, name: str) -> np.ndarray:
     return np.asarray(values).astype(_STORAGE[name])
 
 
+def _exact_shape(shape) -> tuple[int, ...]:
+    """shape as a tuple of Python ints, exactly (1.7 or 2**64 raise SparseFormatError, not int() them)."""
+    if isinstance(shape, (str, bytes)) or not np.iterable(shape):
+        raise TypeError(f"shape must be a pair of integers (M, K), got {type(shape).__name__} {shape!r}")
+    dims = exact_int_array(list(shape), "shape", np.int64)
+    if dims.ndim != 1:
+        raise SparseFormatError(f"shape must be a pair of integers (M, K), got {shape!r}")
+    return tuple(dims.tolist())
+
+
+def _rounded_values(values, dtype: Any) -> tuple[np.ndarray, str]:
+    """(values rounded to the matrix dtype, its name); the rules are in SparseMatrix's docstring."""
+    array = as_array(values, "values")
+    name = _dtype_name(dtype if dtype is not None else array.dtype)
+    if array.dtype.kind == "O":
+        for pos, x in enumerate(array.flat):
+            if not isinstance(x, (numbers.Real, np.bool_)):
+                raise SparseFormatError(f"values: entry {pos} is {shown(x)}, not a real number")
+            try:
+                float(x)
+            except OverflowError:  # a Python int beyond float64
+                raise SparseFormatError(f"values: entry {pos} = {shown(x)} overflows float64") from None
+        array = array.astype(np.float64)
+    elif array.dtype.kind not in "biuf":  # complex would lose its imaginary part, text would be parsed
+        raise SparseFormatError(f"values must be real numbers, got an array of {array.dtype}")
+    elif array.dtype.kind != "f" or array.dtype.itemsize > 8:
+        array = array.astype(np.float64)
+    with np.errstate(over="ignore"):
+        rounded = np.ascontiguousarray(_round_to(array, name))
+    overflow = np.isfinite(array) & ~np.isfinite(rounded)  # NaN and inf given as such are validate_csr's
+    if overflow.any():
+        pos = int(np.argmax(overflow.ravel()))
+        raise SparseFormatError(f"values: entry {pos} = {array.flat[pos]} overflows {name}; "
+                                "scale the weights or use a wider dtype")
+    return rounded, name
+
+
 def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
     if type(dense).__module__.startswith("torch"):
         import torch
@@ -268,7 +316,7 @@ def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
         name = _dtype_name(dense.dtype)
         tensor = dense.detach().cpu()
         return (tensor.float() if name == "bfloat16" else tensor).numpy(), name
-    array = np.asarray(dense)
+    array = np.ma.filled(dense, 0) if np.ma.isMaskedArray(dense) else np.asarray(dense)
     if not np.issubdtype(array.dtype, np.floating):
         raise SparseFormatError(f"expected a floating-point weight, got {array.dtype}")
     return array, _dtype_name(array.dtype)

@@ -1,8 +1,10 @@
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -127,3 +129,171 @@ def test_digest_changes_with_values_and_pattern():
 def test_astype_bfloat16_rounds_values():
     w = SparseMatrix.from_dense(np.array([[1.0 + 2 ** -12]], np.float32)).astype("bfloat16")
     assert w.dtype == "bfloat16" and w.values[0] == 1.0
+
+
+# -- issue 14: indices are exact int32, values round only as documented, masked arrays -----------------------
+
+@pytest.mark.parametrize("indices, message", [
+    ([2**32 + 2], "entry 0 = 4294967298 does not fit in int32"),  # used to wrap to column 2
+    (np.array([2**32 + 2], np.int64), "entry 0 = 4294967298 does not fit in int32"),
+    ([2**31], "entry 0 = 2147483648 does not fit in int32"),  # used to show the wrapped -2147483648
+    (np.array([2**64 - 1], np.uint64), "entry 0 = 18446744073709551615 does not fit in int32"),
+    ([1.7], "entry 0 is 1.7, not an integer"),  # used to truncate to column 1
+    (np.array([0.5], np.float32), "entry 0 is 0.5, not an integer"),
+    ([np.nan], "entry 0 is nan, not an integer"),
+    (np.array([True]), "got an array of bool"),
+    ([1, "2"], "got an array of <U21"),
+])
+def test_indices_that_are_not_exact_int32_are_refused(indices, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix([0, len(indices)], indices, np.ones(len(indices), np.float32), (1, 4))
+
+
+@pytest.mark.parametrize("indptr, message", [
+    ([0.0, 1.5], "indptr: entry 1 is 1.5, not an integer"),  # used to truncate to [0, 1]
+    (np.array([0, 2**64 - 1], np.uint64), "indptr: entry 1 = 18446744073709551615 does not fit in int64"),
+    ([0, 10**30], r"indptr: entry 1 = 1000000000000000000000000000000 does not fit in int64"),
+])
+def test_indptr_that_is_not_exact_int64_is_refused(indptr, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix(indptr, [0], [1.0], (1, 4))
+
+
+def test_integral_float_and_wide_integer_indices_are_taken_exactly():
+    w = SparseMatrix(np.array([0.0, 2.0]), np.array([0, 3], np.uint64), [1.0, 2.0], (np.uint8(1), 4.0))
+    assert (w.shape, w.indptr.tolist(), w.indices.tolist()) == ((1, 4), [0, 2], [0, 3])
+    assert w.indptr.dtype == np.int64 and w.indices.dtype == np.int32
+
+
+@pytest.mark.parametrize("shape, message", [
+    ((1, 2**31), r"M and K must be < 2\*\*31"),
+    ((2**40, 1), r"M and K must be < 2\*\*31"),
+    ((1.7, 4), "shape: entry 0 is 1.7, not an integer"),  # used to become (1, 4)
+    ((1, 2**70), "shape: entry 1 = 1180591620717411303424 does not fit in int64"),
+])
+def test_shape_that_is_not_exact_or_beyond_int32_is_refused(shape, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix([0, 1], [0], [1.0], shape)
+
+
+@pytest.mark.parametrize("shape", ["ab", 5, None])
+def test_shape_of_the_wrong_python_type_is_a_type_error(shape):
+    with pytest.raises(TypeError, match="shape must be a pair of integers"):
+        SparseMatrix([0, 1], [0], [1.0], shape)
+
+
+def test_from_scipy_refuses_columns_beyond_int32():
+    # scipy keeps int64 indices for K >= 2**31; a plain astype(int32) read column 2**32 + 2 as column 2
+    big = sp.coo_array(([1.0], ([0], [2**32 + 2])), shape=(1, 2**32 + 4))
+    with pytest.raises(SparseFormatError, match=r"K must be < 2\*\*31"):
+        SparseMatrix.from_scipy(big)
+
+
+def test_from_scipy_takes_int64_indices_exactly():
+    dense = np.array([[0, 1.5, 0, 2], [3, 0, 0, 0]])
+    csr = sp.csr_array(dense)
+    csr.indices, csr.indptr = csr.indices.astype(np.int64), csr.indptr.astype(np.int64)
+    assert SparseMatrix.from_scipy(csr) == SparseMatrix.from_dense(dense)
+
+
+@pytest.mark.parametrize("values, dtype, message", [
+    ([1 + 2j], "float32", "values must be real numbers, got an array of complex128"),  # dropped the 2j
+    (["1.5"], "float32", "values must be real numbers, got an array of <U3"),  # parsed the text
+    (np.array([1.5, "x"], dtype=object), "float32", "values: entry 1 is 'x', not a real number"),
+    ([1e300], "float16", r"values: entry 0 = 1e\+300 overflows float16"),  # said 'value inf is not finite'
+    ([3.5e38], "bfloat16", r"values: entry 0 = 3.5e\+38 overflows bfloat16"),
+    (np.array([10**400], dtype=object), "float64", r"values: entry 0 = 10000000000000000000\.\.\.\(401 characters\) overflows"),
+])
+def test_values_a_cast_would_change_are_refused(values, dtype, message):
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix([0, 1], [0], values, (1, 2), dtype)
+
+
+def test_constructor_rounds_values_to_bfloat16():
+    w = SparseMatrix([0, 1], [0], [1.0 + 2**-12], (1, 2), "bfloat16")
+    assert w.values.tolist() == [1.0]
+
+
+@pytest.mark.parametrize("masked", [2.0, np.nan])
+def test_from_dense_masked_entries_count_as_zero(masked):
+    dense = np.ma.masked_array([[1.0, masked], [0.0, 3.0]], mask=[[False, True], [False, False]])
+    w = SparseMatrix.from_dense(dense)
+    assert w.to_dense().tolist() == [[1.0, 0.0], [0.0, 3.0]] and w.nnz == 2
+
+
+# -- fuzz: constructor arguments give a matrix equal to what they say, or SparseFormatError --------------------
+
+_CONTAINERS = ["list", np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+               np.float16, np.float32, np.float64, object, bool]
+_NASTY_INDICES = [2**31 - 1, 2**31, 2**32, 2**32 + 2, 2**63, 2**64 + 1, -1, -2**63 - 1, 1.7, 2.0, -0.0, 0.5,
+                  float("nan"), float("inf"), True, 10**30, 1e30, np.float16(3), np.uint64(2**64 - 1)]
+_NASTY_VALUES = [1e300, -1e39, 65505.0, 3.4e38, float("nan"), float("inf"), 10**400, 2**64, True, 1 + 2j, "1.5",
+                 None, -0.0, 2**53 + 1, np.float16(-2), np.int64(-2**63)]
+_NASTY_SHAPES = [(2**31, 1), (1, 2**32 + 1), (2**64, 1), (1.5, 1), (True, 1), "ab", 5, None, (1,), (1, 1, 1),
+                 (np.uint64(1), np.int8(1)), (-1, 1), (0, 1), ("1", "1"), ((1, 1), 1), np.array([1.0, 1.0])]
+_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32, "float64": np.float64}
+
+
+@st.composite
+def _container(draw, items: list, nasty: list):
+    """`items`, maybe with an entry replaced by or extended with a nasty one, as a list or a numpy array."""
+    items = list(items)
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):  # mostly clean: a clean list, a wide dtype
+        new = draw(st.sampled_from(nasty) | st.integers(-2**70, 2**70) | st.floats(allow_nan=True))
+        at = draw(st.integers(0, len(items)))
+        items[at:at + draw(st.integers(0, 1))] = [new]
+    kind = draw(st.sampled_from(_CONTAINERS))
+    if kind == "list":
+        return items
+    try:  # numpy's own cast may wrap or fail here; what it makes is then the input the matrix must match
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return np.array(items, dtype=object).astype(kind)
+    except (OverflowError, ValueError, TypeError):
+        return items
+
+
+@st.composite
+def constructor_args(draw):
+    keep = draw(hnp.arrays(bool, st.tuples(st.integers(1, 4), st.integers(1, 4))))
+    w = SparseMatrix.from_dense(keep * np.arange(1, keep.size + 1, dtype=np.float64).reshape(keep.shape))
+    indptr = draw(_container(w.indptr.tolist(), _NASTY_INDICES))
+    indices = draw(_container(w.indices.tolist(), _NASTY_INDICES))
+    values = draw(_container(w.values.tolist(), _NASTY_VALUES))
+    shape = draw(st.just(w.shape) | st.sampled_from(_NASTY_SHAPES))
+    dtype = draw(st.sampled_from([None, "float32", "float16", "bfloat16", "float64", torch.float16, "int8"]))
+    return indptr, indices, values, shape, dtype
+
+
+def _as_written(x) -> list:
+    return x.tolist() if isinstance(x, np.ndarray) else list(x)
+
+
+def _rounded_as_documented(values, name: str) -> np.ndarray:
+    """SparseMatrix's rule: read as float64, round to nearest in the dtype (bfloat16 through float32)."""
+    exact = np.array([float(v) for v in _as_written(values)], dtype=np.float64)
+    if name == "bfloat16":
+        return torch.tensor(exact.astype(np.float32)).bfloat16().float().numpy()
+    return exact.astype(_STORAGE[name])
+
+
+@given(constructor_args())
+@settings(max_examples=600, deadline=None)
+def test_fuzzed_constructor_builds_what_it_is_given_or_raises(args):
+    indptr, indices, values, shape, dtype = args
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a ComplexWarning or an overflow warning is a silent change
+            w = SparseMatrix(indptr, indices, values, shape, dtype)
+    except SparseFormatError:
+        event("refused")
+        return
+    except TypeError:
+        assert isinstance(shape, str) or not np.iterable(shape), "TypeError for something else than shape's type"
+        event("TypeError for shape")
+        return
+    event("built")
+    assert w.indptr.tolist() == _as_written(indptr)  # == between Python numbers: 2 == 2.0, 1 != 1.7
+    assert w.indices.tolist() == _as_written(indices)
+    assert list(w.shape) == _as_written(shape)
+    assert np.array_equal(w.values, _rounded_as_documented(values, w.dtype))
