@@ -5,16 +5,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from .console import check_output_path, console, print_error
 from .formats import SparseFormatError
 from .prune import NMError, PruneReport, prune_state_dict
 from .suite import discover
-
-# Wide enough for full layer names when piped to a file or CI log (rich assumes 80 columns there).
-console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _info(args) -> int:
@@ -84,6 +81,7 @@ def print_prune_report(report: PruneReport) -> None:
 
 
 def _prune(args) -> int:
+    check_output_path(Path(args.output), "output")
     state = _load_state(Path(args.input))
     pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
                                       include=args.include, exclude=args.exclude)
@@ -126,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (SparseFormatError, NMError, ValueError, FileNotFoundError, RuntimeError) as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+    except (SparseFormatError, NMError, ValueError, OSError, RuntimeError) as err:
+        print_error(err)
         return 2
 
 

@@ -15,7 +15,7 @@ def test_info_directory(capsys):
 
 def test_info_missing_path_is_a_clear_error(capsys, tmp_path):
     assert main(["info", str(tmp_path / "nope")]) == 2
-    assert "does not exist" in capsys.readouterr().out
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_prune_state_dict_file(tmp_path, capsys):
@@ -42,4 +42,11 @@ def test_prune_rejects_non_state_dict(tmp_path, capsys):
     src = tmp_path / "m.pt"
     torch.save(torch.randn(3), src)
     assert main(["prune", str(src), str(tmp_path / "o.pt"), "--sparsity", "0.5"]) == 2
-    assert "expected a state dict" in capsys.readouterr().out
+    assert "expected a state dict" in capsys.readouterr().err
+
+
+def test_prune_refuses_a_missing_output_directory(tmp_path, cli_error):
+    src = tmp_path / "m.pt"
+    torch.save(nn.Linear(8, 4).state_dict(), src)
+    message = cli_error("prune", src, tmp_path / "missing" / "p.pt", "--sparsity", "0.5")
+    assert "missing does not exist" in message and not (tmp_path / "missing").exists()

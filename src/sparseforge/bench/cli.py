@@ -35,10 +35,11 @@ def _gpu_present() -> bool:
 def run_bench(args) -> int:
     from rich.progress import Progress
 
-    from ..cli import console
+    from ..console import console
     from ..suite import discover
     from .report import plot, summarize, write_json
 
+    _check_outputs(args)
     cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n)[: args.limit]
     missing = [c.name for c in cases if c.N is None]
     if missing:
@@ -70,6 +71,14 @@ def run_bench(args) -> int:
         console.print("[yellow]No GPU here: plans were checked on the CPU reference and the PTX assembled with "
                       "ptxas. Timings need an NVIDIA GPU (sm_80+).[/]")
     return 0 if all(r.get("error_ok", True) for r in records) else 1
+
+
+def _check_outputs(args) -> None:
+    from ..console import check_output_path
+
+    for option, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None:
+            check_output_path(path, option)
 
 
 def _one(case, dtype, layout, gpu: bool, args) -> dict:
@@ -170,7 +179,7 @@ def parse_widths(spec: str) -> list[int]:
 def run_bench24(args) -> int:
     from rich.progress import Progress
 
-    from ..cli import console
+    from ..console import check_output_path, console
     from .report import write_json
     from .semi import host_overhead_us, run_case24
     from .semi_report import plot24, print24, summarize24

@@ -84,7 +84,6 @@ def _working_tree_hash(where: Path) -> str | None:
 
 def write_json(path: Path, records: list[dict], summary: list[dict], extra: dict) -> None:
     payload = {"provenance": provenance(sys.argv), **extra, "summary": summary, "cases": records}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=1, default=str))
 
 

@@ -1,6 +1,8 @@
 import json
 import math
 
+import pytest
+
 from sparseforge.bench.report import geomean, plot, summarize
 from sparseforge.cli import main
 from sparseforge.suite import SAMPLE_DIR
@@ -15,6 +17,14 @@ def test_bench_cpu_mode_checks_plans_and_assembles(tmp_path, capsys):
     for record in data["cases"]:
         assert record["reference_rel_error"] < 1e-12 and record["cubin_bytes"] > 0
     assert "Timings need an NVIDIA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_bench_refuses_a_missing_output_directory_before_running(tmp_path, option, cli_error):
+    target = SAMPLE_DIR / "rn50/magnitude_pruning/0.95/initial_conv.smtx"
+    message = cli_error("bench", target, "--cpu", option, tmp_path / "missing" / "r.out")
+    assert f"{option} " in message and "does not exist" in message
+    assert not (tmp_path / "missing").exists()
 
 
 def test_geomean_and_summary():
