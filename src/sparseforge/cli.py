@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import zipfile
 from pathlib import Path
 
+import torch
 from rich.progress import track
 from rich.table import Table
 
 from .console import check_output_path, console, print_error
 from .formats import SparseFormatError
-from .prune import NMError, PruneReport, prune_state_dict
+from .prune import NMError, PruneReport, find_state_dict, prune_state_dict
 from .suite import discover
 
 
@@ -32,32 +36,65 @@ def _info(args) -> int:
 
 
 def _load_state(path: Path) -> dict:
+    """The checkpoint at path (.safetensors, or what torch.save writes), refused with the reason when it
+    cannot be read or holds no state dict, before any pruning."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a bad file
-        raise ValueError(f"{path}: cannot read a torch state dict ({type(err).__name__}: {err})") from None
+    state = _read_safetensors(path) if path.suffix == ".safetensors" else _read_torch(path)
     if not isinstance(state, dict):
         raise ValueError(f"{path}: holds a {type(state).__name__}, expected a state dict (name -> tensor); "
                          "save model.state_dict(), not the model")
+    try:
+        find_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     return state
+
+
+def _read_safetensors(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path}: not a readable .safetensors file ({err}); it is truncated or damaged: "
+                         "copy or save it again") from None
+
+
+def _read_torch(path: Path) -> dict:
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    # torch.save writes a zip archive (legacy: a pickle, opcode 0x80 first). Anything else is not a checkpoint,
+    # and torch's own message for it ("re-run with weights_only=False") would send the user the wrong way.
+    if head != b"PK" and head[:1] != b"\x80":
+        raise ValueError(f"{path}: not a torch checkpoint: neither the zip archive torch.save writes nor a pickle; "
+                         "the file is damaged or in another format (a .safetensors file needs that suffix)")
+    if head == b"PK" and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: truncated or damaged: the zip archive torch.save writes is incomplete; "
+                         "copy or save it again")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a bad file
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if unsafe:
+            raise ValueError(f"{path}: holds a Python object of class {unsafe.group(1)}; sparseforge loads only "
+                             "tensors and plain containers, since unpickling other classes can run arbitrary code. "
+                             "Save model.state_dict() instead, or convert the file to .safetensors") from None
+        raise ValueError(f"{path}: a damaged torch checkpoint ({type(err).__name__} while reading it); "
+                         "copy or save it again") from None
 
 
 def _save_state(state: dict, path: Path) -> None:
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 
+        others = [key for key, value in state.items() if not isinstance(value, torch.Tensor)]
+        if others:
+            raise ValueError(f"{path}: a .safetensors file holds only tensors, but the checkpoint also keeps "
+                             f"{', '.join(map(repr, others[:4]))}; write a .pt file to keep them")
         save_file({k: v.contiguous() for k, v in state.items()}, str(path))
     else:
-        import torch
-
         torch.save(state, path)
 
 
@@ -78,16 +115,28 @@ def print_prune_report(report: PruneReport) -> None:
         console.print(skipped)
     console.print(f"{len(report.layers)} layers pruned, overall sparsity {report.sparsity:.4f}; "
                   f"{len(report.skipped)} skipped")
+    if report.state_key is not None:
+        console.print(f"(pruned the weights under the checkpoint's key {report.state_key!r}; its other keys are "
+                      "kept as they were)", highlight=False)
+    for warning in report.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
 
 
 def _prune(args) -> int:
-    check_output_path(Path(args.output), "output")
-    state = _load_state(Path(args.input))
+    source, target = Path(args.input), Path(args.output)
+    check_output_path(target, "output")
+    if target.exists() and source.exists() and os.path.samefile(source, target) and not args.force:
+        raise ValueError(f"output {target} is the input file: pruning would overwrite the original weights; give "
+                         "another output path, or --force to overwrite it")
+    state = _load_state(source)
     pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
                                       include=args.include, exclude=args.exclude)
-    _save_state(pruned, Path(args.output))
     print_prune_report(report)
-    console.print(f"wrote {args.output}")
+    if not report.layers:
+        raise ValueError(f"{source}: nothing was pruned, so nothing was written: no tensor is a 2-D or 4-D "
+                         "floating-point weight that can be pruned as asked (the skipped table gives each reason)")
+    _save_state(pruned, target)
+    console.print(f"wrote {target}")
     return 0
 
 
@@ -111,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--scope", choices=("layer", "global"), default="layer")
     prune.add_argument("--include", help="regex: prune only tensors whose name matches")
     prune.add_argument("--exclude", help="regex: leave tensors whose name matches dense")
+    prune.add_argument("--force", action="store_true", help="allow OUTPUT to be the INPUT file (overwrites it)")
     prune.set_defaults(run=_prune)
 
     from .bench.cli import add_bench24_parser, add_bench_parser
