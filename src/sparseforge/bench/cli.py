@@ -37,6 +37,7 @@ def run_bench(args) -> int:
 
     from ..console import console
     from ..suite import discover
+    from .memory import check_fits
     from .report import plot, summarize, write_json
 
     _check_outputs(args)
@@ -48,6 +49,7 @@ def run_bench(args) -> int:
     layouts = ["kn", "nk"] if args.layout == "both" else [args.layout]
     gpu = _gpu_present() and not args.cpu
     jobs = [(c, d, l) for c in cases for d in dtypes for l in layouts]
+    check_fits(jobs, gpu)
     records = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("benchmarking" if gpu else "CPU reference + ptxas", total=len(jobs))
