@@ -10,6 +10,7 @@ from ..plan import check_plan, execute, make_plan
 from ..runtime import PtxasCompiler
 from ..suite import Case
 from ..tune import default_config
+from .report import plan_traffic
 
 
 def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: bool, arch: int = 90) -> dict:
@@ -29,7 +30,7 @@ def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: boo
     record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,
               "N": n, "nnz": case.nnz, "dtype": dtype_name, "layout": layout, "config": plan.config.short(),
               "reference_rel_error": error, "plan_seconds": time.perf_counter() - start,
-              "groups": len(plan.groups), "b_loads": plan.b_loads}
+              "groups": len(plan.groups), "b_loads": plan.b_loads, **plan_traffic(plan)}
     compiler = PtxasCompiler.available() if assemble else None
     if compiler:
         from ..codegen import render
