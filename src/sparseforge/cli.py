@@ -1,4 +1,4 @@
-"""The `sparseforge` command line: info, prune (and bench, see bench/)."""
+"""The `sparseforge` command line: info and prune here; bench and bench24 in bench/cli.py."""
 from __future__ import annotations
 
 import argparse
@@ -140,8 +140,24 @@ def _prune(args) -> int:
     return 0
 
 
+DESCRIPTION = """\
+Make pruned neural networks run faster on NVIDIA GPUs: prune a model's weights (magnitude or 2:4), look
+at sparse weight matrices, and benchmark sparseforge's sparse kernels against cuBLAS and cuSPARSE.
+Without a GPU, bench checks every kernel plan on the CPU and assembles its PTX instead of timing it."""
+
+EXAMPLES = """\
+examples:
+  sparseforge info dlmc/rn50/magnitude_pruning/0.9      (a .smtx file or a DLMC-style directory)
+  sparseforge prune model.safetensors model_90.safetensors --sparsity 0.9
+  sparseforge prune model.pt model_24.pt --nm 2:4 --exclude lm_head
+  sparseforge bench dlmc/rn50/magnitude_pruning/0.9 --out results.json --plot speedup.png
+
+`sparseforge COMMAND --help` lists the options of a command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparseforge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sparseforge", description=DESCRIPTION, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="statistics of one .smtx file or a DLMC-style directory")

@@ -10,6 +10,14 @@ from sparseforge.prune import is_nm
 from sparseforge.suite import SAMPLE_DIR
 
 
+def test_top_level_help_describes_the_tool_for_users(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "Make pruned neural networks run faster" in out and "examples:" in out
+    assert "bench/" not in out  # no pointers into the source tree
+
+
 def test_info_directory(capsys):
     assert main(["info", str(SAMPLE_DIR / "rn50/magnitude_pruning/0.9")]) == 0
     out = capsys.readouterr().out
