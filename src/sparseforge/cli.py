@@ -1,20 +1,21 @@
-"""The `sparseforge` command line: info, prune (and bench, see bench/)."""
+"""The `sparseforge` command line: info and prune here; bench and bench24 in bench/cli.py."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import zipfile
 from pathlib import Path
 
-from rich.console import Console
+import torch
 from rich.progress import track
 from rich.table import Table
 
+from .console import check_output_path, console, print_error
 from .formats import SparseFormatError
-from .prune import NMError, PruneReport, prune_state_dict
+from .prune import NMError, PruneReport, find_state_dict, prune_state_dict
 from .suite import discover
-
-# Wide enough for full layer names when piped to a file or CI log (rich assumes 80 columns there).
-console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _info(args) -> int:
@@ -35,32 +36,65 @@ def _info(args) -> int:
 
 
 def _load_state(path: Path) -> dict:
+    """The checkpoint at path (.safetensors, or what torch.save writes), refused with the reason when it
+    cannot be read or holds no state dict, before any pruning."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a bad file
-        raise ValueError(f"{path}: cannot read a torch state dict ({type(err).__name__}: {err})") from None
+    state = _read_safetensors(path) if path.suffix == ".safetensors" else _read_torch(path)
     if not isinstance(state, dict):
         raise ValueError(f"{path}: holds a {type(state).__name__}, expected a state dict (name -> tensor); "
                          "save model.state_dict(), not the model")
+    try:
+        find_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     return state
+
+
+def _read_safetensors(path: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path}: not a readable .safetensors file ({err}); it is truncated or damaged: "
+                         "copy or save it again") from None
+
+
+def _read_torch(path: Path) -> dict:
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    # torch.save writes a zip archive (legacy: a pickle, opcode 0x80 first). Anything else is not a checkpoint,
+    # and torch's own message for it ("re-run with weights_only=False") would send the user the wrong way.
+    if head != b"PK" and head[:1] != b"\x80":
+        raise ValueError(f"{path}: not a torch checkpoint: neither the zip archive torch.save writes nor a pickle; "
+                         "the file is damaged or in another format (a .safetensors file needs that suffix)")
+    if head == b"PK" and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: truncated or damaged: the zip archive torch.save writes is incomplete; "
+                         "copy or save it again")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a bad file
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if unsafe:
+            raise ValueError(f"{path}: holds a Python object of class {unsafe.group(1)}; sparseforge loads only "
+                             "tensors and plain containers, since unpickling other classes can run arbitrary code. "
+                             "Save model.state_dict() instead, or convert the file to .safetensors") from None
+        raise ValueError(f"{path}: a damaged torch checkpoint ({type(err).__name__} while reading it); "
+                         "copy or save it again") from None
 
 
 def _save_state(state: dict, path: Path) -> None:
     if path.suffix == ".safetensors":
         from safetensors.torch import save_file
 
+        others = [key for key, value in state.items() if not isinstance(value, torch.Tensor)]
+        if others:
+            raise ValueError(f"{path}: a .safetensors file holds only tensors, but the checkpoint also keeps "
+                             f"{', '.join(map(repr, others[:4]))}; write a .pt file to keep them")
         save_file({k: v.contiguous() for k, v in state.items()}, str(path))
     else:
-        import torch
-
         torch.save(state, path)
 
 
@@ -81,20 +115,49 @@ def print_prune_report(report: PruneReport) -> None:
         console.print(skipped)
     console.print(f"{len(report.layers)} layers pruned, overall sparsity {report.sparsity:.4f}; "
                   f"{len(report.skipped)} skipped")
+    if report.state_key is not None:
+        console.print(f"(pruned the weights under the checkpoint's key {report.state_key!r}; its other keys are "
+                      "kept as they were)", highlight=False)
+    for warning in report.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
 
 
 def _prune(args) -> int:
-    state = _load_state(Path(args.input))
+    source, target = Path(args.input), Path(args.output)
+    check_output_path(target, "output")
+    if target.exists() and source.exists() and os.path.samefile(source, target) and not args.force:
+        raise ValueError(f"output {target} is the input file: pruning would overwrite the original weights; give "
+                         "another output path, or --force to overwrite it")
+    state = _load_state(source)
     pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
                                       include=args.include, exclude=args.exclude)
-    _save_state(pruned, Path(args.output))
     print_prune_report(report)
-    console.print(f"wrote {args.output}")
+    if not report.layers:
+        raise ValueError(f"{source}: nothing was pruned, so nothing was written: no tensor is a 2-D or 4-D "
+                         "floating-point weight that can be pruned as asked (the skipped table gives each reason)")
+    _save_state(pruned, target)
+    console.print(f"wrote {target}")
     return 0
 
 
+DESCRIPTION = """\
+Make pruned neural networks run faster on NVIDIA GPUs: prune a model's weights (magnitude or 2:4), look
+at sparse weight matrices, and benchmark sparseforge's sparse kernels against cuBLAS and cuSPARSE.
+Without a GPU, bench checks every kernel plan on the CPU and assembles its PTX instead of timing it."""
+
+EXAMPLES = """\
+examples:
+  sparseforge info dlmc/rn50/magnitude_pruning/0.9      (a .smtx file or a DLMC-style directory)
+  sparseforge prune model.safetensors model_90.safetensors --sparsity 0.9
+  sparseforge prune model.pt model_24.pt --nm 2:4 --exclude lm_head
+  sparseforge bench dlmc/rn50/magnitude_pruning/0.9 --out results.json --plot speedup.png
+
+`sparseforge COMMAND --help` lists the options of a command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparseforge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sparseforge", description=DESCRIPTION, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="statistics of one .smtx file or a DLMC-style directory")
@@ -113,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--scope", choices=("layer", "global"), default="layer")
     prune.add_argument("--include", help="regex: prune only tensors whose name matches")
     prune.add_argument("--exclude", help="regex: leave tensors whose name matches dense")
+    prune.add_argument("--force", action="store_true", help="allow OUTPUT to be the INPUT file (overwrites it)")
     prune.set_defaults(run=_prune)
 
     from .bench.cli import add_bench24_parser, add_bench_parser
@@ -126,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (SparseFormatError, NMError, ValueError, FileNotFoundError, RuntimeError) as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+    except (SparseFormatError, NMError, ValueError, OSError, RuntimeError) as err:
+        print_error(err)
         return 2
 
 

@@ -37,12 +37,12 @@ def _gpu_present() -> bool:
 
 
 def run_bench(args) -> int:
-    from rich.progress import Progress
-
-    from ..cli import console
+    from ..console import console, progress
     from ..suite import discover
-    from .report import plot, summarize, write_json
+    from .memory import check_fits
+    from .report import plot, plot_plans, summarize, write_json
 
+    _check_outputs(args)
     cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n)[: args.limit]
     missing = [c.name for c in cases if c.N is None]
     if missing:
@@ -51,31 +51,37 @@ def run_bench(args) -> int:
     layouts = ["kn", "nk"] if args.layout == "both" else [args.layout]
     gpu = _gpu_present() and not args.cpu
     jobs = [(c, d, l) for c in cases for d in dtypes for l in layouts]
+    check_fits(jobs, gpu)
     records = []
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("benchmarking" if gpu else "CPU reference + ptxas", total=len(jobs))
-        for case, dtype, layout in jobs:
-            progress.update(task, description=f"{case.layer[:40]} {dtype} {layout}")
-            record = _one(case, dtype, layout, gpu, args)
-            record["batch"] = args.batch
-            if args.explain:
-                progress.console.print(_explain(record))
-            records.append(record)
-            if args.out and gpu:  # partial results survive an interrupted run
-                write_json(args.out, records, [], {"mode": "gpu", "partial": True})
-            progress.advance(task)
+    describe = lambda job: f"{job[0].name} {job[1]} {job[2]}"  # noqa: E731
+    for case, dtype, layout in progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas"):
+        record = _one(case, dtype, layout, gpu, args)
+        record["batch"] = args.batch
+        if args.explain:
+            console.print(_explain(record))
+        records.append(record)
+        if args.out and gpu:  # partial results survive an interrupted run
+            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
     summary = summarize(records) if gpu else []
     _print(console, records, summary, gpu)
     if args.out:
         write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu"})
         console.print(f"wrote {args.out}")
-    if args.plot and gpu:
-        plot(args.plot, records)
+    if args.plot:  # without a GPU: what CPU mode measured, each plan's predicted traffic
+        (plot if gpu else plot_plans)(args.plot, records)
         console.print(f"wrote {args.plot}")
     if not gpu:
         console.print("[yellow]No GPU here: plans were checked on the CPU reference and the PTX assembled with "
                       "ptxas. Timings need an NVIDIA GPU (sm_80+).[/]")
     return 0 if all(r.get("error_ok", True) for r in records) else 1
+
+
+def _check_outputs(args) -> None:
+    from ..console import check_output_path
+
+    for option, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None:
+            check_output_path(path, option)
 
 
 def _one(case, dtype, layout, gpu: bool, args) -> dict:
@@ -187,9 +193,7 @@ def parse_widths(spec: str) -> list[int]:
 
 
 def run_bench24(args) -> int:
-    from rich.progress import Progress
-
-    from ..cli import console
+    from ..console import console, progress
     from .report import write_json
     from .semi import host_overhead_us, run_case24
     from .semi_report import plot24, print24, summarize24
@@ -200,14 +204,11 @@ def run_bench24(args) -> int:
     dtypes = ["float16", "bfloat16"] if args.dtype == "all" else [DTYPES[args.dtype]]
     jobs = [(g, m, k, n, d) for d in dtypes for g, m, k in shapes for n in widths]
     records = []
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("2:4 benchmark", total=len(jobs))
-        for group, m, k, n, dtype in jobs:
-            progress.update(task, description=f"{group} {m}x{k} N={n} {dtype}")
-            records.append({"group": group, **run_case24(m, k, n, dtype, with_torch=not args.no_torch)})
-            if args.out:  # partial results survive an interrupted run
-                write_json(args.out, records, [], {"mode": "gpu", "partial": True})
-            progress.advance(task)
+    describe = lambda job: f"{job[0]} {job[1]}x{job[2]} N={job[3]} {job[4]}"  # noqa: E731
+    for group, m, k, n, dtype in progress(jobs, describe, "2:4 benchmark"):
+        records.append({"group": group, **run_case24(m, k, n, dtype, with_torch=not args.no_torch)})
+        if args.out:  # partial results survive an interrupted run
+            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
     overhead = host_overhead_us()
     summary = summarize24(records)
     print24(console, records, summary, overhead)

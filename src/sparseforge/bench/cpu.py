@@ -10,6 +10,7 @@ from ..plan import check_plan, execute
 from ..plan.csr import execute_csr
 from ..runtime import PtxasCompiler
 from ..suite import Case
+from .report import plan_traffic
 
 
 def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: bool, arch: int = 90) -> dict:
@@ -31,7 +32,8 @@ def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: boo
     record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,
               "N": n, "nnz": case.nnz, "dtype": dtype_name, "layout": layout, "config": plan.config.short(),
               "mapping": plan.mapping, "predicted_us": choice.records[choice.winner]["predicted_us"],
-              "choice": choice.records, "reference_rel_error": error, "plan_seconds": time.perf_counter() - start}
+              "choice": choice.records, "reference_rel_error": error, "plan_seconds": time.perf_counter() - start,
+              **plan_traffic(plan)}
     compiler = PtxasCompiler.available() if assemble else None
     if compiler:
         from ..codegen import render

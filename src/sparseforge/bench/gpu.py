@@ -71,12 +71,9 @@ def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: floa
 def _add_traffic(record: dict, plan) -> None:
     """The bytes the plan makes the kernel fetch (plan.operand_bytes: B re-read per row group, the usual
     limit) and the rate that implies: the 'why' behind a case far from its byte floor."""
-    from ..plan import operand_bytes
+    from .report import plan_traffic
 
-    if plan.mapping == "csr":  # W as data: no row groups to count (the cost model's terms are in the choice)
-        return
-    traffic = operand_bytes(plan)
-    fetched = traffic["chunked"] + traffic["atomics"] + plan.M * plan.N * plan.element_bytes
+    fetched = plan_traffic(plan)["fetched_bytes"]
     record["fetched_bytes"] = fetched
     record["fetched_tbs"] = fetched / (record["sparseforge_us"] * 1e-6) / 1e12
 

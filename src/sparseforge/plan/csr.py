@@ -154,6 +154,16 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
                    relu, arch, w.digest())
 
 
+def csr_bytes(plan: CsrPlan) -> dict[str, int]:
+    """Per batch entry, what the small-N kernel reads: W's data (index + value per slot) once per column
+    tile, and per nonzero and column tile one 32-byte sector of B (the lane's columns of row k; nk: one
+    sector per column). `minimum`: every row of B once."""
+    tiles = plan.grid[0]
+    data = plan.cols.size * (4 + plan.element_bytes) * tiles
+    per_nonzero = min(32, plan.config.columns * plan.element_bytes) if plan.layout == "kn" else 32 * plan.config.columns
+    return {"fetched": data + plan.nnz * tiles * per_nonzero, "minimum": plan.K * plan.N * plan.element_bytes}
+
+
 def execute_csr(plan: CsrPlan, b: np.ndarray) -> np.ndarray:
     """float64 reference of what the kernel computes (used by tests and the CPU bench mode)."""
     b = np.asarray(b, dtype=np.float64)

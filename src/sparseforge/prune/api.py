@@ -37,12 +37,49 @@ class PruneReport:
     layers: list[LayerPruned] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[Skipped] = field(default_factory=list)  # pruned, but with a caveat (e.g. will run dense)
+    state_key: str | None = None  # prune_state_dict: the checkpoint key the weights sat under (None: at the top)
 
     @property
     def sparsity(self) -> float:
         """Sparsity over the pruned layers together."""
         total = sum(layer.numel for layer in self.layers)
         return 1.0 - sum(layer.nonzero_after for layer in self.layers) / total if total else 0.0
+
+    @property
+    def warnings(self) -> list[str]:
+        """Layers pruning left without a single nonzero. They stay pruned as asked, but such a layer now
+        outputs only its bias: usually a global threshold above every weight of a layer with small weights."""
+        return [f"{layer.name} ({'x'.join(map(str, layer.shape))}) has no nonzero weight left and now outputs "
+                "only its bias; prune per layer, exclude it, or lower the sparsity if that is not intended"
+                for layer in self.layers if layer.nonzero_after == 0 and layer.nonzero_before > 0]
+
+
+# Keys under which training code nests the weights of a checkpoint, tried in this order: Lightning
+# ("state_dict"), the usual training loops ("model_state_dict", "model"), wrappers ("module", "net").
+NESTED_STATE_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network")
+
+
+def find_state_dict(checkpoint: dict) -> tuple[str | None, dict]:
+    """(key, state dict): where a checkpoint keeps its weights. A flat state dict (tensors at its top level)
+    is its own (key None); else the mapping of tensors under one of NESTED_STATE_KEYS, else the only mapping
+    that holds tensors. Raises ValueError when there is none, or several and none under a usual key."""
+    def holds_tensors(mapping) -> bool:
+        return isinstance(mapping, dict) and any(isinstance(v, torch.Tensor) for v in mapping.values())
+
+    if holds_tensors(checkpoint):
+        return None, checkpoint
+    nested = {key: value for key, value in checkpoint.items() if holds_tensors(value)}
+    for key in NESTED_STATE_KEYS:
+        if key in nested:
+            return key, nested[key]
+    if len(nested) == 1:
+        return next(iter(nested.items()))
+    if not nested:
+        keys = ", ".join(map(repr, list(checkpoint)[:6])) or "none"
+        raise ValueError(f"the checkpoint holds no tensors, neither at its top level nor in a nested mapping "
+                         f"(keys: {keys}); save model.state_dict()")
+    raise ValueError(f"the checkpoint holds several mappings of tensors ({', '.join(map(repr, nested))}) and none "
+                     f"under a usual key ({', '.join(NESTED_STATE_KEYS)}); save the one to prune on its own")
 
 
 def parse_nm(nm) -> tuple[int, int]:
@@ -108,14 +145,18 @@ def prune_model(model: nn.Module, sparsity: float | None = None, nm=None, scope:
 def prune_state_dict(state: dict[str, torch.Tensor], sparsity: float | None = None, nm=None, scope: str = "layer",
                      include: LayerFilter = None, exclude: LayerFilter = None
                      ) -> tuple[dict[str, torch.Tensor], PruneReport]:
-    """Prune the 2-D and 4-D floating 'weight' tensors of a state dict; returns (new state, report)."""
+    """Prune the 2-D and 4-D floating 'weight' tensors of a state dict; returns (new state, report).
+
+    A checkpoint that nests its state dict (`{"state_dict": ..., "epoch": ...}`, see find_state_dict) is
+    pruned there and returned whole, its other keys unchanged; report.state_key names where."""
     report = PruneReport(_method(sparsity, nm, scope))
-    chosen, report.skipped = select_state_dict(state, include, exclude)
-    weights = {name: state[name] for name in chosen}
+    report.state_key, weights_in = find_state_dict(state)
+    chosen, report.skipped = select_state_dict(weights_in, include, exclude)
+    weights = {name: weights_in[name] for name in chosen}
     masks = _masks(weights, sparsity, nm, scope, report.skipped)
-    pruned = dict(state)
+    pruned = dict(weights_in)
     for name, mask in masks.items():
         pruned[name] = weights[name] * mask
         report.layers.append(LayerPruned(name, tuple(mask.shape), int(torch.count_nonzero(weights[name])),
                                          int(torch.count_nonzero(pruned[name]))))
-    return pruned, report
+    return (pruned if report.state_key is None else {**state, report.state_key: pruned}), report

@@ -18,12 +18,16 @@ class Skipped:
     reason: str
 
 
-def _matches(spec: LayerFilter, name: str, module: nn.Module) -> bool:
-    if spec is None:
-        return False
-    if callable(spec):
-        return bool(spec(name, module))
-    return re.search(spec, name) is not None
+def _name_filter(spec: LayerFilter, argument: str) -> Callable[[str, nn.Module | None], bool] | None:
+    """The filter as a callable; a pattern is compiled here, so a bad one is named before any work is done."""
+    if spec is None or callable(spec):
+        return spec
+    try:
+        pattern = re.compile(spec)
+    except re.error as err:
+        raise ValueError(f"{argument} {spec!r} is not a valid regular expression ({err}); escape characters "
+                         "such as ( [ + * ? with a backslash to match them literally") from None
+    return lambda name, module: pattern.search(name) is not None
 
 
 def weight_matrix_view(weight: torch.Tensor) -> torch.Tensor:
@@ -34,6 +38,7 @@ def weight_matrix_view(weight: torch.Tensor) -> torch.Tensor:
 def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerFilter = None
                   ) -> tuple[list[tuple[str, nn.Module]], list[Skipped]]:
     """Split the model's weighted modules into (prunable Linear/Conv2d layers, skipped with reasons)."""
+    include, exclude = _name_filter(include, "include"), _name_filter(exclude, "exclude")
     chosen: list[tuple[str, nn.Module]] = []
     skipped: list[Skipped] = []
     for name, module in model.named_modules():
@@ -42,9 +47,9 @@ def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerF
             continue
         if not isinstance(module, (nn.Linear, nn.Conv2d)):
             skipped.append(Skipped(name, f"{type(module).__name__} is not nn.Linear or nn.Conv2d"))
-        elif include is not None and not _matches(include, name, module):
+        elif include is not None and not include(name, module):
             skipped.append(Skipped(name, "not matched by include"))
-        elif _matches(exclude, name, module):
+        elif exclude is not None and exclude(name, module):
             skipped.append(Skipped(name, "matched by exclude"))
         elif not torch.is_floating_point(weight):
             skipped.append(Skipped(name, f"weight dtype {weight.dtype} is not floating point"))
@@ -56,6 +61,7 @@ def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerF
 def select_state_dict(state: dict[str, torch.Tensor], include: LayerFilter = None, exclude: LayerFilter = None
                       ) -> tuple[list[str], list[Skipped]]:
     """The same choice over a bare state dict: 2-D (Linear) and 4-D (Conv2d) floating 'weight' tensors."""
+    include, exclude = _name_filter(include, "include"), _name_filter(exclude, "exclude")
     chosen: list[str] = []
     skipped: list[Skipped] = []
     for name, tensor in state.items():
@@ -67,7 +73,7 @@ def select_state_dict(state: dict[str, torch.Tensor], include: LayerFilter = Non
     return chosen, skipped
 
 
-def _state_skip_reason(name: str, tensor, include: LayerFilter, exclude: LayerFilter) -> str | None:
+def _state_skip_reason(name: str, tensor, include, exclude) -> str | None:
     if not isinstance(tensor, torch.Tensor):
         return f"not a tensor ({type(tensor).__name__})"
     if not name.endswith("weight"):
@@ -76,9 +82,9 @@ def _state_skip_reason(name: str, tensor, include: LayerFilter, exclude: LayerFi
         return f"{tensor.ndim}-D tensor: only 2-D (Linear) and 4-D (Conv2d) weights are pruned"
     if not torch.is_floating_point(tensor):
         return f"dtype {tensor.dtype} is not floating point"
-    if include is not None and not (re.search(include, name) if isinstance(include, str) else include(name, None)):
+    if include is not None and not include(name, None):
         return "not matched by include"
-    if exclude is not None and (re.search(exclude, name) if isinstance(exclude, str) else exclude(name, None)):
+    if exclude is not None and exclude(name, None):
         return "matched by exclude"
     return None
 

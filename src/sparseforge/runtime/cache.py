@@ -5,7 +5,10 @@ Layout: <cache_dir>/<sparseforge version>/sm_<arch>/<key[:2]>/<key>/{kernel.cubi
 - writes go to a temporary folder first and are moved in with os.replace; meta.json, written last and
   holding the cubin's sha256, marks an entry complete;
 - an entry whose cubin is missing, truncated or altered is removed and rebuilt, never trusted;
-- a file lock per key, with a second look after taking it, so parallel processes build a key once.
+- a file lock per key, with a second look after taking it, so parallel processes build a key once;
+- a file where a folder of the layout belongs (or a folder where a file does) is removed and rebuilt; a root
+  that cannot hold the folders (a file, say) turns the disk cache off with one warning: kernels still build;
+- a tuning record of the wrong shape is removed and None returned, so the caller tunes again.
 """
 from __future__ import annotations
 
@@ -15,13 +18,31 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
 from .. import env
 
-_VERSION = "0.1.0"
+from .._version import __version__ as _VERSION
+_WARNED_ROOTS: set[Path] = set()  # one warning per unusable root and process, not one per kernel
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever sits at path (folder, file or link), ignoring what is already gone."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _is_tuning_record(record) -> bool:
+    return (isinstance(record, dict) and isinstance(record.get("config"), dict)
+            and isinstance(record.get("records"), list))
 
 
 def cache_key(*parts: str | bytes) -> str:
@@ -40,6 +61,32 @@ class KernelCache:
 
     def _folder(self, key: str, arch: int) -> Path:
         return self.root / _VERSION / f"sm_{arch}" / key[:2] / key
+
+    def _make_dirs(self, folder: Path) -> bool:
+        """Create folder below the root, replacing a file that sits where one of its folders belongs. False,
+        after turning the disk cache off with one warning, when the root itself cannot hold them."""
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return True
+        except (FileExistsError, NotADirectoryError):  # a file in the way; the root itself is never removed
+            for part in [*(p for p in reversed(folder.parents) if self.root in p.parents), folder]:
+                if not part.is_dir():
+                    _remove(part)
+        except OSError:
+            pass
+        try:
+            if self.root.is_dir():
+                folder.mkdir(parents=True, exist_ok=True)
+                return True
+        except OSError:
+            pass
+        self.enabled = False
+        if self.root not in _WARNED_ROOTS:
+            _WARNED_ROOTS.add(self.root)
+            warnings.warn(f"kernel cache {self.root} is unusable (not a writable directory): kernels are built "
+                          "without the disk cache; remove it or point SPARSEFORGE_CACHE_DIR elsewhere",
+                          RuntimeWarning)
+        return False
 
     def get(self, key: str, arch: int) -> tuple[bytes, dict] | None:
         """The cached (cubin, meta), or None when absent or damaged (a damaged entry is removed)."""
@@ -63,13 +110,14 @@ class KernelCache:
         if not self.enabled:
             return
         folder = self._folder(key, arch)
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        if not self._make_dirs(folder.parent):
+            return
         staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
         try:
             (staging / "kernel.cubin").write_bytes(cubin)
             record = dict(meta, cubin_sha256=hashlib.sha256(cubin).hexdigest(), key=key)
             (staging / "meta.json").write_text(json.dumps(record, indent=1, sort_keys=True))
-            shutil.rmtree(folder, ignore_errors=True)
+            _remove(folder)  # a damaged entry, or a file where the entry's folder belongs
             os.replace(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -80,7 +128,11 @@ class KernelCache:
             yield
             return
         lock_dir = self.root / _VERSION / f"sm_{arch}" / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
+        if not self._make_dirs(lock_dir):
+            yield
+            return
+        if (lock_dir / f"{key}.lock").is_dir():
+            _remove(lock_dir / f"{key}.lock")
         with open(lock_dir / f"{key}.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -107,18 +159,31 @@ class KernelCache:
         return self.root / _VERSION / f"sm_{arch}" / "tune" / f"{key}.json"
 
     def get_tuned(self, key: str, arch: int) -> dict | None:
+        """The stored winner: a dict with a "config" dict and a "records" list, or None. A file of any other
+        shape (or not JSON) is removed, so the caller tunes again. The config's fields are the caller's to
+        check (TileConfig validates itself)."""
         if not self.enabled:
             return None
+        path = self._tune_path(key, arch)
         try:
-            return json.loads(self._tune_path(key, arch).read_text())
-        except (OSError, ValueError):
+            record = json.loads(path.read_text())
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except (OSError, ValueError):
+            record = None
+        if _is_tuning_record(record):
+            return record
+        _remove(path)
+        return None
 
     def put_tuned(self, key: str, arch: int, record: dict) -> None:
         if not self.enabled:
             return
         path = self._tune_path(key, arch)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not self._make_dirs(path.parent):
+            return
+        if path.is_dir():
+            _remove(path)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
         os.replace(tmp, path)

@@ -53,7 +53,7 @@ def test_plot_writes_png(tmp_path):
 
 def test_bench24_without_gpu_says_so(capsys):
     assert main(["bench24", "--shapes", "bert", "--n", "16"]) == 2
-    assert "needs an NVIDIA GPU" in capsys.readouterr().out
+    assert "needs an NVIDIA GPU" in capsys.readouterr().err
 
 
 def test_summary_reports_the_gemv_where_measured():
@@ -67,4 +67,4 @@ def test_summary_reports_the_gemv_where_measured():
 @pytest.mark.parametrize("spec", ["", "0,16", "a,b", "-4"])
 def test_bad_widths_are_named_before_looking_for_a_gpu(spec, capsys):
     assert main(["bench24", "--shapes", "bert", "--n", spec]) == 2
-    assert "--n needs comma-separated positive widths" in capsys.readouterr().out
+    assert "--n needs comma-separated positive widths" in capsys.readouterr().err

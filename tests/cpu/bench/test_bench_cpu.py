@@ -1,7 +1,9 @@
 import json
 import math
 
-from sparseforge.bench.report import geomean, plot, summarize
+import pytest
+
+from sparseforge.bench.report import geomean, plot, plot_plans, summarize
 from sparseforge.cli import main
 from sparseforge.suite import SAMPLE_DIR
 
@@ -14,7 +16,32 @@ def test_bench_cpu_mode_checks_plans_and_assembles(tmp_path, capsys):
     assert data["mode"] == "cpu" and len(data["cases"]) == 2
     for record in data["cases"]:
         assert record["reference_rel_error"] < 1e-12 and record["cubin_bytes"] > 0
+        assert record["fetched_bytes"] >= record["floor_bytes"] > 0  # the plan's predicted traffic, for the plot
     assert "Timings need an NVIDIA GPU" in capsys.readouterr().out
+
+
+def test_bench_cpu_mode_shows_progress_off_a_terminal_and_plots_the_plans(tmp_path, capsys):
+    png = tmp_path / "plans.png"
+    assert main(["bench", str(SAMPLE_DIR / "rn50"), "--cpu", "--limit", "2", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out  # captured: not a terminal, where rich's bar shows nothing until the end
+    assert "CPU reference + ptxas [1/2] rn50/magnitude_pruning/0.9/bottleneck_1_block_group1_1_1 float32 kn" in out
+    assert "CPU reference + ptxas [2/2] " in out and f"wrote {png}" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plans_plot_shows_predicted_traffic_over_the_floor(tmp_path):
+    records = [{"dtype": "float32", "layout": layout, "fetched_bytes": 3e6, "floor_bytes": 1e6}
+               for layout in ("kn", "nk")]
+    plot_plans(tmp_path / "p.png", records)
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_bench_refuses_a_missing_output_directory_before_running(tmp_path, option, cli_error):
+    target = SAMPLE_DIR / "rn50/magnitude_pruning/0.95/initial_conv.smtx"
+    message = cli_error("bench", target, "--cpu", option, tmp_path / "missing" / "r.out")
+    assert f"{option} " in message and "does not exist" in message
+    assert not (tmp_path / "missing").exists()
 
 
 def test_geomean_and_summary():

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from sparseforge.prune import prune_model, prune_state_dict
+from sparseforge.prune import find_state_dict, prune_model, prune_state_dict
 
 
 class Net(nn.Module):
@@ -63,7 +63,40 @@ def test_state_dict_pruning():
     ({"sparsity": 0.5, "nm": "2:4"}, "exactly one"),
     ({"nm": "2-4"}, "2:4"),
     ({"sparsity": 0.5, "scope": "model"}, "scope"),
+    ({"sparsity": 0.5, "include": "("}, r"include '\(' is not a valid regular expression"),
+    ({"sparsity": 0.5, "exclude": "fc["}, r"exclude 'fc\[' is not a valid regular expression"),
 ])
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         prune_model(Net(), **kwargs)
+
+
+def test_a_layer_pruning_empties_stays_pruned_and_is_named_in_the_warnings():
+    model = nn.Sequential(nn.Linear(128, 256), nn.Linear(128, 10))
+    with torch.no_grad():
+        model[1].weight.mul_(1e-4)  # below every weight of the big layer: a global threshold takes them all
+    report = prune_model(model, sparsity=0.9, scope="global")
+    emptied = {layer.name: layer for layer in report.layers}["1"]
+    assert emptied.nonzero_after == 0 and not model[1].weight.any()
+    assert len(report.warnings) == 1 and report.warnings[0].startswith("1 (10x128) has no nonzero weight left")
+    assert prune_model(nn.Linear(8, 8), sparsity=0.5).warnings == []
+
+
+@pytest.mark.parametrize("key", ["state_dict", "model", "ema"])
+def test_nested_checkpoint_is_pruned_where_it_keeps_its_weights(key):
+    state = Net().state_dict()
+    checkpoint = {key: state, "epoch": 7, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}}
+    pruned, report = prune_state_dict(checkpoint, sparsity=0.5)
+    assert report.state_key == key and len(report.layers) == 4
+    assert pruned["epoch"] == 7 and pruned["optimizer"] is checkpoint["optimizer"]
+    assert int((pruned[key]["fc.weight"] == 0).sum()) == 24 and torch.equal(pruned[key]["fc.bias"], state["fc.bias"])
+
+
+def test_find_state_dict_prefers_usual_keys_and_refuses_what_it_cannot_tell():
+    state = {"fc.weight": torch.ones(2, 2)}
+    assert find_state_dict(state) == (None, state)
+    assert find_state_dict({"ema": state, "model": state})[0] == "model"
+    with pytest.raises(ValueError, match="several mappings of tensors \\('a', 'b'\\)"):
+        find_state_dict({"a": state, "b": state})
+    with pytest.raises(ValueError, match="holds no tensors.*'epoch'"):
+        find_state_dict({"epoch": 3})

@@ -1,4 +1,7 @@
 
+import shutil
+import warnings
+
 import pytest
 
 from sparseforge.runtime import KernelCache, cache_key
@@ -64,9 +67,57 @@ def test_env_moves_and_disables_cache(tmp_path, monkeypatch):
 
 def test_tuned_records_round_trip(tmp_path):
     cache = KernelCache(tmp_path, enabled=True)
-    cache.put_tuned("t" * 64, 90, {"config": {"vec": 2}})
-    assert cache.get_tuned("t" * 64, 90) == {"config": {"vec": 2}}
+    cache.put_tuned("t" * 64, 90, {"config": {"vec": 2}, "records": [{"us": 3.0}]})
+    assert cache.get_tuned("t" * 64, 90) == {"config": {"vec": 2}, "records": [{"us": 3.0}]}
     assert cache.get_tuned("u" * 64, 90) is None
+
+
+@pytest.mark.parametrize("text", ["[1]", '{"config": {"bogus": 1}}', '{"config": [2], "records": []}',
+                                  '{"config": {"vec": 2}, "records": {}}', "null", '"vec"', "{not json", "\xff"])
+def test_tuned_record_of_the_wrong_shape_is_removed(tmp_path, text):
+    cache = KernelCache(tmp_path, enabled=True)
+    cache.put_tuned("t" * 64, 90, {"config": {}, "records": []})
+    path = next(tmp_path.rglob("*.json"))
+    path.write_text(text)
+    assert cache.get_tuned("t" * 64, 90) is None and not path.exists()
+    path.mkdir()  # a folder where the record belongs
+    assert cache.get_tuned("t" * 64, 90) is None and not path.exists()
+    cache.put_tuned("t" * 64, 90, {"config": {"vec": 3}, "records": []})  # field values are the caller's to check
+    assert cache.get_tuned("t" * 64, 90)["config"] == {"vec": 3}
+
+
+@pytest.mark.parametrize("damage", ["entry_is_a_file", "shard_is_a_file", "locks_is_a_file", "lock_is_a_folder",
+                                    "meta_is_a_folder", "cubin_is_a_folder"])
+def test_layout_damage_is_repaired_without_a_warning(tmp_path, damage):
+    cache, key = KernelCache(tmp_path, enabled=True), cache_key("layout")
+    cache.get_or_build(key, 90, lambda: (b"old", {}))
+    arch_dir = tmp_path / "0.1.0" / "sm_90"
+    entry = arch_dir / key[:2] / key
+    target = {"entry_is_a_file": entry, "shard_is_a_file": entry.parent, "locks_is_a_file": arch_dir / "locks",
+              "lock_is_a_folder": arch_dir / "locks" / f"{key}.lock", "meta_is_a_folder": entry / "meta.json",
+              "cubin_is_a_folder": entry / "kernel.cubin"}[damage]
+    if damage.startswith("lock"):
+        shutil.rmtree(entry)  # a miss, so the build goes through the lock
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    target.mkdir() if damage.endswith("folder") else target.write_text("in the way")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        blob, _, hit = cache.get_or_build(key, 90, lambda: (b"new", {}))
+        assert (blob, hit) == (b"new", False)
+        blob, _, hit = cache.get_or_build(key, 90, lambda: (b"again", {}))
+        assert (blob, hit) == (b"new", True)
+
+
+def test_a_file_as_the_cache_root_bypasses_the_cache_with_one_warning(tmp_path):
+    root = tmp_path / "cache"
+    root.write_text("not a folder")
+    with pytest.warns(RuntimeWarning, match="is unusable") as caught:
+        for _ in range(3):  # compile_spmm makes a KernelCache per call
+            blob, _, hit = KernelCache(root, enabled=True).get_or_build(cache_key("r"), 90, lambda: (b"k", {}))
+            assert (blob, hit) == (b"k", False)
+        KernelCache(root, enabled=True).put_tuned("t" * 64, 90, {"config": {}, "records": []})
+        assert KernelCache(root, enabled=True).get_tuned("t" * 64, 90) is None
+    assert len(caught) == 1 and root.read_text() == "not a folder"
 
 
 def test_key_separates_parts():
