@@ -30,18 +30,24 @@ FITTED = ("l2_bytes_per_s", "ifetch_bytes_per_s", "launch_us", "cycles_per_instr
 
 def parse_config(short: str):
     if short.startswith("csr_"):
-        m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)", short)
-        return CsrConfig(int(m[1]), int(m[2]), int(m[3]))
+        m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)(?:u(\d+))?", short)
+        return CsrConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1))
     m = re.fullmatch(r"r(\d+)w(\d+)v(\d+)b(\d+)g(\d+)(?:s(\d+))?(?:k(\d+))?(t?)(c?)", short)
     return TileConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0), int(m[7] or 0),
                       bool(m[8]), bool(m[9]))
 
 
 def load_records(paths):
+    """(case, config label, measured us) from bench JSON (one config a case) or designs.py JSON (every
+    candidate of a case)."""
     for path in paths:
         data = json.loads(Path(path).read_text())
         for case in data.get("cases", []):
-            if case.get("config") and case.get("sparseforge_us") and case.get("error_ok", True):
+            if "candidates" in case:
+                for r in case["candidates"]:
+                    if r.get("us") and r.get("error_ok", True):
+                        yield {**case, "config": r["label"], "sparseforge_us": r["us"]}
+            elif case.get("config") and case.get("sparseforge_us") and case.get("error_ok", True):
                 yield case
 
 

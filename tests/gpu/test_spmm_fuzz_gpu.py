@@ -21,7 +21,9 @@ TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
 def _config(rng, layout: str, relu: bool):
     kind = rng.integers(0, 6)
     if kind == 0:
-        return CsrConfig(int(rng.choice([4, 8, 16, 32])), int(rng.integers(1, 17)), int(rng.choice([1, 2, 4])))
+        columns = int(rng.integers(1, 17))
+        return CsrConfig(int(rng.choice([4, 8, 16, 32])), columns, int(rng.choice([1, 2, 4])),
+                         int(rng.choice([1, 2])) if columns <= 8 else 1)
     if layout == "nk" and kind == 1:  # X staged through shared memory
         return TileConfig(int(rng.integers(1, 6)), int(rng.choice([1, 2, 4])), 1, int(rng.integers(1, 17)))
     rows = 1 if kind == 2 else int(rng.integers(1, 9))  # kind 2: row per block

@@ -24,18 +24,26 @@ def _widen(e: Emitter, dtype: str, dst: str, half: str) -> None:
         e.line(f"cvt.f32.f16 {dst}, {half};")
 
 
-def _load_values(e: Emitter, plan: CsrPlan) -> None:
-    """%w0..3 = the step's 4 weights as fp32."""
+def _load_values(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str) -> None:
+    """Issue sub-step u's load of 4 weights: fp32 straight into %w{4u}.., 16-bit into %vw{2u}, %vw{2u+1}."""
+    address = f"[%rdv+{offset}]" if offset else "[%rdv]"
     if plan.element_bytes == 4:
-        e.line("ld.global.nc.v4.b32 {%w0, %w1, %w2, %w3}, [%rdv];")
+        w = [f"%w{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
+        e.line(f"{guard}ld.global.nc.v4.b32 {{{', '.join(w)}}}, {address};")
+    else:
+        e.line(f"{guard}ld.global.nc.v2.b32 {{%vw{2 * u}, %vw{2 * u + 1}}}, {address};")
+
+
+def _unpack_values(e: Emitter, plan: CsrPlan, u: int) -> None:
+    """16-bit weights of sub-step u to fp32 %w{4u}..%w{4u+3} (after every load is in flight)."""
+    if plan.element_bytes == 4:
         return
-    e.line("ld.global.nc.v2.b32 {%vw0, %vw1}, [%rdv];")
     for i in range(NNZ_PER_STEP):
-        word = f"%vw{i // 2}"
+        w, word = f"%w{NNZ_PER_STEP * u + i}", f"%vw{2 * u + i // 2}"
         if plan.dtype == "bfloat16":
-            e.line(f"shl.b32 %w{i}, {word}, 16;" if i % 2 == 0 else f"and.b32 %w{i}, {word}, -65536;")
+            e.line(f"shl.b32 {w}, {word}, 16;" if i % 2 == 0 else f"and.b32 {w}, {word}, -65536;")
         else:
-            e.lines([f"mov.b32 {{%hv0, %hv1}}, {word};", f"cvt.f32.f16 %w{i}, %hv{i % 2};"])
+            e.lines([f"mov.b32 {{%hv0, %hv1}}, {word};", f"cvt.f32.f16 {w}, %hv{i % 2};"])
 
 
 def _operand_offsets(plan: CsrPlan) -> tuple[int, int]:
@@ -45,42 +53,55 @@ def _operand_offsets(plan: CsrPlan) -> tuple[int, int]:
 
 
 def _step(e: Emitter, plan: CsrPlan) -> None:
-    """One step of a lane: 4 nonzeros (predicated on the row's real end) x the lane's column tile."""
+    """One iteration of a lane: `unroll` steps of 4 nonzeros (each predicated on the row's real end) x the
+    lane's column tile. All index and value loads first, then all B loads, then the FMAs."""
     es, width, cols = plan.element_bytes, plan.load_width, plan.config.columns
+    lanes, unroll = plan.config.lanes_per_row, plan.config.unroll
     k_stride, n_stride = _operand_offsets(plan)
-    e.line("ld.global.nc.v4.u32 {%c0, %c1, %c2, %c3}, [%rdi];")
-    _load_values(e, plan)
-    for i in range(NNZ_PER_STEP):
-        e.lines([f"add.u32 %t, %rp, {i};", f"setp.lt.u32 %pz{i}, %t, %rend;",
-                 f"mad.wide.u32 %rdx{i}, %c{i}, {k_stride}, %rdb;"])
+    slots = NNZ_PER_STEP * unroll
+    for u in range(unroll):
+        c = [f"%c{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
+        offset = u * lanes * NNZ_PER_STEP
+        guard = ""
+        if u:  # later steps may lie past the row's padded slots (past the arrays, on the last row)
+            e.lines([f"add.u32 %t, %rp, {offset};", f"setp.lt.u32 %pu{u}, %t, %rend;"])
+            guard = f"@%pu{u} "
+        e.line(f"{guard}ld.global.nc.v4.u32 {{{', '.join(c)}}}, [%rdi{'+' + str(offset * 4) if offset else ''}];")
+        _load_values(e, plan, u, offset * es, guard)
+    for s in range(slots):
+        offset = (s // NNZ_PER_STEP) * lanes * NNZ_PER_STEP + s % NNZ_PER_STEP
+        e.lines([f"add.u32 %t, %rp, {offset};", f"setp.lt.u32 %pz{s}, %t, %rend;",
+                 f"mad.wide.u32 %rdx{s}, %c{s}, {k_stride}, %rdb;"])
     loads = cols // width
-    for i in range(NNZ_PER_STEP):
+    for u in range(unroll):
+        _unpack_values(e, plan, u)
+    for s in range(slots):
         for v in range(loads):
-            guard = f"%pq{i}_{v}"
-            e.line(f"and.pred {guard}, %pz{i}, %pn{v};")
+            guard = f"%pq{s}_{v}"
+            e.line(f"and.pred {guard}, %pz{s}, %pn{v};")
             offset = v * width * n_stride
-            address = f"[%rdx{i}+{offset}]" if offset else f"[%rdx{i}]"
+            address = f"[%rdx{s}+{offset}]" if offset else f"[%rdx{s}]"
             if es == 4:
-                regs = [f"%x{i}_{v * width + j}" for j in range(width)]
+                regs = [f"%x{s}_{v * width + j}" for j in range(width)]
                 kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[width]
             else:
-                regs = [f"%hx{i}_{v * width + j}" for j in range(width)] if width == 1 else \
-                    [f"%xw{i}_{v * (width // 2) + j}" for j in range(width // 2)]
+                regs = [f"%hx{s}_{v * width + j}" for j in range(width)] if width == 1 else \
+                    [f"%xw{s}_{v * (width // 2) + j}" for j in range(width // 2)]
                 kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[width]
             target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
             e.line(f"@{guard} ld.global.nc.{kind} {target}, {address};")
-    for i in range(NNZ_PER_STEP):
+    for s in range(slots):
         for j in range(cols):
-            x = f"%x{i}_{j}"
+            x = f"%x{s}_{j}"
             if es == 2:
                 if width == 1:
-                    _widen(e, plan.dtype, x, f"%hx{i}_{j}")
+                    _widen(e, plan.dtype, x, f"%hx{s}_{j}")
                 elif plan.dtype == "bfloat16":
-                    word = f"%xw{i}_{j // 2}"
+                    word = f"%xw{s}_{j // 2}"
                     e.line(f"shl.b32 {x}, {word}, 16;" if j % 2 == 0 else f"and.b32 {x}, {word}, -65536;")
                 else:
-                    e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{i}_{j // 2};", f"cvt.f32.f16 {x}, %hv{j % 2};"])
-            e.line(f"@%pq{i}_{j // width} fma.rn.f32 %acc{j}, %w{i}, {x}, %acc{j};")
+                    e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{s}_{j // 2};", f"cvt.f32.f16 {x}, %hv{j % 2};"])
+            e.line(f"@%pq{s}_{j // width} fma.rn.f32 %acc{j}, %w{s}, {x}, %acc{j};")
 
 
 def _store(e: Emitter, plan: CsrPlan) -> None:
@@ -139,7 +160,7 @@ def render_csr(plan: CsrPlan) -> KernelSource:
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
              f"mul.wide.u32 %rdt, %rn0, {n_stride};", "add.s64 %rdb, %rdb, %rdt;"])
     e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(cols)])
-    step = lanes * NNZ_PER_STEP
+    step = lanes * NNZ_PER_STEP * c.unroll
     e.label("STEP")
     e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;"])
     _step(e, plan)
@@ -155,19 +176,21 @@ def render_csr(plan: CsrPlan) -> KernelSource:
     _store(e, plan)
     e.label("DONE")
     e.line("ret;")
-    regs_x = ", ".join(f"%x{i}_{j}" for i in range(NNZ_PER_STEP) for j in range(cols))
-    preds = ", ".join([f"%pz{i}" for i in range(NNZ_PER_STEP)] + [f"%pn{v}" for v in range(cols // width)]
-                      + [f"%pq{i}_{v}" for i in range(NNZ_PER_STEP) for v in range(cols // width)])
+    slots = NNZ_PER_STEP * c.unroll
+    regs_x = ", ".join(f"%x{i}_{j}" for i in range(slots) for j in range(cols))
+    preds = ", ".join([f"%pz{i}" for i in range(slots)] + [f"%pn{v}" for v in range(cols // width)]
+                      + [f"%pu{u}" for u in range(1, c.unroll)]
+                      + [f"%pq{i}_{v}" for i in range(slots) for v in range(cols // width)])
     decl = [f".reg .pred %pt, {preds};",
-            ".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<4>, %vw<2>;",
-            ".reg .b32 %f, %w<4>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
+            f".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>;",
+            f".reg .b32 %f, %w<{slots}>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
             ".reg .b16 %ho, %hv0, %hv1;",
-            ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(NNZ_PER_STEP)) + ";"]
+            ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(slots)) + ";"]
     if es == 2:
         if width == 1:
-            decl.append(".reg .b16 " + ", ".join(f"%hx{i}_{j}" for i in range(NNZ_PER_STEP) for j in range(cols)) + ";")
+            decl.append(".reg .b16 " + ", ".join(f"%hx{i}_{j}" for i in range(slots) for j in range(cols)) + ";")
         else:
-            decl.append(".reg .b32 " + ", ".join(f"%xw{i}_{j}" for i in range(NNZ_PER_STEP)
+            decl.append(".reg .b32 " + ", ".join(f"%xw{i}_{j}" for i in range(slots)
                                                  for j in range(cols // 2)) + ";")
     text = "\n".join([
         f"// sparseforge generated kernel: {plan.name}",

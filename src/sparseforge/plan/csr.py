@@ -30,6 +30,9 @@ class CsrConfig:
     lanes_per_row: int = 32   # lanes that share one row's nonzeros (4..32); 32 / lanes rows per warp
     columns: int = 8          # output columns (of N) one lane accumulates; grid.x covers N in these tiles
     warps_per_block: int = 4  # rows per block = warps * 32 / lanes_per_row
+    # steps of 4 nonzeros a lane issues before waiting on any: the loop's chain (indices, then B) is two
+    # dependent L2 round trips per iteration, so 2 halves the iterations of rows up to 256 nonzeros
+    unroll: int = 1
 
     def __post_init__(self):
         if self.lanes_per_row not in (4, 8, 16, 32):
@@ -38,6 +41,11 @@ class CsrConfig:
             raise ValueError(f"columns must be in 1..32, got {self.columns}")
         if self.warps_per_block not in (1, 2, 4, 8, 16):
             raise ValueError(f"warps_per_block must be 1, 2, 4, 8 or 16, got {self.warps_per_block}")
+        if self.unroll not in (1, 2):
+            raise ValueError(f"unroll must be 1 or 2, got {self.unroll}")
+        if self.unroll * self.columns > 16:
+            raise ValueError(f"unroll x columns must be <= 16 (B values held in registers), got "
+                             f"{self.unroll} x {self.columns}")
 
     @property
     def threads(self) -> int:
@@ -48,7 +56,7 @@ class CsrConfig:
         return self.threads // self.lanes_per_row
 
     def short(self) -> str:
-        return f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}"
+        return f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}" + (f"u{self.unroll}" if self.unroll > 1 else "")
 
 
 @dataclass(frozen=True, eq=False)

@@ -96,12 +96,12 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     c, es = plan.config, plan.element_bytes
     tiles, row_blocks = plan.grid
     counts = (plan.rows[:, 1] - plan.rows[:, 0]).astype(np.int64)
-    steps = -(-counts // (c.lanes_per_row * NNZ_PER_STEP))
+    steps = -(-counts // (c.lanes_per_row * NNZ_PER_STEP * c.unroll))  # loop iterations per row
     rows_per_warp = 32 // c.lanes_per_row
     padded = np.concatenate([steps, np.zeros((-len(steps)) % rows_per_warp, np.int64)])
     warp_steps = padded.reshape(-1, rows_per_warp).max(axis=1)
     loads = c.columns // plan.load_width
-    per_step = 12 + NNZ_PER_STEP * (4 + loads + c.columns * (2 if es == 2 else 1))
+    per_step = c.unroll * (12 + NNZ_PER_STEP * (4 + loads + c.columns * (2 if es == 2 else 1)))
     reduce = c.columns * 2 * int(math.log2(c.lanes_per_row)) + 2 * c.columns + 30
     warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * tiles * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
@@ -111,7 +111,7 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     written = plan.M * plan.N * es * batch
     traffic = (data + gathers + written) / gpu.l2_bytes_per_s
     blocks = tiles * row_blocks * batch
-    registers = 40 + c.columns * (NNZ_PER_STEP + 1)
+    registers = 40 + c.columns * (NNZ_PER_STEP * c.unroll + 1)
     waves = _waves(blocks, c.warps_per_block, registers, gpu)
     chain = warp_steps * gpu.step_cycles + reduce * gpu.cycles_per_instruction
     latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz

@@ -36,12 +36,14 @@ def row_per_block(n: int, layout: str) -> list[TileConfig]:
 
 def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
     """Lanes per row near the row's nonzeros / 8 (each lane then takes about two steps of 4), and all 32;
-    columns per lane covering N up to 8 (16 for N > 8: fewer re-reads of W's data per column tile)."""
+    columns per lane covering N up to 8 (16 for N > 8: fewer re-reads of W's data per column tile); one
+    or two steps per iteration (two: half the dependent round trips, twice the registers)."""
     want = 4
     while want < 32 and want * 8 < row_nnz:
         want *= 2
     columns = [min(1 << (n - 1).bit_length(), 8)] + ([16] if n > 8 else [])
-    return [CsrConfig(lanes, c, 4) for lanes in sorted({want, 32}) for c in columns]
+    return [CsrConfig(lanes, c, 4, unroll) for lanes in sorted({want, 32}) for c in columns
+            for unroll in ((1, 2) if c <= 8 else (1,))]
 
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,

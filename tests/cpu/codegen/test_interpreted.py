@@ -216,7 +216,9 @@ def csr_kernels(draw):
     """A random small problem (tails, empty rows, all-zero, one nonzero, dense rows) and any small-N config."""
     from sparseforge.plan.csr import CsrConfig
 
-    config = CsrConfig(draw(st.sampled_from([4, 8, 16, 32])), draw(st.integers(1, 9)), draw(st.sampled_from([1, 2])))
+    columns = draw(st.integers(1, 9))
+    config = CsrConfig(draw(st.sampled_from([4, 8, 16, 32])), columns, draw(st.sampled_from([1, 2])),
+                       draw(st.sampled_from([1, 2])) if columns <= 8 else 1)
     m, k, n = draw(st.integers(1, 12)), draw(st.integers(1, 48)), draw(st.integers(1, 20))
     density = draw(st.sampled_from([0.0, 0.05, 0.3, 1.0]))
     return (draw(st.sampled_from(["kn", "nk"])), config, m, k, n, density, draw(st.integers(0, 2**16)),
