@@ -23,6 +23,7 @@ from scipy.stats import spearmanr
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
 from sparseforge.plan.csr import CsrConfig, make_csr_plan
+from sparseforge.tune.choose import TOP, shortlist
 from sparseforge.tune.cost import H200, estimate
 
 FITTED = ("l2_bytes_per_s", "ifetch_bytes_per_s", "launch_us", "cycles_per_instruction", "step_cycles")
@@ -56,6 +57,7 @@ def main() -> int:
     parser.add_argument("dlmc_root")
     parser.add_argument("results", nargs="+")
     parser.add_argument("--write")
+    parser.add_argument("--report-only", action="store_true", help="report the current constants, fit nothing")
     parser.add_argument("--limit", type=int, default=400)
     args = parser.parse_args()
     plans, measured, keys = [], [], []
@@ -83,18 +85,25 @@ def main() -> int:
         return np.log(np.array([estimate(p, 1, gpu).us for p in plans]))
 
     def report(gpu, label):
+        """rms log error; within each case (several designs measured): rank correlation, whether the model's
+        top-1 runs within 10% of the best measured, and whether the chooser's shortlist holds a design
+        within 5% of it."""
         pred = predict(gpu)
         groups = defaultdict(list)
-        for key, p, m in zip(keys, pred, measured):
-            groups[key].append((p, m))
-        rhos = [spearmanr(*zip(*g)).statistic for g in groups.values() if len(g) >= 3]
-        hits = sum(min(g)[1] <= min(x[1] for x in g) * 1.0 + 1e-9 or
-                   sorted(g)[0][1] <= math.log(1.1) + min(x[1] for x in g) for g in groups.values() if len(g) >= 2)
-        print(f"{label}: rms log error {np.sqrt(np.mean((pred - measured) ** 2)):.3f}; per-case rank corr "
-              f"median {np.nanmedian(rhos) if rhos else float('nan'):.2f} over {len(rhos)} cases; top-1 within 10% "
-              f"of the best in {hits} of {sum(len(g) >= 2 for g in groups.values())}")
+        for key, p, m, plan in zip(keys, pred, measured, plans):
+            groups[key].append({"predicted_us": float(np.exp(p)), "us": float(np.exp(m)), "mapping": plan.mapping})
+        multi = [g for g in groups.values() if len(g) >= 3]
+        rhos = [spearmanr([r["predicted_us"] for r in g], [r["us"] for r in g]).statistic for g in multi]
+        best = [min(r["us"] for r in g) for g in multi]
+        top1 = sum(min(g, key=lambda r: r["predicted_us"])["us"] <= 1.1 * b for g, b in zip(multi, best))
+        short = sum(min(g[i]["us"] for i in shortlist(g, TOP)) <= 1.05 * b for g, b in zip(multi, best))
+        print(f"{label}: rms log error {np.sqrt(np.mean((pred - measured) ** 2)):.3f}; over {len(multi)} cases with "
+              f"several designs: rank corr median {np.nanmedian(rhos) if rhos else float('nan'):.2f}, model top-1 "
+              f"within 10% of the best in {top1}, shortlist of {TOP} within 5% in {short}")
 
     report(H200, "before")
+    if args.report_only:
+        return 0
     start = np.log([getattr(H200, f) for f in FITTED])
 
     def loss(x):

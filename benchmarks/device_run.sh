@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: environment, GPU tests, benchmarks. Results under $OUT.
-#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [designs-rn50] [rn50-more] [designs-tf] [semi] [bench24] [verify] [next = rn50-b1 rn50-nk rn50-b32] [targets] [targets-lp] [minilm]
+#   bash benchmarks/device_run.sh [probe] [tests] [sample] [compile] [dlmc] [final] [rn50-more] [semi] [bench24] [verify] [next = rn50-b1 rn50-nk rn50-b32] [targets] [targets-lp] [issue10] [issue10-more] [minilm]
+# Every mapping side by side on a dozen layers: benchmarks/device_designs.sh.
 # Carried, git-ignored inputs: .dlmc/ (the DLMC archive, dlmc stages), .whl/ (nvmath-python for cp312: the
 # image lacks it), .minilm/ (all-MiniLM-L6-v2 as float16 safetensors: the wheel is over the carry limit).
 set -uo pipefail
@@ -59,24 +60,12 @@ if stage final; then
   done
   $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -6
 fi
-if stage designs-rn50; then
-  # the heuristic pick against its alternatives (benchmarks/designs.py), 12 layers spread
-  # over rn50; JSON is rewritten after every case, so a stage timeout keeps what was measured.
-  timeout ${DESIGNS_RN50_S:-230} python3 benchmarks/designs.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/designs_rn50_0.9.json" --limit 12 \
-    2>&1 | tee "$OUT/designs_rn50.log" | tail -8
-fi
 if stage rn50-more; then
   # what the first sessions did not report: bf16 at batch 1, fp32 at batch 32
   for s in 0.9 0.95; do
     timeout 100 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype bf16 --tune-budget 0 --out "$OUT/rn50_${s}_bf16_b1.json" 2>&1 | tail -6
   done
   timeout 120 $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --tune-budget 0 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -6
-fi
-if stage designs-tf; then
-  # the same on the Transformer layer-0 matrices, both layouts (nk: staged vs transposed X)
-  tf_subset
-  timeout 130 python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer.json" --limit 8 2>&1 | tee "$OUT/designs_tf.log" | tail -8
-  timeout 110 python3 benchmarks/designs.py /tmp/tf_subset "$OUT/designs_transformer_nk.json" --layout nk --limit 6 2>&1 | tee "$OUT/designs_tf_nk.log" | tail -8
 fi
 if stage semi; then
   python3 -m pytest tests/gpu/test_semi_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/semi_tests.log" | tail -30
@@ -115,6 +104,23 @@ if stage targets-lp; then
   for d in fp16 bf16; do for s in 0.9 0.95; do
     timeout 75 $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype $d --tune-budget 0 --out "$OUT/rn50_${s}_${d}_b1.json" 2>&1 | tail -5
   done; done
+fi
+# issue 10's targets with what compile_spmm gives by default (the chooser, 5 s budget), explained per case
+if stage issue10; then
+  for s in 0.9 0.95; do
+    timeout ${RN50_S:-170} $SF bench $DLMC/rn50/magnitude_pruning/$s --dtype fp32 --explain --out "$OUT/rn50_${s}_fp32_b1.json" > "$OUT/rn50_${s}.log" 2>&1; tail -3 "$OUT/rn50_${s}.log"
+  done
+  tf_subset
+  timeout ${TF_S:-150} $SF bench /tmp/tf_subset --dtype fp32 --explain --out "$OUT/transformer_n256_kn.json" > "$OUT/tf_kn.log" 2>&1; tail -4 "$OUT/tf_kn.log"
+fi
+if stage issue10-more; then
+  tf_subset
+  for n in 1 8 16; do
+    timeout 70 $SF bench /tmp/tf_subset/transformer/magnitude_pruning/0.9 --n $n --dtype fp32 --out "$OUT/transformer_0.9_n${n}.json" 2>&1 | tail -3
+  done
+  timeout 110 $SF bench /tmp/tf_subset --dtype fp32 --layout nk --out "$OUT/transformer_n256_nk.json" 2>&1 | tail -4
+  timeout 90 python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -9
+  timeout ${B8_S:-150} $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -3
 fi
 if stage minilm; then
   python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" 2>&1 | tail -45
