@@ -3,8 +3,10 @@ runtime's per-width decisions (semi/decide.py) and by the kernel families to com
 
 1. rank: the cost model (tune/cost.py) orders every candidate; ties keep the caller's order, so the ranking
    is deterministic.
-2. measure: the top few are compiled side by side (threads: ptxas runs in subprocesses), then each is
-   timed by CUDA-graph replay on fresh random inputs, within a time budget (the best-ranked always runs);
+2. measure: the shortlist (the best of each mapping, then the next best) is cut where the predicted compile
+   seconds, shared over this machine's cores, would pass the time budget (the first always stays); those
+   are compiled side by side (threads: ptxas runs in subprocesses) and every one that built is timed by
+   CUDA-graph replay on fresh random inputs (milliseconds each: compiling is what the budget buys);
    dense (cuBLAS) is timed beside them where the caller allows it.
 3. pick: the fastest; a sparse path over dense only with a margin (MIN_SPEEDUP) where the caller asks for
    that decision (fastest_with_margin).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -107,14 +110,14 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
     build_errors: exception types that mean "this candidate cannot build or run" (scored, not raised)."""
     started = time.perf_counter()
     records = [describe(c) for c in candidates]
-    chosen = shortlist(records, max(1, top))
+    chosen = within_budget(records, shortlist(records, max(1, top)), budget_s)
+    for i in shortlist(records, max(1, top)):
+        if i not in chosen:
+            records[i]["skipped"] = "its compile would pass the tuning budget"
     with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
         compiled = dict(zip(chosen, pool.map(lambda i: _attempt(compile_one, build_errors, candidates[i]), chosen)))
     best, best_us, winner = None, math.inf, None
-    for position, i in enumerate(chosen):
-        if position and time.perf_counter() - started > budget_s:
-            records[i]["skipped"] = "tuning budget spent"
-            continue
+    for i in chosen:
         artefact, error = compiled[i]
         if error is None:
             outcome, error = _attempt(lambda c: load_and_time(c, artefact), build_errors, candidates[i])
@@ -134,6 +137,19 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
         choice.dense_us = time_dense()
     choice.seconds = time.perf_counter() - started
     return best, choice
+
+
+def within_budget(records: Sequence[dict], order: list[int], budget_s: float, cores: int | None = None) -> list[int]:
+    """The prefix of `order` whose predicted compile seconds (records[i]["predicted_compile_s"]), spread over
+    the machine's cores, fit in budget_s; never empty."""
+    cores = cores or os.cpu_count() or 1
+    kept, spent = [], 0.0
+    for i in order:
+        spent += records[i].get("predicted_compile_s", 0.0) / cores
+        if kept and spent > budget_s:
+            break
+        kept.append(i)
+    return kept
 
 
 def _attempt(fn, errors: tuple, arg):

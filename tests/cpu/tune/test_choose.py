@@ -2,7 +2,8 @@
 failures scored not raised, and the sparse-over-dense margin the 2:4 decisions use."""
 import pytest
 
-from sparseforge.tune.choose import MIN_SPEEDUP, Choice, choose, fastest_with_margin, rank, shortlist
+from sparseforge.tune.choose import (MIN_SPEEDUP, Choice, choose, fastest_with_margin, rank, shortlist,
+                                     within_budget)
 
 
 def _records(pairs):
@@ -60,11 +61,21 @@ def test_choose_raises_real_bugs_and_reports_when_nothing_ran():
                build_errors=(Boom,))
 
 
-def test_budget_spent_leaves_the_rest_untimed_but_the_first_always_runs():
-    describe = lambda c: {"label": str(c), "mapping": str(c), "predicted_us": float(c)}  # noqa: E731
+def test_budget_bounds_what_is_compiled_and_every_compiled_candidate_is_timed():
+    describe = lambda c: {"label": str(c), "mapping": str(c), "predicted_us": float(c),  # noqa: E731
+                          "predicted_compile_s": 10.0}
     kernel, choice = choose([1, 2, 3], describe, lambda c: c, lambda c, a: (c, 10.0 - c), budget_s=0.0)
-    assert kernel == 1 and choice.records[0]["us"] == 9.0
-    assert all(r.get("skipped") for r in choice.records[1:])
+    assert kernel == 1 and choice.records[0]["us"] == 9.0  # the first always runs
+    assert all(r.get("skipped") and "us" not in r for r in choice.records[1:])
+    kernel, choice = choose([1, 2, 3], describe, lambda c: c, lambda c, a: (c, 10.0 - c), budget_s=1e9)
+    assert kernel == 3 and all(r["us"] for r in choice.records)
+
+
+def test_within_budget_spreads_compile_seconds_over_cores():
+    records = [{"predicted_compile_s": s} for s in (4.0, 4.0, 4.0, 4.0)]
+    assert within_budget(records, [3, 2, 1, 0], budget_s=5.0, cores=2) == [3, 2]
+    assert within_budget(records, [3, 2, 1, 0], budget_s=5.0, cores=16) == [3, 2, 1, 0]
+    assert within_budget(records, [1, 0], budget_s=0.0, cores=1) == [1]
 
 
 def test_fastest_with_margin():
