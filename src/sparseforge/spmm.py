@@ -61,6 +61,22 @@ def _bias_values(bias):
     return np.asarray(bias, dtype=np.float64)
 
 
+def _checked_bias(bias, m: int):
+    """bias as float64 values, refused here with the problem named: every candidate plan would refuse it
+    alike, leaving the chooser nothing to pick from."""
+    values = _bias_values(bias)
+    if values is None:
+        return None
+    if values.size != m:
+        raise ValueError(f"bias must have M = {m} entries (one per row of W), got {values.size} "
+                         f"(shape {values.shape})")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"bias[{bad[0]}] = {values.reshape(-1)[bad[0]]} is not finite; NaN/inf bias would poison "
+                         "every output of its row: fix the bias first")
+    return values
+
+
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
                sketch: bool = False):
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
@@ -115,9 +131,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
+    bias_values = _checked_bias(bias, w.shape[0])
     index, arch = _device_index(device)
     w = w.astype(name)
-    bias_values = _bias_values(bias)
 
     def make(cfg, sketch: bool = False):
         return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch)
@@ -182,7 +198,7 @@ def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: b
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate predicted).
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
     w = _as_sparse(W).astype(_dtype_name(dtype))
-    name, bias_values = _dtype_name(dtype), _bias_values(bias)
+    name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
     space = search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
     return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())

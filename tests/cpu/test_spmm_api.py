@@ -68,3 +68,20 @@ def test_spmm_refuses_nan_weights_before_compiling(no_compile):
     dense[1, 2] = np.nan
     with pytest.raises(SparseFormatError, match=r"weight\[1, 2\] = nan is not finite"):
         spmm(dense, torch.ones(4, 8))
+
+
+@pytest.mark.parametrize("bias, message", [
+    ([1.0, np.nan, 0.0, 0.0], r"bias\[1\] = nan is not finite"),
+    ([0.0, 0.0, 0.0, np.inf], r"bias\[3\] = inf is not finite"),
+    ([1.0, 2.0, 3.0], r"bias must have M = 4 entries \(one per row of W\), got 3"),
+    (torch.ones(5), r"bias must have M = 4 entries"),
+])
+def test_bad_bias_is_named_before_any_plan(bias, message):
+    """Every candidate plan refuses such a bias alike; before this check the chooser was left with no plan
+    (an IndexError deep inside plan_spmm / compile_spmm)."""
+    from sparseforge.spmm import plan_spmm
+
+    with pytest.raises(ValueError, match=message):
+        plan_spmm(W, 8, bias=bias)
+    with pytest.raises(ValueError, match=message):  # before the GPU is looked for
+        compile_spmm(W, 8, bias=bias)
