@@ -174,12 +174,14 @@ COMPILE_LIMIT_S = 60.0
 def _plans(make, space) -> list:
     """Plans (generated kernels as sketches) of the configs that apply (a config that does not fit the
     problem is dropped), without those whose compile would blow COMPILE_LIMIT_S (unless none would stay)."""
-    plans = []
+    plans, refusals = [], []
     for cfg in space:
         try:
             plans.append(make(cfg, sketch=True))
-        except ValueError:
-            continue
+        except ValueError as exc:
+            refusals.append(exc)
+    if not plans and refusals:
+        raise refusals[0]  # what every candidate refused (the problem, not the configs): say so, not IndexError
     fits = [p for p in plans if estimate(p).compile_s <= COMPILE_LIMIT_S]
     return fits or plans
 

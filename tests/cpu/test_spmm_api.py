@@ -85,3 +85,14 @@ def test_bad_bias_is_named_before_any_plan(bias, message):
         plan_spmm(W, 8, bias=bias)
     with pytest.raises(ValueError, match=message):  # before the GPU is looked for
         compile_spmm(W, 8, bias=bias)
+
+
+def test_a_problem_every_candidate_refuses_raises_their_reason(monkeypatch):
+    import importlib
+
+    from sparseforge.plan import TileConfig
+
+    spmm_module = importlib.import_module("sparseforge.spmm")
+    monkeypatch.setattr(spmm_module, "search_space", lambda *args: [TileConfig(transpose_x=True)])
+    with pytest.raises(ValueError, match="transpose_x applies to layout 'nk'"):
+        spmm_module.plan_spmm(W, 8, layout="kn")
