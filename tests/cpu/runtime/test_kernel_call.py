@@ -36,7 +36,7 @@ def no_cuda_stream(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
 
 
-KN, NK = (K, N), (N, K)
+KN = (K, N)
 
 
 @pytest.mark.parametrize("layout,make,error,match", [
