@@ -38,6 +38,10 @@ def _device_index(device) -> tuple[int, int]:
         raise RuntimeError("no CUDA GPU is available: compile_spmm needs an NVIDIA GPU (sm_80 or newer); "
                            "on a CPU use sparseforge.plan.execute() as the reference")
     index = device.index if device.index is not None else torch.cuda.current_device()
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"device {device} does not exist: this machine has {count} CUDA device"
+                         f"{'s' if count > 1 else ''} (cuda:0{f' .. cuda:{count - 1}' if count > 1 else ''})")
     major, minor = torch.cuda.get_device_capability(index)
     if (major, minor) < (8, 0):
         raise RuntimeError(f"GPU {torch.cuda.get_device_name(index)} is sm_{major}{minor}; sparseforge needs "
@@ -55,6 +59,22 @@ def _bias_values(bias):
     if hasattr(bias, "detach"):
         bias = bias.detach().float().cpu().numpy()
     return np.asarray(bias, dtype=np.float64)
+
+
+def _checked_bias(bias, m: int):
+    """bias as float64 values, refused here with the problem named: every candidate plan would refuse it
+    alike, leaving the chooser nothing to pick from."""
+    values = _bias_values(bias)
+    if values is None:
+        return None
+    if values.size != m:
+        raise ValueError(f"bias must have M = {m} entries (one per row of W), got {values.size} "
+                         f"(shape {values.shape})")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"bias[{bad[0]}] = {values.reshape(-1)[bad[0]]} is not finite; NaN/inf bias would poison "
+                         "every output of its row: fix the bias first")
+    return values
 
 
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
@@ -111,9 +131,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
+    bias_values = _checked_bias(bias, w.shape[0])
     index, arch = _device_index(device)
     w = w.astype(name)
-    bias_values = _bias_values(bias)
 
     def make(cfg, sketch: bool = False):
         return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch)
@@ -157,12 +177,14 @@ COMPILE_LIMIT_S = 60.0
 def _plans(make, space) -> list:
     """Plans (generated kernels as sketches) of the configs that apply (a config that does not fit the
     problem is dropped), without those whose compile would blow COMPILE_LIMIT_S (unless none would stay)."""
-    plans = []
+    plans, refusals = [], []
     for cfg in space:
         try:
             plans.append(make(cfg, sketch=True))
-        except ValueError:
-            continue
+        except ValueError as exc:
+            refusals.append(exc)
+    if not plans and refusals:
+        raise refusals[0]  # what every candidate refused (the problem, not the configs): say so, not IndexError
     fits = [p for p in plans if estimate(p).compile_s <= COMPILE_LIMIT_S]
     return fits or plans
 
@@ -181,7 +203,7 @@ def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: b
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate predicted).
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
     w = _as_sparse(W).astype(_dtype_name(dtype))
-    name, bias_values = _dtype_name(dtype), _bias_values(bias)
+    name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
     space = search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
     return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())
@@ -234,15 +256,33 @@ def _measure(make, space, w, n, name, layout, index, budget, time_dense, compile
 def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune_budget: float | None = None,
          deterministic: bool = False):
     """C = W @ B (layout "kn", B: [batch,] K x N) or Y = B @ W^T (layout "nk", B: [batch,] N x K) in one
-    call; the kernel for (W, N, dtype, layout, epilogue, device) is compiled once and kept in-process."""
+    call; the kernel for (W, N, dtype, layout, epilogue, device) is compiled once and kept in-process.
+    B: a CUDA tensor of float32, float16 or bfloat16 with N >= 1; out: as for SpmmKernel. B's dtype, device,
+    rank and K are checked before anything is compiled; out and the rest by the kernel (SpmmKernel)."""
     import torch
 
     if not isinstance(B, torch.Tensor):
         raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
+    dims = "K x N" if layout == "kn" else "N x K"
     if B.dim() not in (2, 3):
-        raise ValueError(f"B must be 2-D or 3-D (batched), got shape {tuple(B.shape)}")
+        raise ValueError(f"B must be 2-D or 3-D ([batch,] {dims}), got shape {tuple(B.shape)}")
+    if str(B.dtype) not in _DTYPE_NAMES:
+        raise TypeError(f"B has dtype {B.dtype}; sparseforge kernels take torch.float32, torch.float16 or "
+                        "torch.bfloat16: convert it first (B.float())")
     w = _as_sparse(W)
-    n = B.shape[-1] if layout == "kn" else B.shape[-2]
+    k, n = (B.shape[-2], B.shape[-1]) if layout == "kn" else (B.shape[-1], B.shape[-2])
+    if k != w.shape[1]:
+        raise ValueError(f"B has shape {tuple(B.shape)}: {k} along K where W ({w.shape[0]} x {w.shape[1]}) has "
+                         f"K = {w.shape[1]} columns; layout {layout!r} takes B as [batch,] {dims}")
+    if n == 0:
+        empty = f"{w.shape[0]} x 0" if layout == "kn" else f"0 x {w.shape[0]}"
+        raise ValueError(f"B has shape {tuple(B.shape)}: N = 0, nothing to multiply; kernels are compiled for "
+                         f"N >= 1, so skip the call (the product is an empty {empty} matrix)")
+    if B.device.type != "cuda":
+        raise ValueError(f"B is on {B.device}; sparseforge kernels run on a CUDA device: move it with B.cuda() "
+                         "(on a CPU, sparseforge.plan.execute() computes the same product)")
     bias_tag = None if bias is None else _bias_values(bias).tobytes()
     key = (w.digest(), n, str(B.dtype), layout, bias_tag, relu, str(B.device), deterministic)
     kernel = _LOADED.get(key)

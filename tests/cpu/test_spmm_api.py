@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparseforge import SparseMatrix, compile_spmm, spmm
+from sparseforge import SparseFormatError, SparseMatrix, compile_spmm, spmm
 
 W = SparseMatrix.from_dense(np.eye(4, dtype=np.float32))
 
@@ -31,3 +31,68 @@ def test_spmm_rejects_non_tensors_and_bad_rank():
         spmm(W, np.ones((4, 8)))
     with pytest.raises(ValueError, match="2-D or 3-D"):
         spmm(W, torch.ones(4))
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """spmm's own checks come before any compile (seconds, and a GPU): compiling here is a failure."""
+    import importlib
+
+    spmm_module = importlib.import_module("sparseforge.spmm")  # the module: the package's `spmm` is the function
+    def compile_spmm(*args, **kwargs):
+        raise AssertionError("spmm compiled a kernel for an input it should have refused")
+
+    monkeypatch.setattr(spmm_module, "compile_spmm", compile_spmm)
+
+
+@pytest.mark.parametrize("b, kwargs, error, message", [
+    (torch.ones(5, 8), {}, ValueError, r"B has shape \(5, 8\): 5 along K where W \(4 x 4\) has K = 4 columns; "
+                                       r"layout 'kn' takes B as \[batch,\] K x N"),
+    (torch.ones(2, 8, 5), {"layout": "nk"}, ValueError, r"5 along K where W \(4 x 4\) has K = 4 columns; "
+                                                        r"layout 'nk' takes B as \[batch,\] N x K"),
+    (torch.ones(4, 0), {}, ValueError, r"N = 0, nothing to multiply.*empty 4 x 0 matrix"),
+    (torch.ones(3, 0, 4), {"layout": "nk"}, ValueError, r"N = 0.*empty 0 x 4 matrix"),
+    (torch.ones(4, 8), {}, ValueError, r"B is on cpu; sparseforge kernels run on a CUDA device: move it with B.cuda\(\)"),
+    (torch.ones(4, 8, dtype=torch.float64), {}, TypeError, r"B has dtype torch.float64; sparseforge kernels take"),
+    (torch.ones(4, 8, dtype=torch.int64), {}, TypeError, r"B has dtype torch.int64"),
+    (torch.ones(4, 8), {"layout": "mk"}, ValueError, r"layout must be 'kn' or 'nk', got 'mk'"),
+    (torch.ones(1, 1, 4, 8), {}, ValueError, r"B must be 2-D or 3-D \(\[batch,\] K x N\), got shape \(1, 1, 4, 8\)"),
+])
+def test_spmm_checks_b_before_compiling(no_compile, b, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        spmm(W, b, **kwargs)
+
+
+def test_spmm_refuses_nan_weights_before_compiling(no_compile):
+    dense = np.eye(4, dtype=np.float32)
+    dense[1, 2] = np.nan
+    with pytest.raises(SparseFormatError, match=r"weight\[1, 2\] = nan is not finite"):
+        spmm(dense, torch.ones(4, 8))
+
+
+@pytest.mark.parametrize("bias, message", [
+    ([1.0, np.nan, 0.0, 0.0], r"bias\[1\] = nan is not finite"),
+    ([0.0, 0.0, 0.0, np.inf], r"bias\[3\] = inf is not finite"),
+    ([1.0, 2.0, 3.0], r"bias must have M = 4 entries \(one per row of W\), got 3"),
+    (torch.ones(5), r"bias must have M = 4 entries"),
+])
+def test_bad_bias_is_named_before_any_plan(bias, message):
+    """Every candidate plan refuses such a bias alike; before this check the chooser was left with no plan
+    (an IndexError deep inside plan_spmm / compile_spmm)."""
+    from sparseforge.spmm import plan_spmm
+
+    with pytest.raises(ValueError, match=message):
+        plan_spmm(W, 8, bias=bias)
+    with pytest.raises(ValueError, match=message):  # before the GPU is looked for
+        compile_spmm(W, 8, bias=bias)
+
+
+def test_a_problem_every_candidate_refuses_raises_their_reason(monkeypatch):
+    import importlib
+
+    from sparseforge.plan import TileConfig
+
+    spmm_module = importlib.import_module("sparseforge.spmm")
+    monkeypatch.setattr(spmm_module, "search_space", lambda *args: [TileConfig(transpose_x=True)])
+    with pytest.raises(ValueError, match="transpose_x applies to layout 'nk'"):
+        spmm_module.plan_spmm(W, 8, layout="kn")

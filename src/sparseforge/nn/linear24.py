@@ -25,6 +25,15 @@ class SparseLinear24(nn.Module):
     "dense" force a path). `decisions` lists what was chosen and why. On the CPU, and whenever autograd
     needs a gradient, it computes the same result densely.
 
+    Input x: (..., in_features), of the layer's dtype and on its device, any strides (a non-contiguous or
+    misaligned x is copied once); anything else raises Sparse24Error naming the problem, on every path (on
+    the dense one autocast may still cast the dtype). An x with no tokens returns an empty
+    (..., out_features) output; on a CUDA device without deciding or launching anything.
+
+    NaN and inf in x: a NaN at x[t, k] makes y[t, i] NaN for every i with W[i, k] != 0, on every path. Outputs
+    y[t, i] with W[i, k] == 0 differ by path: dense (cuBLAS) makes them NaN too (0 * NaN = NaN), the 2:4
+    paths multiply only the kept weights and may leave them finite. Rely on neither.
+
     Memory: the masked dense weight is kept next to the compressed one (about 0.56x of it), since dense
     is the fallback."""
 
@@ -83,6 +92,10 @@ class SparseLinear24(nn.Module):
         weight = self._parameters["weight"]
         if not x.is_cuda or self.policy == "dense" or (
                 torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            # the dense path refuses what the sparse one does, with the same words (autocast may cast dtypes)
+            if x.shape[-1] != self.in_features or x.device != weight.device or (
+                    x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type)):
+                raise Sparse24Error(self._input_problem(x))
             return F.linear(x, weight, self._parameters.get("bias"))
         if torch.compiler.is_compiling():
             return torch.ops.sparseforge.linear24(x, weight, self._parameters.get("bias"), self.layer_id)
@@ -133,9 +146,9 @@ class SparseLinear24(nn.Module):
     def _input_problem(self, x: torch.Tensor) -> str:
         if x.shape[-1] != self.in_features:
             return f"input has {x.shape[-1]} features in its last dimension; this layer takes {self.in_features}"
-        if x.dtype != self.weight.dtype:
-            return f"input dtype {x.dtype}, layer dtype {self.weight.dtype}: cast the input (x.to({self.weight.dtype}))"
-        return f"input on {x.device}, layer on {self.weight.device}: move one of them"
+        if x.device != self.weight.device:
+            return f"input on {x.device}, layer on {self.weight.device}: move one of them"
+        return f"input dtype {x.dtype}, layer dtype {self.weight.dtype}: cast the input (x.to({self.weight.dtype}))"
 
     def __getstate__(self):
         # cuSPARSELt handles and plans are process- and device-bound: copies and pickles rebuild them

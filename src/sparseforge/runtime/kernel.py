@@ -22,9 +22,23 @@ class SpmmKernel:
     X [batch,] N x K -> Y [batch,] N x M), with W, N, dtype and epilogue fixed at compile time.
 
     k(B) returns a new output; k(B, out=C) writes into C. Inputs: torch tensors on the kernel's CUDA
-    device, of the kernel's dtype, contiguous. Launches on torch's current stream (CUDA-graph safe).
-    Attributes: plan, source (PTX text), compile_seconds (generation + compile, 0 when cached),
-    load_seconds, cache_hit.
+    device, of the kernel's dtype, contiguous (at any address: a misaligned one goes through a copy).
+    Launches on torch's current stream (CUDA-graph safe). Attributes: plan, source (PTX text),
+    compile_seconds (generation + compile, 0 when cached), load_seconds, cache_hit.
+
+    Each call checks, in this order, and refuses with an error naming the problem and the fix: B (X) and
+    out are torch tensors (TypeError), on the kernel's device (ValueError), of its dtype (TypeError), 2-D
+    or 3-D with K and N (M for out) as compiled (ValueError), contiguous (ValueError); a batch of at most
+    65535 (the launch grid's z dimension); out of B's batch; out sharing no memory with B (ValueError: the
+    kernel would read elements it has already overwritten). A batch of 0 returns an empty output (out
+    itself when given) without a launch. The checks are attribute reads and comparisons.
+
+    NaN and inf in B: as in any matmul, except that only W's stored nonzeros are multiplied. A NaN at
+    B[k, j] (kn; X[j, k] in nk) makes C[i, j] NaN for exactly the rows i of W with a nonzero in column k;
+    an inf makes it +-inf by the sign of W[i, k] (NaN where infinities of both signs meet). Every other
+    output is untouched by it, so a NaN in a column W does not use appears nowhere (dense W @ B would
+    poison all of column j: 0 * NaN = NaN). The fused ReLU (relu=True) is PTX max(x, 0), which returns 0
+    for NaN: with it, NaN outputs read 0, unlike torch.relu.
     """
 
     def __init__(self, plan, built: "Built", device_index: int):
@@ -74,34 +88,75 @@ class SpmmKernel:
         return (p.M, p.N) if p.layout == "kn" else (p.N, p.M)
 
     def _check(self, b, what: str, shape: tuple[int, int]):
+        """Raise, naming the problem and the fix, unless b is a contiguous [batch,] `shape` tensor of the
+        kernel's dtype on its device. `what`: "B", "X" or "out" (whose fixes differ: a copy of out is no use)."""
         import torch
 
         if not isinstance(b, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(b).__name__}")
         if b.device != self._device:
-            raise ValueError(f"{what} is on {b.device}, the kernel was compiled for {self._device}; "
-                             f"move it with .to('{self._device}')")
+            fix = (f"allocate it there (device='{self._device}') or omit out" if what == "out" else
+                   f"move it with {what}.to('{self._device}')")
+            raise ValueError(f"{what} is on {b.device}, the kernel was compiled for {self._device}: {fix}")
         if b.dtype != self._dtype:
-            raise TypeError(f"{what} has dtype {b.dtype}, the kernel was compiled for {self._dtype}; "
-                            f"convert with .to({self._dtype}) or compile for {b.dtype}")
+            if what == "out":
+                fix = f"allocate it as {self._dtype} or omit out"
+            elif b.dtype in (torch.float32, torch.float16, torch.bfloat16):
+                fix = f"convert with {what}.to({self._dtype}) or compile a kernel for {b.dtype}"
+            else:
+                fix = f"convert with {what}.to({self._dtype}) (kernels take float32, float16 or bfloat16)"
+            raise TypeError(f"{what} has dtype {b.dtype}, the kernel was compiled for {self._dtype}: {fix}")
         if b.dim() not in (2, 3) or tuple(b.shape[-2:]) != shape:
-            raise ValueError(f"{what} has shape {tuple(b.shape)}, expected {shape} or (batch, *{shape}) "
-                             f"(layout {self.plan.layout!r}, W {self.plan.M}x{self.plan.K}, N {self.plan.N})")
+            p = self.plan
+            if what == "out":
+                names = ("M", "N") if p.layout == "kn" else ("N", "M")
+            else:
+                names = ("K", "N") if p.layout == "kn" else ("N", "K")
+            expected = (f"expected 2-D {names[0]} x {names[1]} = {shape[0]} x {shape[1]} or 3-D "
+                        f"(batch, {shape[0]}, {shape[1]}) (layout {p.layout!r}, W {p.M} x {p.K})")
+            if b.dim() not in (2, 3):
+                raise ValueError(f"{what} has shape {tuple(b.shape)}, {b.dim()}-D: {expected}")
+            told = {"K": f"W has K = {p.K} columns", "M": f"W has M = {p.M} rows",
+                    "N": f"the kernel was compiled for N = {p.N}"}
+            problems = [f"{got} along {name} where {told[name]}"
+                        for name, got, want in zip(names, b.shape[-2:], shape) if got != want]
+            hint = ""
+            got_n = b.shape[-2:][names.index("N")]
+            if what != "out" and got_n != p.N:
+                hint = (f". N is fixed at compile time: compile a kernel for N = {got_n} (compile_spmm(W, {got_n}, "
+                        "...)) or call sparseforge.spmm(), which keeps one per N")
+            raise ValueError(f"{what} has shape {tuple(b.shape)}: {'; '.join(problems)}; {expected}{hint}")
         if not b.is_contiguous():
-            raise ValueError(f"{what} is not contiguous; call .contiguous() first")
+            fix = ("pass a contiguous out (torch.empty(...)) or omit out and copy the result where it should go "
+                   "(writing into out.contiguous() would fill a copy)" if what == "out" else
+                   f"call {what}.contiguous() first")
+            raise ValueError(f"{what} is not contiguous (shape {tuple(b.shape)}, strides {b.stride()}): {fix}")
 
     def __call__(self, b, out=None):
         import torch
 
-        self._check(b, "B" if self.plan.layout == "kn" else "X", self.in_shape)
+        what = "B" if self.plan.layout == "kn" else "X"
+        self._check(b, what, self.in_shape)
         batch = b.shape[0] if b.dim() == 3 else 1
+        if batch > 65535:  # the batch is the launch grid's z dimension, which CUDA caps at 65535
+            raise ValueError(f"{what} has a batch of {batch}; one launch takes at most 65535 (the grid's z "
+                             "dimension): split the batch into pieces of at most 65535")
         shape = (*b.shape[:-2], *self.out_shape)
         if out is None:
             out = torch.empty(shape, dtype=self._dtype, device=self._device)
         else:
             self._check(out, "out", self.out_shape)
             if tuple(out.shape) != shape:
-                raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
+                raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape} for {what} of shape "
+                                 f"{tuple(b.shape)} (the same batch)")
+            # both are contiguous (checked): each one's memory is [data_ptr, data_ptr + bytes)
+            start, first = out.data_ptr(), b.data_ptr()
+            if start < first + b.numel() * b.element_size() and first < start + out.numel() * out.element_size():
+                raise ValueError(f"out shares memory with {what} (the same tensor, or overlapping views of one "
+                                 f"buffer): the kernel would read {what} elements it has already overwritten. "
+                                 "Pass an out of its own, or omit out")
+        if batch == 0:
+            return out  # nothing to compute; a launch with a zero grid dimension would be a CUDA error
         if self.plan.transposes_input:
             b = b.transpose(-1, -2).contiguous()  # X^T, K x N: the kernel reads it like B in kn
         elif b.data_ptr() % 16:

@@ -196,3 +196,43 @@ def test_copies_and_pickles_drop_the_runtime_and_get_their_own_op_id(tmp_path):
     loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
     assert loaded._runtime is None and torch.equal(loaded.weight, layer.weight)
     assert LAYERS[loaded.layer_id] is loaded
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_dense_path_refuses_what_the_sparse_path_does(grad):
+    """On the CPU (and wherever the dense path runs) the same inputs fail with the same words, not deep in
+    F.linear."""
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    with torch.set_grad_enabled(grad):
+        with pytest.raises(Sparse24Error, match="input has 31 features in its last dimension; this layer takes 32"):
+            layer(torch.randn(3, 31, dtype=torch.float16))
+        with pytest.raises(Sparse24Error, match=r"input dtype torch.float32, layer dtype torch.float16: cast the "
+                                                r"input \(x.to\(torch.float16\)\)"):
+            layer(torch.randn(3, 32))
+        with pytest.raises(Sparse24Error, match="input on meta, layer on cpu: move one of them"):
+            layer(torch.randn(3, 32, dtype=torch.float16, device="meta"))
+
+
+def test_dense_path_leaves_dtype_casts_to_autocast():
+    w = weight_24(48, 32)
+    layer = SparseLinear24.from_dense(linear_from(w, bias=False))
+    x = torch.randn(3, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), F.linear(x, w.float()), rtol=3e-2, atol=3e-2)
+
+
+def test_dense_path_empty_input_and_non_contiguous_input():
+    w = weight_24(48, 32)
+    layer = SparseLinear24.from_dense(linear_from(w))
+    assert layer(torch.empty(0, 32, dtype=torch.float16)).shape == (0, 48)
+    assert layer(torch.empty(2, 0, 32, dtype=torch.float16)).shape == (2, 0, 48)
+    strided = torch.randn(5, 64, dtype=torch.float16)[:, ::2]
+    assert torch.allclose(layer(strided), F.linear(strided.contiguous(), w, layer.bias), rtol=1e-3, atol=1e-3)
+
+
+def test_sparse_forward_names_the_device_before_the_dtype():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    with pytest.raises(Sparse24Error, match="input on meta, layer on cpu"):
+        layer.sparse_forward(torch.randn(3, 32, device="meta"))  # float32 too: the device is the first fix

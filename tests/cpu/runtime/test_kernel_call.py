@@ -1,0 +1,178 @@
+"""SpmmKernel.__call__ without a GPU: its checks and glue run over a kernel whose device is the CPU and whose
+launch only records its arguments (tests/gpu/test_errors_gpu.py runs the same inputs on the device)."""
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from sparseforge import SparseMatrix
+from sparseforge.plan import TileConfig, make_plan
+from sparseforge.runtime.kernel import SpmmKernel
+
+M = K = 6  # square: an out can have B's shape, so it can be B
+N = 4
+
+
+def weight() -> SparseMatrix:
+    dense = np.zeros((M, K), np.float32)
+    dense[[0, 1, 2, 4, 5], [1, 3, 0, 5, 2]] = [1.0, -2.0, 0.5, 3.0, 1.5]
+    return SparseMatrix.from_dense(dense)
+
+
+def cpu_kernel(layout="kn", config=TileConfig(2, 1, 1, 4), dtype="float32", device="cpu") -> SpmmKernel:
+    """An SpmmKernel for W (M x K) and N on `device` that loads nothing; .launches records each launch."""
+    kernel = SpmmKernel.__new__(SpmmKernel)
+    kernel.plan, kernel.device_index = make_plan(weight(), N, dtype, layout, config), 0
+    kernel._dtype, kernel._device = getattr(torch, dtype), torch.device(device)
+    kernel._partial, kernel._data = None, None
+    kernel.launches = []
+    kernel.launch = lambda b_ptr, c_ptr, batch, stream: kernel.launches.append((b_ptr, c_ptr, batch))
+    return kernel
+
+
+@pytest.fixture(autouse=True)
+def no_cuda_stream(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+
+
+KN = (K, N)
+
+
+@pytest.mark.parametrize("layout,make,error,match", [
+    ("kn", lambda: np.ones(KN, np.float32), TypeError, "B must be a torch.Tensor, got ndarray"),
+    ("kn", lambda: torch.ones(K * N), ValueError, r"B has shape \(24,\), 1-D: expected 2-D K x N = 6 x 4 or 3-D"),
+    ("kn", lambda: torch.ones(1, 1, K, N), ValueError, r"4-D: expected 2-D K x N = 6 x 4 or 3-D \(batch, 6, 4\)"),
+    ("kn", lambda: torch.ones(K + 1, N), ValueError, r"7 along K where W has K = 6 columns"),
+    ("kn", lambda: torch.ones(2, K, N + 1), ValueError,
+     r"5 along N where the kernel was compiled for N = 4.*compile a kernel for N = 5"),
+    ("nk", lambda: torch.ones(N, K + 1), ValueError, r"X has shape \(4, 7\): 7 along K where W has K = 6 columns"),
+    ("nk", lambda: torch.ones(N + 1, K), ValueError, r"5 along N where the kernel was compiled for N = 4"),
+    ("nk", lambda: torch.ones(N + 1, K + 1), ValueError, r"5 along N .*; 7 along K "),
+    ("kn", lambda: torch.ones(KN, dtype=torch.float64), TypeError,
+     r"B has dtype torch.float64, the kernel was compiled for torch.float32: convert with B.to\(torch.float32\) "
+     r"\(kernels take float32, float16 or bfloat16\)"),
+    ("kn", lambda: torch.ones(KN, dtype=torch.int32), TypeError, r"dtype torch.int32.*kernels take"),
+    ("kn", lambda: torch.ones(KN, dtype=torch.float16), TypeError,
+     r"or compile a kernel for torch.float16"),
+    ("kn", lambda: torch.ones(N, K).t(), ValueError, r"B is not contiguous .*strides \(1, 6\).*B.contiguous\(\)"),
+    ("kn", lambda: torch.ones(K, 2 * N)[:, ::2], ValueError, r"B is not contiguous"),
+    ("kn", lambda: torch.ones(4, K, N)[::2], ValueError, r"B is not contiguous"),
+    ("nk", lambda: torch.ones(K, N).t(), ValueError, r"X is not contiguous.*X.contiguous\(\)"),
+])
+def test_input_problems_are_named(layout, make, error, match):
+    kernel = cpu_kernel(layout)
+    with pytest.raises(error, match=match):
+        kernel(make())
+    assert kernel.launches == []
+
+
+def test_an_unsupported_dtype_is_not_offered_as_a_kernel_dtype():
+    with pytest.raises(TypeError) as info:
+        cpu_kernel()(torch.ones(KN, dtype=torch.float64))
+    assert "compile a kernel for" not in str(info.value)
+
+
+def test_device_is_named_with_the_move():
+    kernel = cpu_kernel(device="cuda:0")  # compares devices only: no CUDA call
+    with pytest.raises(ValueError, match=r"B is on cpu, the kernel was compiled for cuda:0: move it with "
+                                         r"B.to\('cuda:0'\)"):
+        kernel(torch.ones(KN))
+    meta = cpu_kernel(device="meta")
+    with pytest.raises(ValueError, match=r"out is on cpu, the kernel was compiled for meta: allocate it there"):
+        meta(torch.ones(KN, device="meta"), out=torch.ones(M, N))
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: [[0.0] * N] * M, TypeError, "out must be a torch.Tensor, got list"),
+    (lambda: torch.empty(M, N, dtype=torch.float16), TypeError,
+     r"out has dtype torch.float16, the kernel was compiled for torch.float32: allocate it as torch.float32"),
+    (lambda: torch.empty(M + 1, N), ValueError, r"out has shape \(7, 4\): 7 along M where W has M = 6 rows"),
+    (lambda: torch.empty(M, N + 1), ValueError, r"5 along N where the kernel was compiled for N = 4"),
+    (lambda: torch.empty(1, M, N), ValueError, r"out has shape \(1, 6, 4\), expected \(6, 4\) for B of shape \(6, 4\)"),
+    (lambda: torch.empty(N, M).t(), ValueError, r"out is not contiguous .*pass a contiguous out"),
+])
+def test_out_problems_are_named(make, error, match):
+    kernel = cpu_kernel()
+    with pytest.raises(error, match=match):
+        kernel(torch.ones(KN), out=make())
+    assert kernel.launches == []
+
+
+def test_out_of_another_batch_is_refused():
+    with pytest.raises(ValueError, match=r"expected \(2, 6, 4\) for B of shape \(2, 6, 4\) \(the same batch\)"):
+        cpu_kernel()(torch.ones(2, K, N), out=torch.empty(3, M, N))
+
+
+CONFIGS = [("kn", TileConfig(2, 1, 1, 4)), ("nk", TileConfig(2, 1, 1, 4)),
+           ("nk", TileConfig(2, 1, 1, 4, transpose_x=True))]
+
+
+@pytest.mark.parametrize("layout,config", CONFIGS, ids=["kn", "nk_staged", "nk_transposed"])
+def test_out_sharing_memory_with_the_input_is_refused(layout, config):
+    kernel = cpu_kernel(layout, config)
+    what = "B" if layout == "kn" else "X"
+    b = torch.ones(kernel.in_shape)
+    with pytest.raises(ValueError, match=f"out shares memory with {what} .*already overwritten"):
+        kernel(b, out=b)
+    buffer = torch.ones(2 * K * N)
+    with pytest.raises(ValueError, match="shares memory"):  # views of one buffer, overlapping by one row
+        kernel(buffer[:K * N].view(kernel.in_shape), out=buffer[K * N - N:2 * K * N - N].view(kernel.out_shape))
+    with pytest.raises(ValueError, match="shares memory"):  # out's last element is B's first
+        kernel(buffer[K * N - 1:2 * K * N - 1].view(kernel.in_shape), out=buffer[:K * N].view(kernel.out_shape))
+    with pytest.raises(ValueError, match="shares memory"):  # batched
+        batched = torch.ones(2, *kernel.in_shape)
+        kernel(batched, out=batched)
+    assert kernel.launches == []
+    # neighbours that touch without overlapping are fine
+    b, out = buffer[:K * N].view(kernel.in_shape), buffer[K * N:].view(kernel.out_shape)
+    assert kernel(b, out=out) is out and len(kernel.launches) == 1
+    assert kernel.launches[0][1] == out.data_ptr()
+
+
+@pytest.mark.parametrize("layout,config", CONFIGS, ids=["kn", "nk_staged", "nk_transposed"])
+def test_empty_batch_returns_an_empty_output_without_a_launch(layout, config):
+    kernel = cpu_kernel(layout, config)
+    got = kernel(torch.ones(0, *kernel.in_shape))
+    assert got.shape == (0, *kernel.out_shape) and got.dtype == torch.float32
+    out = torch.empty(0, *kernel.out_shape)
+    assert kernel(torch.ones(0, *kernel.in_shape), out=out) is out
+    assert kernel.launches == []
+    with pytest.raises(ValueError, match="along K"):  # an empty batch is still checked
+        kernel(torch.ones(0, *(d + 1 if d == K else d for d in kernel.in_shape)))
+    with pytest.raises(ValueError, match=r"out has shape \(1, "):
+        kernel(torch.ones(0, *kernel.in_shape), out=torch.empty(1, *kernel.out_shape))
+
+
+def test_batch_beyond_the_grid_limit_is_refused():
+    kernel = cpu_kernel()
+    with pytest.raises(ValueError, match="batch of 65536; one launch takes at most 65535"):
+        kernel(torch.empty(65536, K, N))
+    assert kernel.launches == []
+    kernel(torch.empty(65535, K, N))
+    assert kernel.launches[0][2] == 65535
+
+
+def test_a_valid_call_launches_once_over_the_batch():
+    kernel = cpu_kernel()
+    b = torch.ones(3, K, N)
+    out = kernel(b)
+    assert out.shape == (3, M, N)
+    assert kernel.launches == [(b.data_ptr(), out.data_ptr(), 3)]
+    misaligned = torch.ones(K * N + 1)[1:].view(K, N)  # 4 bytes past an aligned start
+    kernel(misaligned)
+    b_ptr = kernel.launches[-1][0]
+    assert b_ptr != misaligned.data_ptr() and b_ptr % 16 == 0  # read through an aligned copy
+    transposing = cpu_kernel("nk", TileConfig(2, 1, 1, 4, transpose_x=True))
+    x = torch.ones(N, K)
+    transposing(x)
+    assert transposing.launches[0][0] != x.data_ptr()  # X^T, a copy
+
+
+def test_misaligned_out_is_written_through_an_aligned_copy():
+    kernel = cpu_kernel(config=TileConfig(2, 1, 4, 4))  # vec 4: 16-byte stores
+    assert kernel.plan.output_alignment == 16
+    out = torch.zeros(M * N + 1)[1:].view(M, N)
+    assert kernel(torch.ones(KN), out=out) is out
+    c_ptr = kernel.launches[0][1]
+    assert c_ptr != out.data_ptr() and c_ptr % 16 == 0
