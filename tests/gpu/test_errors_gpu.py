@@ -338,8 +338,6 @@ def test_spmm_propagates_nan_the_same_way():
     assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(got).sum() == 8
 
 
-@pytest.mark.xfail(reason="the fused ReLU is PTX max.f32(x, 0), which returns 0 for a NaN x (codegen/ptx.py, "
-                          "codegen/csr.py); max.NaN.f32 (sm_80+) would keep NaN as torch.relu does", strict=False)
 @pytest.mark.parametrize("config", [DEFAULT, CsrConfig(8, 4, 1)], ids=["row_groups", "small_n"])
 def test_fused_relu_keeps_nan_like_torch_relu(config):
     kernel = compile_spmm(W, N, torch.float32, "kn", relu=True, config=config)

@@ -113,7 +113,7 @@ def _store(e: Emitter, plan: CsrPlan) -> None:
                  "mad.wide.u32 %rdt, %rrow, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
         e.lines([f"add.f32 %acc{j}, %acc{j}, %f;" for j in range(cols)])
     if plan.relu:
-        e.lines([f"max.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(cols)])
+        e.lines([f"max.NaN.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(cols)])
     m_stride, n_stride = (plan.N * es, es) if plan.layout == "kn" else (es, plan.M * es)
     e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
              f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;",

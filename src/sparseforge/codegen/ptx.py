@@ -146,7 +146,7 @@ def _emit_store(e: Emitter, plan: Plan, group: RowGroup, out: RegionBases, row_s
     for slot, row in enumerate(group.rows):
         accs = [_acc(e, base + slot, v, vec) for v in range(vec)]
         if plan.relu:
-            e.lines([f"max.f32 {a}, {a}, 0f00000000;" for a in accs])
+            e.lines([f"max.NaN.f32 {a}, {a}, 0f00000000;" for a in accs])  # NaN stays NaN, as in torch.relu
         address = out.address(row * row_stride)
         if es == 4:
             values = accs[0] if vec == 1 else "{" + ", ".join(accs) + "}"

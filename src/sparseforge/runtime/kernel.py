@@ -37,8 +37,8 @@ class SpmmKernel:
     B[k, j] (kn; X[j, k] in nk) makes C[i, j] NaN for exactly the rows i of W with a nonzero in column k;
     an inf makes it +-inf by the sign of W[i, k] (NaN where infinities of both signs meet). Every other
     output is untouched by it, so a NaN in a column W does not use appears nowhere (dense W @ B would
-    poison all of column j: 0 * NaN = NaN). The fused ReLU (relu=True) is PTX max(x, 0), which returns 0
-    for NaN: with it, NaN outputs read 0, unlike torch.relu.
+    poison all of column j: 0 * NaN = NaN). The fused ReLU (relu=True) is PTX max.NaN(x, 0): NaN stays
+    NaN, as in torch.relu.
     """
 
     def __init__(self, plan, built: "Built", device_index: int):

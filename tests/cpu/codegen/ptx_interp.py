@@ -281,8 +281,9 @@ class Thread:
             sel = v(args[3])
             r[args[0]] = int.from_bytes(bytes(pool[(sel >> (4 * i)) & 7] for i in range(4)), "little")
             return
-        if op == "max.f32":
-            r[args[0]] = _bits32(max(_f32(v(args[1])), _f32(v(args[2]))))
+        if op == "max.NaN.f32":  # NaN if either operand is NaN (plain max.f32 would drop it)
+            a, b = _f32(v(args[1])), _f32(v(args[2]))
+            r[args[0]] = _bits32(a if a != a else b if b != b else max(a, b))
             return
         if op == "cvt.f32.f16":
             r[args[0]] = _bits32(_half(v(args[1]) & 0xFFFF, False))  # a b16 register (undefined: NaN bits)

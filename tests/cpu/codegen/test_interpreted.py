@@ -272,3 +272,21 @@ def test_row_per_block_kernels_match_float64_reference(config):
     plan = make_plan(weight, 44, "float32", "kn", config, bias=np.ones(11), relu=True)
     assert plan.mapping == ("row-per-block" if config.rows_per_group == 1 else "row-groups")
     _check(plan, weight, b, np.ones(11), True)
+
+
+@pytest.mark.parametrize("form", ["row_groups", "small_n"])
+def test_fused_relu_keeps_nan(form):
+    """ReLU is max.NaN(x, 0): a NaN reaching a row's sum stays NaN, as torch.relu keeps it."""
+    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+
+    dense = np.zeros((4, 6), np.float32)
+    dense[0, 2], dense[1, 2], dense[2, 4] = -1.0, 2.0, 3.0  # rows 0 and 1 read column 2; row 3 is empty
+    weight = SparseMatrix.from_dense(dense)
+    b = np.ones((6, 4))
+    b[2, 1] = np.nan
+    if form == "small_n":
+        got = run_csr(make_csr_plan(weight, 4, "float32", "kn", CsrConfig(4, 4, 1), relu=True), b)
+    else:
+        got = run_plan(make_plan(weight, 4, "float32", "kn", TileConfig(2, 1, 1, 4), relu=True), b)
+    assert np.isnan(got[:2, 1]).all() and not np.isnan(np.delete(got, 1, axis=1)).any()
+    assert not np.isnan(got[2:]).any() and got[0, 0] == 0.0 and got[1, 0] == 2.0

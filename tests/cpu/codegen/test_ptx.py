@@ -41,7 +41,7 @@ def test_render_is_pure():
 def test_bias_relu_epilogue_in_source():
     text = render(_tiny(bias=[1.0, 2.0, -1.0], relu=True)).text
     assert f"mov.b32 %a0, {f32_immediate(1.0)};" in text
-    assert "max.f32" in text
+    assert "max.NaN.f32" in text  # ReLU keeps NaN, as torch.relu does
 
 
 def _assemble(text: str, arch: int) -> str:
