@@ -1,16 +1,22 @@
 """torch.library ops, each with a fake (meta) implementation, so torch.compile can trace models that use
-sparseforge modules. Eager calls bypass them: the op dispatcher costs more host time than the kernels."""
+sparseforge modules. Eager calls bypass them: the op dispatcher costs more host time than the kernels.
+
+Ops take tensors and integers, not modules: a module registers itself in LAYERS under an id and passes the
+id. The registry lives here, below nn/, so nothing here imports a module class (the flow runs one way)."""
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+# layer id -> a module with sparse_forward(x); weak, so a dropped module leaves no entry behind
+LAYERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 @torch.library.custom_op("sparseforge::linear24", mutates_args=())
 def linear24(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer_id: int) -> torch.Tensor:
     """SparseLinear24 `layer_id`'s forward: x (..., K) -> (..., M), 2:4 or dense as that layer decided."""
     import torch.nn.functional as F
-
-    from .nn.linear24 import LAYERS
 
     if x.device.type != "cuda":
         return F.linear(x, weight, bias)

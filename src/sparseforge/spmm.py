@@ -6,6 +6,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from .dtypes import dtype_name
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
 from .plan.csr import CsrConfig, make_csr_plan
@@ -14,15 +15,13 @@ from .tune.choose import Choice, choose, chooser_digest, rank
 from .tune.cost import estimate
 from .tune.space import search_space
 
-_DTYPE_NAMES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
-                "float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
-                "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-_LOADED: dict = {}
+
+_LOADED: dict = {}  # spmm(): kernels kept in-process per (weight, N, dtype, layout, epilogue, device)
 
 
 def _dtype_name(dtype) -> str:
-    name = _DTYPE_NAMES.get(str(dtype))
-    if name is None:
+    name = dtype_name(dtype)
+    if name is None or name == "float64":
         raise TypeError(f"dtype {dtype} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
     return name
 
@@ -268,7 +267,7 @@ def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune
     dims = "K x N" if layout == "kn" else "N x K"
     if B.dim() not in (2, 3):
         raise ValueError(f"B must be 2-D or 3-D ([batch,] {dims}), got shape {tuple(B.shape)}")
-    if str(B.dtype) not in _DTYPE_NAMES:
+    if dtype_name(B.dtype) in (None, "float64"):
         raise TypeError(f"B has dtype {B.dtype}; sparseforge kernels take torch.float32, torch.float16 or "
                         "torch.bfloat16: convert it first (B.float())")
     w = _as_sparse(W)

@@ -466,6 +466,8 @@ def test_linear24_no_tokens_returns_an_empty_output_and_decides_nothing():
     assert layer.decisions == [] and layer._runtime is None  # no plan built, nothing measured or launched
 
 
+# [sparse] failed on the H200 at 5fd0739 (NaN instead of +-inf in some outputs on the 2:4 path; not yet
+# diagnosed): benchmarks/NOTES.md, fifth session, "GPU tests".
 @pytest.mark.parametrize("policy", ["sparse", "dense", "measure"])
 def test_linear24_nan_and_inf_input_propagate(layers, policy):
     """A NaN at x[t, k] makes y[t, i] NaN for every i with W[i, k] != 0 on every path; an inf makes them +-inf.

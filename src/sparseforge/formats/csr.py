@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import SparseFormatError
 from .exact import INDEX_LIMIT, as_array, exact_int_array, shown
+from ..dtypes import dtype_name
 from .smtx import read_smtx, write_smtx
 
 # Values are kept in numpy; bfloat16 has no numpy dtype, so its values are held exactly in float32.
@@ -20,8 +21,7 @@ _FORMAT_VERSION = 1
 
 
 def _dtype_name(dtype: Any) -> str:
-    name = str(dtype).replace("torch.", "")
-    name = {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+    name = dtype_name(dtype)
     if name not in _STORAGE:
         raise SparseFormatError(f"dtype {dtype} is not supported; use one of {sorted(_STORAGE)}")
     return name

@@ -3,19 +3,17 @@ widths where that measured faster than dense cuBLAS, and dense everywhere else."
 from __future__ import annotations
 
 import itertools
-import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops import LAYERS
 from ..semi.cusparselt import ALIGN_BYTES, Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, Decision, fixed
 from ..semi.runtime import Linear24Runtime, check_policy
 
 _ids = itertools.count()
-# layer id -> module, for the torch.library op (ops take tensors and integers, not modules).
-LAYERS: "weakref.WeakValueDictionary[int, SparseLinear24]" = weakref.WeakValueDictionary()
 
 
 class SparseLinear24(nn.Module):

@@ -16,6 +16,7 @@ import ctypes
 import torch
 
 from ..codegen.gemv24 import MAX_N, WARPS, kernel_name, render_gemv24
+from ..dtypes import dtype_name
 from .cusparselt import Sparse24Error, current_stream_handle
 from .packed import pack_24
 
@@ -41,7 +42,7 @@ class Gemv24:
 
             major, minor = torch.cuda.get_device_capability(self.index)
             arch = major * 10 + minor
-            dtype, bias = str(self.dtype).replace("torch.", ""), self.bias is not None
+            dtype, bias = dtype_name(self.dtype), self.bias is not None
             compiler = default_compiler()
             key = kernel_key("gemv24", f"{dtype}|{n}|{bias}", arch, compiler.version)
             built = compile_source(key, arch, lambda: render_gemv24(dtype, n, bias, arch), compiler=compiler)

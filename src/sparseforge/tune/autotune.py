@@ -1,13 +1,10 @@
-"""Autotuning in the shape of Triton's, small: a few configs, each compiled and timed once by the median
-of CUDA events on fresh random input, the winner persisted under a key; a compile or launch failure scores
-infinity; a time budget bounds the whole search (the first candidate, the heuristic pick, always runs)."""
+"""The row-group neighbourhood of the design space (tune/space.py adds the other mappings): the heuristic
+pick (measured rules, below) and its neighbours in rows per group, vector width, groups per block, split K
+and, for nk, staging X. Ranking and timing are the chooser's (tune/choose.py)."""
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import time
-from dataclasses import asdict
 
 from ..plan import TileConfig, pick_vec
 
@@ -24,7 +21,8 @@ def _kn(n: int, rows: int, vec: int, groups: int = 1) -> TileConfig:
     vec = pick_vec(n, "kn", vec)
     # 16 loads in flight per warp: with few warps per SM the kernels are latency-bound (measured: 8 in
     # flight left a 100k-nonzero kernel at 0.12 instructions per clock on the H200)
-    return TileConfig(rows, _column_warps(n, vec), vec, 16, groups)
+    return TileConfig(rows_per_group=rows, warps_per_block=_column_warps(n, vec), vec=vec, load_batch=16,
+                      groups_per_block=groups)
 
 
 # Small-N kn layers are split by default (segment_nnz a quarter of a group) when their rows average at
@@ -93,13 +91,15 @@ def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = F
     neighbours in rows per group, vector width, groups per block and (nk) staging X."""
     first = default_config(n, layout, row_nnz, relu, m)
     if layout == "nk":
-        pool = [dataclasses.replace(first, rows_per_group=8), TileConfig(4, 8, 1), TileConfig(8, 8, 1),
-                TileConfig(2, 8, 1), TileConfig(4, 16, 1), TileConfig(4, 4, 1)]
+        staged = [TileConfig(rows_per_group=r, warps_per_block=w, vec=1) for r, w in ((4, 8), (8, 8), (2, 8), (4, 16),
+                                                                                       (4, 4))]
+        pool = [dataclasses.replace(first, rows_per_group=8), *staged]
         unsplit = first
     else:
         unsplit = dataclasses.replace(first, segment_nnz=0)
         v = first.vec
-        pool = [unsplit, dataclasses.replace(first, cluster_rows=False), TileConfig(4, first.warps_per_block, first.vec, 32), _kn(n, 8, v), _kn(n, 2, v),
+        pool = [unsplit, dataclasses.replace(first, cluster_rows=False), dataclasses.replace(first, rows_per_group=4, load_batch=32, groups_per_block=1, segment_nnz=0,
+                                                                      cluster_rows=False), _kn(n, 8, v), _kn(n, 2, v),
                 _kn(n, 4, max(v // 2, 1)), _kn(n, 4, min(v * 2, 4)), _kn(n, 4, v, 2), _kn(n, 1, v),
                 _kn(n, 8, max(v // 2, 1))]
     group_nnz = row_nnz * unsplit.rows_per_group if row_nnz else None
@@ -108,43 +108,3 @@ def candidates(n: int, layout: str, row_nnz: float | None = None, relu: bool = F
         if config not in out:
             out.append(config)
     return out
-
-
-def time_kernel(kernel, b, repeats: int = 30) -> float:
-    """Median microseconds of single launches, each bracketed by CUDA events, after warm-up."""
-    import torch
-
-    out = kernel(b)
-    for _ in range(3):
-        kernel(b, out=out)
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        kernel(b, out=out)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return statistics.median(times)
-
-
-def tune(build, n: int, layout: str, make_input, budget_seconds: float = 5.0, configs=None):
-    # configs: the list to try; default candidates(n, layout) (callers with the matrix pass split variants)
-    """Try configs with build(config) -> kernel, timed on make_input(); returns (best kernel, records)."""
-    started = time.perf_counter()
-    best, best_us, records = None, math.inf, []
-    for i, config in enumerate(configs or candidates(n, layout)):
-        if i and time.perf_counter() - started > budget_seconds:
-            break
-        try:
-            kernel = build(config)
-            us = time_kernel(kernel, make_input())
-        except Exception as err:  # a config that fails to build or run is just not a winner
-            records.append({"config": asdict(config), "us": math.inf, "error": str(err)[:300]})
-            continue
-        records.append({"config": asdict(config), "us": us, "compile_seconds": kernel.compile_seconds})
-        if us < best_us:
-            best, best_us = kernel, us
-    if best is None:
-        raise RuntimeError(f"no configuration built and ran; attempts: {records}")
-    return best, records

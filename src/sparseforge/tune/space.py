@@ -27,10 +27,11 @@ def row_per_block(n: int, layout: str) -> list[TileConfig]:
     vector N allows; two rows per block; a run of two single-row groups per block."""
     transposed = layout == "nk"
     vec = pick_vec(n, "kn", 4 if n >= 1024 else 2 if n >= 128 else 1)
-    out = [TileConfig(1, _column_warps(n, 1, cap=4), 1, 16, 1),
-           TileConfig(1, _column_warps(n, vec, cap=4), vec, 16, 1),
-           TileConfig(2, _column_warps(n, vec, cap=4), vec, 16, 1, cluster_rows=True),
-           TileConfig(1, _column_warps(n, vec, cap=4), vec, 16, 2)]
+    one = dict(warps_per_block=_column_warps(n, vec, cap=4), vec=vec, load_batch=16)
+    out = [TileConfig(rows_per_group=1, warps_per_block=_column_warps(n, 1, cap=4), vec=1, load_batch=16),
+           TileConfig(rows_per_group=1, **one),
+           TileConfig(rows_per_group=2, cluster_rows=True, **one),
+           TileConfig(rows_per_group=1, groups_per_block=2, **one)]
     return [dataclasses.replace(c, transpose_x=transposed) for c in out]
 
 

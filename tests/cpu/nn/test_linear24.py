@@ -185,7 +185,7 @@ def test_sparse_forward_rejects_wrong_inputs():
 def test_copies_and_pickles_drop_the_runtime_and_get_their_own_op_id(tmp_path):
     import copy
 
-    from sparseforge.nn.linear24 import LAYERS
+    from sparseforge.ops import LAYERS
 
     layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
     layer._runtime, layer._runtime_key = RecordingRuntime(layer.weight), layer._current_key()
