@@ -9,6 +9,7 @@ import numpy as np
 from .dtypes import dtype_name
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
+from .plan.plan import fp32_bias
 from .plan.csr import CsrConfig, make_csr_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
 from .tune.choose import Choice, choose, chooser_digest, rank
@@ -61,19 +62,9 @@ def _bias_values(bias):
 
 
 def _checked_bias(bias, m: int):
-    """bias as float64 values, refused here with the problem named: every candidate plan would refuse it
-    alike, leaving the chooser nothing to pick from."""
-    values = _bias_values(bias)
-    if values is None:
-        return None
-    if values.size != m:
-        raise ValueError(f"bias must have M = {m} entries (one per row of W), got {values.size} "
-                         f"(shape {values.shape})")
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        raise ValueError(f"bias[{bad[0]}] = {values.reshape(-1)[bad[0]]} is not finite; NaN/inf bias would poison "
-                         "every output of its row: fix the bias first")
-    return values
+    """bias as the fp32 values kernels add, refused here with the problem named: every candidate plan
+    would refuse it alike, leaving the chooser nothing to pick from."""
+    return fp32_bias(_bias_values(bias), m)
 
 
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
@@ -142,7 +133,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     started = time.perf_counter()
     cache = KernelCache()
     compiler = default_compiler()
-    bias_tag = "none" if bias_values is None else cache_key(bias_values.astype(np.float32).tobytes())
+    bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
     # the choice is cached like a kernel: a second compile of the same problem skips ranking and timing
     mode = "predicted" if tune_budget is None else f"measured|dense={time_dense}"
     key = kernel_key("choice", "|".join([w.digest(), str(n), name, layout, bias_tag, str(relu), str(deterministic),

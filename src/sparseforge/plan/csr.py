@@ -20,7 +20,7 @@ import numpy as np
 
 from ..formats import SparseMatrix
 from .config import WARP
-from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS
+from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
 
@@ -150,14 +150,7 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
     cols[where] = w.indices
     values[where] = w.values.astype(np.float32)
     rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
-    bias_values = None
-    if bias is not None:
-        bias_values = np.asarray(bias, dtype=np.float64).reshape(-1)
-        if bias_values.shape != (w.shape[0],):
-            raise ValueError(f"bias must have M = {w.shape[0]} entries, got {bias_values.size}")
-        if not np.isfinite(bias_values).all():
-            raise ValueError("bias holds NaN or inf values")
-        bias_values = tuple(bias_values.astype(np.float32).tolist())
+    bias_values = fp32_bias(bias, w.shape[0])
     return CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
                    relu, arch, w.digest())
 

@@ -280,6 +280,22 @@ def pick_vec(n: int, layout: str, wanted: int) -> int:
     return 1
 
 
+def fp32_bias(bias, m: int) -> tuple[float, ...] | None:
+    """M bias values (any sequence or numpy array) as the fp32 numbers a kernel adds, or None; a wrong
+    length or a NaN/inf is refused with the entry named."""
+    if bias is None:
+        return None
+    values = np.asarray(bias, dtype=np.float64).reshape(-1)
+    if values.size != m:
+        raise ValueError(f"bias must have M = {m} entries (one per row of W), got {values.size} "
+                         f"(shape {np.shape(bias)})")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"bias[{bad[0]}] = {values[bad[0]]} is not finite; NaN/inf bias would poison every output "
+                         "of its row: fix the bias first")
+    return tuple(values.astype(np.float32).tolist())
+
+
 def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfig | None, bias, relu: bool,
              arch: int) -> tuple[TileConfig, tuple[float, ...] | None, list[tuple[int, ...]]]:
     """(config with the vector width N allows, bias as fp32 values, the row groups) after validation."""
@@ -299,14 +315,7 @@ def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfi
     vec = pick_vec(n, layout, config.vec)
     if vec != config.vec:
         config = dataclasses.replace(config, vec=vec)
-    bias_values = None
-    if bias is not None:
-        bias_values = np.asarray(bias, dtype=np.float64).reshape(-1)
-        if bias_values.shape != (w.shape[0],):
-            raise ValueError(f"bias must have M = {w.shape[0]} entries, got {bias_values.size}")
-        if not np.isfinite(bias_values).all():
-            raise ValueError("bias holds NaN or inf values")
-        bias_values = tuple(bias_values.astype(np.float32).tolist())
+    bias_values = fp32_bias(bias, w.shape[0])
     hint = math.ceil(w.shape[0] / config.rows_per_group)
     if config.cluster_rows:
         rows = _clustered_groups(w, config.rows_per_group, hint)
