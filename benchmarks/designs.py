@@ -39,7 +39,7 @@ def run(root: Path, spec: str, dtype: str, layout: str) -> dict:
     w = SparseMatrix.from_smtx(root / f"{name}.smtx", seed=0).astype(dtype)
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
-    plans = _plans(make, search_space(n, layout, w.shape[0], w.nnz / w.shape[0]))
+    plans = _plans(make, search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True))
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
     gen = torch.Generator(device="cuda").manual_seed(1)
     inputs = [torch.randn(shape, device="cuda", generator=gen).to(tdt) for _ in range(4)]

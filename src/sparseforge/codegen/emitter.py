@@ -32,5 +32,11 @@ class Emitter:
         self.max_index[prefix] = max(self.max_index.get(prefix, -1), index)
         return f"%{prefix}{index}"
 
+    def extend(self, other: "Emitter") -> None:
+        """Append another emitter's lines, keeping its register counts."""
+        self._lines.extend(other._lines)
+        for prefix, top in other.max_index.items():
+            self.max_index[prefix] = max(self.max_index.get(prefix, -1), top)
+
     def text(self) -> str:
         return "\n".join(self._lines)

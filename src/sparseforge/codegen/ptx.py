@@ -200,6 +200,20 @@ def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Region
     return text, extern, _call_site(name, n_acc, first, last, operand.staged)
 
 
+def _inline_section(plan: Plan, g: int, operand, out: RegionBases, row_stride: int) -> Emitter:
+    """Group g's code inline in the kernel (config.inline): the body _section would put in a function,
+    reading the thread's B base and output base from the entry's registers."""
+    group = plan.groups[g]
+    e = Emitter()
+    e.comment(f"group {g}: rows {_rows_text(group.rows)}; {group.nnz} nonzeros, {len(group.columns)} distinct k")
+    operand.bases.emit(e, ["mov.u64 %rdb0, %rdb;"])
+    e.line("setp.ne.u32 %pv, %rvalid, 0;")
+    _emit_init(e, plan, group)
+    _emit_accumulate(e, plan, group, operand, 0, plan.K)
+    _emit_store(e, plan, group, out, row_stride)
+    return e
+
+
 def _function(e: Emitter, header: str, operand, out: RegionBases, stores: bool) -> tuple[str, str]:
     """(text, .extern declaration) of a .func with body e."""
     wide = (out.registers if stores else []) + ([] if operand.staged else operand.bases.registers)
@@ -348,6 +362,9 @@ def render(plan: Plan) -> KernelSource:
     functions, externs = [], []
 
     def sections(g, ci, k0, k1, first, last):
+        if plan.config.inline:
+            entry.extend(_inline_section(plan, g, operand, out, row_stride))
+            return []
         text, extern, call = _section(plan, g, ci, k0, k1, operand, out, row_stride, first, last)
         functions.append(text)
         externs.append(extern)
@@ -366,6 +383,8 @@ def render(plan: Plan) -> KernelSource:
     entry.label("DONE")
     entry.line("ret;")
     accs = max((len(g.rows) for g in plan.groups), default=1) * _vec(plan)
+    entry.max_index.pop("a", None)  # inline groups name accumulators too; declared once below
+    inline_bases = operand.bases.registers if plan.config.inline else []
     preamble = [f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", ""]
     head = [f"// sparseforge generated kernel: {plan.name}",
             f"// W {plan.M}x{plan.K}, nnz {plan.nnz}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
@@ -374,7 +393,7 @@ def render(plan: Plan) -> KernelSource:
             ".reg .b32 %rtid, %rwarp, %rlane, %rgid, %rn, %rn0, %rt0, %rt1, %rt3, %rsb, %rs0, %rsw, %rvalid, "
             "%rgend;",
             ".reg .b64 " + ", ".join(["%rdB", "%rdC", "%rdz", "%rdt0", "%rdt1", "%rdb"] + operand.global_bases.registers
-                                     + out.registers) + ";",
+                                     + out.registers + inline_bases) + ";",
             f".reg .b32 %a<{accs}>;"] + _declare(entry)
     entry_text = [f".visible .entry {plan.name}(", "    .param .u64 param_b,", "    .param .u64 param_c", ")",
                   f".maxntid {plan.config.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [entry.text(), "}", ""]

@@ -32,6 +32,12 @@ class TileConfig:
     # each group starts from the heaviest free row and takes the free rows overlapping it most), so a group
     # loads fewer distinct B rows: 1.06-1.5x fewer B loads on DLMC rn50 and Transformer matrices (CPU count).
     cluster_rows: bool = False
+    # False: each group's code is a function of its own, the kernel calls it (modules compile apart, in
+    # parallel: ptxas time grows faster than linearly with a function's size). True: every group's code
+    # inline in the kernel, as a whole-kernel compiler (NVRTC) would emit it: no call, so ptxas can keep a
+    # group's loads in flight across the whole row (the called functions keep ~5 16-byte loads in flight
+    # where load_batch asks for 16, read off their SASS); only for small layers (tune/space.py).
+    inline: bool = False
 
     def __post_init__(self):
         if not 1 <= self.rows_per_group <= 32:
@@ -48,7 +54,7 @@ class TileConfig:
             raise ValueError(f"chunk_k must be >= 0 (0: one pass over K), got {self.chunk_k}")
         if self.segment_nnz < 0:
             raise ValueError(f"segment_nnz must be >= 0 (0: no splitting), got {self.segment_nnz}")
-        for flag in ("transpose_x", "cluster_rows"):
+        for flag in ("transpose_x", "cluster_rows", "inline"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
 
@@ -64,6 +70,6 @@ class TileConfig:
         split = f"s{self.segment_nnz}" if self.segment_nnz else ""
         chunk = f"k{self.chunk_k}" if self.chunk_k else ""
         transposed = "t" if self.transpose_x else ""
-        clustered = "c" if self.cluster_rows else ""
+        clustered = ("c" if self.cluster_rows else "") + ("i" if self.inline else "")
         return (f"r{self.rows_per_group}w{self.warps_per_block}v{self.vec}b{self.load_batch}g{self.groups_per_block}"
                 f"{split}{chunk}{transposed}{clustered}")

@@ -90,11 +90,14 @@ class Plan:
     def mapping(self) -> str:
         """The mapping of the work (a tuner candidate each): "row-per-block" (every warp of a block on one
         row's code, many blocks), "split-k" (groups cut along K, partial sums added atomically),
-        "staged-x" (nk: X through shared memory), else "row-groups" (a warp loads each B row once for a
-        group of rows sharing it)."""
+        "staged-x" (nk: X through shared memory), "inline" (any of these with every group's code inline
+        in the kernel, no calls), else "row-groups" (a warp loads each B row once for a group of rows
+        sharing it)."""
         c = self.config
         if not self.direct:
             return "staged-x"
+        if c.inline:
+            return "inline"
         if c.segment_nnz and any(g.partial for g in self.groups):
             return "split-k"
         return "row-per-block" if c.rows_per_group == 1 else "row-groups"
@@ -307,6 +310,8 @@ def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfi
         raise ValueError(f"N must be >= 1, got {n}")
     config = config or TileConfig()
     _check_split(config, relu, dtype, arch)
+    if config.inline and (config.chunk_k or (layout == "nk" and not config.transpose_x)):
+        raise ValueError("inline applies to direct kernels in one pass (kn, or nk with transpose_x; no chunk_k)")
     if config.transpose_x and layout != "nk":
         raise ValueError("transpose_x applies to layout 'nk' (in 'kn' the operand is already K x N)")
     if config.chunk_k and layout != "kn" and not config.transpose_x:

@@ -34,6 +34,8 @@ class Gpu:
     ifetch_bytes_per_s: float = 3.52e11  # fitted: code bytes from L2 into the SMs' instruction caches
     launch_us: float = 2.34         # fitted: a real kernel's floor under graph replay (an empty one: ~0.6 us)
     cycles_per_instruction: float = 12.2  # fitted: one warp's instruction stream with its dependences
+    inline_latency: float = 0.6     # inline kernels' chain against called groups' (ptxas keeps ~3x the loads
+    # in flight without the call boundary): a guess until designs.py measures inline candidates
     step_cycles: float = 3430.0     # fitted: small-N kernel, one iteration's dependent loads (indices,
     # then B) and its FMAs
     registers: int = 65536          # per SM
@@ -66,8 +68,9 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     wide = es == 2
     # per group: a load per distinct k (+ widening of 16-bit values), an FMA per nonzero and column of the
     # thread's vector, the epilogue, and the call into the group's function
+    call = 0 if c.inline else 24  # the call into a group's function: parameters, call, return
     instr = np.array([g.width * (1 + (vec if wide else 0)) + g.nnz * vec + len(g.rows) * vec * (3 if wide else 1)
-                      + 24 for g in plan.groups] or [0], dtype=np.float64)
+                      + call for g in plan.groups] or [0], dtype=np.float64)
     tiles, row_blocks = plan.grid
     warps_per_tile = c.warps_per_block if plan.direct else 1
     per_block = c.groups_per_block if plan.direct else c.warps_per_block
@@ -85,12 +88,18 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
         chains = instr
     accumulators = max((len(g.rows) for g in plan.groups), default=1) * vec
     registers = 24 + accumulators + c.load_batch * vec
+    if c.inline:  # ptxas hoists a row's loads: 72-254 registers read off ptxas -v on rn50 layers
+        registers = 24 + accumulators + 4 * c.load_batch * vec
     blocks = tiles * row_blocks * batch
     waves = _waves(blocks, c.warps_per_block, registers, gpu)
     latency = ((waves - 1) * chains.mean() + chains.max()) * gpu.cycles_per_instruction / gpu.clock_hz
+    if c.inline:
+        latency *= gpu.inline_latency
     terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": ifetch * 1e6, "latency": latency * 1e6}
-    # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores; ~50k FMAs a second a core
-    compile_s = 0.3 + plan.nnz * vec / 6e4
+    if c.inline:  # one module compiled whole, superlinear (ptxas 13.0: 0.17 s at 1.6k FMAs, 4.1 s at 30k)
+        compile_s = 0.05 + (plan.nnz * vec) ** 1.1 / 2e4
+    else:  # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores
+        compile_s = 0.3 + plan.nnz * vec / 6e4
     return Estimate(gpu.launch_us + max(terms.values()), terms, compile_s)
 
 

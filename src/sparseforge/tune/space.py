@@ -7,7 +7,9 @@
   it wins where M is small and K large (few row groups leave SMs idle), the row groups where B-row sharing
   pays (M large, K small);
 - split K (segment_nnz): atomics, so not in deterministic mode;
-- small N (plan/csr.py): W as data, warps over nonzeros, for N <= SMALL_N_MAX.
+- small N (plan/csr.py): W as data, warps over nonzeros, for N <= SMALL_N_MAX;
+- inline: row per block (or two clustered rows) with every group's code in the kernel, no calls, for
+  small layers (their compile grows superlinearly);
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
 """
 from __future__ import annotations
@@ -18,6 +20,10 @@ from ..plan import TileConfig, pick_vec
 from ..plan.csr import CsrConfig
 from .autotune import _column_warps, candidates
 
+# Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
+# module compiled whole, ~0.17 s at 1.6k, 1.9 s at 15k, 4.1 s at 30k FMAs on one core (ptxas 13.0, rn50 90%
+# layers), against ~0.5 s for their called-function forms compiled in parallel.
+INLINE_MAX_FMAS = 20_000
 SMALL_N_MAX = 64  # widths where the small-N kernel is proposed (issue 10 asks for N = 1..32; the chooser
 # decides by measurement where it stops winning)
 
@@ -47,11 +53,28 @@ def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
             for unroll in ((1, 2) if c <= 8 else (1,))]
 
 
+def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
+    """Row per block with every row's code inline (the shape of issue 10's NVRTC reference kernel, which
+    beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
+    vec = pick_vec(n, "kn", 4 if n >= 1024 else 2 if n >= 128 else 1)
+    fits = lambda v: m * row_nnz * v <= INLINE_MAX_FMAS  # noqa: E731
+    out = [TileConfig(rows_per_group=1, warps_per_block=_column_warps(n, 1, cap=4), vec=1, load_batch=16,
+                      inline=True)] if fits(1) else []
+    if fits(vec):
+        out.append(TileConfig(rows_per_group=2, warps_per_block=_column_warps(n, vec, cap=4), vec=vec, load_batch=16,
+                              cluster_rows=True, inline=True))
+    return [dataclasses.replace(c, transpose_x=layout == "nk") for c in out]
+
+
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
-                 deterministic: bool = False) -> list:
+                 deterministic: bool = False, unmeasured: bool = False) -> list:
     """Every candidate config (TileConfig or CsrConfig) for an M-row weight with row_nnz nonzeros per row on
-    average, at width n. deterministic: no candidate that adds partial sums with atomics."""
+    average, at width n. deterministic: no candidate that adds partial sums with atomics. unmeasured: also
+    the families not yet run on a GPU (inline: interpreted and assembled in CI only), which the default
+    space leaves out until benchmarks/designs.py has measured them."""
     configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout)
+    if unmeasured:
+        configs += inline(n, layout, m, row_nnz)
     if n <= SMALL_N_MAX:
         configs += small_n(n, row_nnz)
     if deterministic:

@@ -2,6 +2,8 @@
 float64 reference, into NaN-poisoned outputs (shared memory poisoned too): the launch's own steps (zeroing
 split rows, transposing X) done as the runtime does them. Every kernel form the generator emits (direct kn,
 split, chunked runs, nk through a transposed X or staged in shared memory), in CI."""
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -79,6 +81,9 @@ CONFIGS = [
     ("clustered", "kn", TileConfig(3, 1, 2, 4, 2, 0, 16, cluster_rows=True)),
     ("nk_transposed", "nk", TileConfig(2, 1, 1, 4, 1, transpose_x=True)),
     ("nk_transposed_split", "nk", TileConfig(4, 1, 1, 4, 2, 5, 16, transpose_x=True)),
+    ("inline_row_per_block", "kn", TileConfig(1, 1, 1, 4, inline=True)),
+    ("inline_split_run", "kn", TileConfig(3, 2, 2, 8, 2, 6, cluster_rows=True, inline=True)),
+    ("nk_transposed_inline", "nk", TileConfig(2, 1, 1, 4, transpose_x=True, inline=True)),
     ("nk_staged", "nk", TileConfig(2, 2, 1, 4)),
     ("nk_staged_split", "nk", TileConfig(3, 2, 1, 8, 1, 6)),
 ]
@@ -172,6 +177,8 @@ def kernels(draw):
                         1 if staged else draw(st.integers(1, 3)), draw(st.sampled_from([0, 0, 3, 9])),
                         0 if staged else draw(st.sampled_from([0, 0, 5, 16])), transpose_x=layout == "nk" and not staged,
                         cluster_rows=draw(st.booleans()))
+    if not staged and not config.chunk_k and draw(st.booleans()):
+        config = dataclasses.replace(config, inline=True)
     m, k, n = draw(st.integers(1, 10)), draw(st.integers(1, 40)), draw(st.integers(1, 40))
     density = draw(st.sampled_from([0.0, 0.1, 0.3, 1.0]))
     seed = draw(st.integers(0, 2**16))

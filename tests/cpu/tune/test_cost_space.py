@@ -81,3 +81,25 @@ def test_row_per_block_includes_the_reference_shape():
     space = search_space(3136, "kn", 256, 60.0)
     assert TileConfig(1, 4, 1, 16, 1) in space
     assert dataclasses.replace(TileConfig(1, 4, 1, 16, 1), transpose_x=True) in search_space(256, "nk", 256, 60.0)
+
+
+def test_inline_candidates_only_for_small_layers_and_only_when_asked_until_measured():
+    assert not any(getattr(c, "inline", False) for c in search_space(3136, "kn", 64, 25.0))
+    small = [c for c in search_space(3136, "kn", 64, 25.0, unmeasured=True) if getattr(c, "inline", False)]
+    assert small and all(c.transpose_x is False for c in small)
+    assert TileConfig(1, 4, 1, 16, 1, inline=True) in small  # the reference kernel's shape, inline
+    assert not any(getattr(c, "inline", False) for c in search_space(49, "kn", 2048, 100.0, unmeasured=True))
+    nk = [c for c in search_space(256, "nk", 64, 25.0, unmeasured=True) if getattr(c, "inline", False)]
+    assert nk and all(c.transpose_x for c in nk)
+
+
+def test_inline_plans_rank_as_their_own_mapping_and_compile_superlinearly():
+    w = _weight()
+    called = sketch_plan(w, 256, config=TileConfig(1, 4, 1, 16))
+    inlined = sketch_plan(w, 256, config=TileConfig(1, 4, 1, 16, inline=True))
+    assert (called.mapping, inlined.mapping) == ("row-per-block", "inline")
+    assert estimate(inlined).terms["latency"] < estimate(called).terms["latency"]
+    big = _weight(m=512, k=1024, density=0.1)
+    ratio = estimate(sketch_plan(big, 256, config=TileConfig(1, 4, 1, 16, inline=True))).compile_s / \
+        estimate(inlined).compile_s
+    assert ratio > big.nnz / w.nnz  # superlinear in the kernel's size
