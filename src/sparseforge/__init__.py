@@ -1,13 +1,32 @@
 """sparseforge: make pruned neural networks run faster on NVIDIA GPUs.
 
 Pipeline: prune -> inspect -> plan -> lower (PTX) -> compile and cache -> launch -> nn modules -> model.
+
+The stages up to lowering (formats, plan, codegen) need numpy only: the names that need torch (pruning,
+2:4, the kernels' API, nn modules) are imported on first use, so `import sparseforge.formats` works on a
+machine without torch.
 """
-from . import nn, prune, semi, suite
+from importlib import import_module
+
 from ._version import __version__
 from .formats import MatrixStats, SparseFormatError, SparseMatrix
-from .nn import SparseLinear24, prepare, to_sparse24
-from .semi import Sparse24Error, sparsify_24
-from .spmm import compile_spmm, spmm
+
+# name -> module that defines it (imported when first asked for)
+_LAZY = {"compile_spmm": ".spmm", "spmm": ".spmm", "SparseLinear24": ".nn", "prepare": ".nn", "to_sparse24": ".nn",
+         "Sparse24Error": ".semi", "sparsify_24": ".semi"}
+_SUBMODULES = ("nn", "prune", "semi", "suite")
 
 __all__ = ["MatrixStats", "Sparse24Error", "SparseFormatError", "SparseLinear24", "SparseMatrix", "__version__",
            "compile_spmm", "nn", "prepare", "prune", "semi", "sparsify_24", "spmm", "suite", "to_sparse24"]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return import_module(f".{name}", __name__)
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'sparseforge' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
