@@ -2,18 +2,19 @@
 
 Pipeline: prune -> inspect -> plan -> lower (PTX) -> compile and cache -> launch -> nn modules -> model.
 
-The stages up to lowering (formats, plan, codegen) need numpy only: the names that need torch (pruning,
-2:4, the kernels' API, nn modules) are imported on first use, so `import sparseforge.formats` works on a
-machine without torch.
+The stages up to lowering (formats, plan, codegen) and the kernels' API need numpy only until a kernel is
+built: the names that need torch (pruning, 2:4, nn modules) are imported on first use, so
+`import sparseforge.formats` works on a machine without torch.
 """
 from importlib import import_module
 
 from ._version import __version__
 from .formats import MatrixStats, SparseFormatError, SparseMatrix
+from .spmm import compile_spmm, spmm  # imports torch inside its functions only
 
-# name -> module that defines it (imported when first asked for)
-_LAZY = {"compile_spmm": ".spmm", "spmm": ".spmm", "SparseLinear24": ".nn", "prepare": ".nn", "to_sparse24": ".nn",
-         "Sparse24Error": ".semi", "sparsify_24": ".semi"}
+# name -> module that defines it (imported when first asked for: these need torch)
+_LAZY = {"SparseLinear24": ".nn", "prepare": ".nn", "to_sparse24": ".nn", "Sparse24Error": ".semi",
+         "sparsify_24": ".semi"}
 _SUBMODULES = ("nn", "prune", "semi", "suite")
 
 __all__ = ["MatrixStats", "Sparse24Error", "SparseFormatError", "SparseLinear24", "SparseMatrix", "__version__",
