@@ -20,7 +20,7 @@ import numpy as np
 
 from ..formats import SparseMatrix
 from .config import WARP
-from .plan import DTYPES, ELEMENT_BYTES, LAYOUTS, fp32_bias
+from .plan import ELEMENT_BYTES, check_problem, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
 
@@ -131,12 +131,7 @@ class CsrPlan:
 
 def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
                   config: CsrConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> CsrPlan:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if n < 1:
-        raise ValueError(f"N must be >= 1, got {n}")
+    check_problem(n, dtype, layout)
     config = config or CsrConfig()
     counts = w.row_nnz.astype(np.int64)
     padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP

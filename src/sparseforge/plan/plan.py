@@ -299,15 +299,20 @@ def fp32_bias(bias, m: int) -> tuple[float, ...] | None:
     return tuple(values.astype(np.float32).tolist())
 
 
-def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfig | None, bias, relu: bool,
-             arch: int) -> tuple[TileConfig, tuple[float, ...] | None, list[tuple[int, ...]]]:
-    """(config with the vector width N allows, bias as fp32 values, the row groups) after validation."""
+def check_problem(n: int, dtype: str, layout: str) -> None:
+    """What every plan family refuses alike: an unknown layout or dtype, N < 1."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if n < 1:
         raise ValueError(f"N must be >= 1, got {n}")
+
+
+def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfig | None, bias, relu: bool,
+             arch: int) -> tuple[TileConfig, tuple[float, ...] | None, list[tuple[int, ...]]]:
+    """(config with the vector width N allows, bias as fp32 values, the row groups) after validation."""
+    check_problem(n, dtype, layout)
     config = config or TileConfig()
     _check_split(config, relu, dtype, arch)
     if config.inline and (config.chunk_k or (layout == "nk" and not config.transpose_x)):
