@@ -33,9 +33,10 @@ def parse_config(short: str):
     if short.startswith("csr_"):
         m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)(?:u(\d+))?", short)
         return CsrConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1))
-    m = re.fullmatch(r"r(\d+)w(\d+)v(\d+)b(\d+)g(\d+)(?:s(\d+))?(?:k(\d+))?(t?)(c?)", short)
-    return TileConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6] or 0), int(m[7] or 0),
-                      bool(m[8]), bool(m[9]))
+    m = re.fullmatch(r"r(\d+)w(\d+)v(\d+)b(\d+)g(\d+)(?:s(\d+))?(?:k(\d+))?(t?)(c?)(i?)", short)
+    return TileConfig(rows_per_group=int(m[1]), warps_per_block=int(m[2]), vec=int(m[3]), load_batch=int(m[4]),
+                      groups_per_block=int(m[5]), segment_nnz=int(m[6] or 0), chunk_k=int(m[7] or 0),
+                      transpose_x=bool(m[8]), cluster_rows=bool(m[9]), inline=bool(m[10]))
 
 
 def load_records(paths):

@@ -79,6 +79,14 @@ def _config_record(config) -> dict:
     return {"family": "csr" if isinstance(config, CsrConfig) else "tile", "config": asdict(config)}
 
 
+def _choice_from_record(record: dict) -> Choice | None:
+    """The cached Choice, or None when the record does not hold a whole one (then the choice is made again)."""
+    try:
+        return Choice.from_dict(record["choice"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
 def _config_from_record(record: dict):
     """The config a cached choice names, or None when the record is not one this version can rebuild."""
     try:
@@ -135,15 +143,15 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     compiler = default_compiler()
     bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
     # the choice is cached like a kernel: a second compile of the same problem skips ranking and timing
-    mode = "predicted" if tune_budget is None else f"measured|dense={time_dense}"
+    mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
     key = kernel_key("choice", "|".join([w.digest(), str(n), name, layout, bias_tag, str(relu), str(deterministic),
                                          mode, chooser_digest()]), arch, compiler.version)
     known = cache.get_tuned(key, arch)
     winner = _config_from_record(known) if known else None
-    if winner is not None and "choice" in known:
+    cached_choice = _choice_from_record(known) if winner is not None else None
+    if cached_choice is not None:
         kernel = build_kernel(make(winner), index)
-        kernel.choice = Choice.from_dict(known["choice"])
-        kernel.tuning = kernel.choice.records
+        kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
     space = search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
     if tune_budget is None:
@@ -212,7 +220,15 @@ def _describe(plan) -> dict:
 def _measure(make, space, w, n, name, layout, index, budget, time_dense, compiler):
     import torch
 
-    from .runtime.compiler import CompileError
+    # graph capture and timing run on torch's current device: make it the kernel's for the whole choice
+    with torch.cuda.device(index):
+        return _measure_on_device(make, space, w, n, name, layout, index, budget, time_dense, compiler)
+
+
+def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dense, compiler):
+    import torch
+
+    from .runtime.compiler import CompileError, PtxasCompiler
     from .runtime.driver import CudaError
     from .runtime.timing import graph_time_us
 
@@ -239,7 +255,10 @@ def _measure(make, space, w, n, name, layout, index, budget, time_dense, compile
         wt = weight.t()
         return graph_time_us(lambda x: torch.mm(x, wt, out=out), inputs)
 
+    # ptxas runs in subprocesses, so candidates compile side by side; the driver's JIT linker runs in this
+    # process on the current context, so it compiles them one at a time
     return choose(plans, _describe, compile_one, load_and_time, budget,
+                  parallel=isinstance(compiler, PtxasCompiler),
                   time_dense=dense_us if time_dense else None, build_errors=(CompileError, CudaError))
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..formats import SparseMatrix
 from .config import WARP
-from .plan import ELEMENT_BYTES, check_problem, fp32_bias
+from .plan import ELEMENT_BYTES, check_launch, check_problem, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
 
@@ -146,8 +146,10 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
     values[where] = w.values.astype(np.float32)
     rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
     bias_values = fp32_bias(bias, w.shape[0])
-    return CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
+    plan = CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
                    relu, arch, w.digest())
+    check_launch(plan.grid)
+    return plan
 
 
 def csr_bytes(plan: CsrPlan) -> dict[str, int]:

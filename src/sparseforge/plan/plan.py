@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,6 +186,7 @@ CLUSTER_WINDOW = 4096  # rows compared with each other at once: the overlap matr
 
 
 _CLUSTERS: dict = {}  # (weight digest, max_rows, hint) -> groups: candidates of one layer share them
+_CLUSTERS_LOCK = threading.Lock()  # the chooser plans candidates in threads
 
 
 def _clustered_groups(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
@@ -192,11 +194,13 @@ def _clustered_groups(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> lis
     heaviest free row seeds a group, which then takes the free row sharing most columns with its rows so
     far, while the group's nonzeros stay within the cap _balanced_groups uses."""
     key = (w.digest(), max_rows, n_groups_hint)
-    if key not in _CLUSTERS:
-        if len(_CLUSTERS) > 64:
-            _CLUSTERS.clear()
-        _CLUSTERS[key] = _cluster(w, max_rows, n_groups_hint)
-    return _CLUSTERS[key]
+    with _CLUSTERS_LOCK:
+        groups = _CLUSTERS.get(key)
+        if groups is None:
+            if len(_CLUSTERS) > 64:
+                _CLUSTERS.clear()
+            groups = _CLUSTERS[key] = _cluster(w, max_rows, n_groups_hint)
+    return groups
 
 
 def _cluster(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
@@ -292,11 +296,14 @@ def fp32_bias(bias, m: int) -> tuple[float, ...] | None:
     if values.size != m:
         raise ValueError(f"bias must have M = {m} entries (one per row of W), got {values.size} "
                          f"(shape {np.shape(bias)})")
-    bad = np.flatnonzero(~np.isfinite(values))
+    with np.errstate(over="ignore"):
+        kept = values.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(kept))
     if bad.size:
-        raise ValueError(f"bias[{bad[0]}] = {values[bad[0]]} is not finite; NaN/inf bias would poison every output "
-                         "of its row: fix the bias first")
-    return tuple(values.astype(np.float32).tolist())
+        what = "is not finite" if not np.isfinite(values[bad[0]]) else "overflows float32 (the kernels add fp32)"
+        raise ValueError(f"bias[{bad[0]}] = {values[bad[0]]} {what}: a NaN or inf bias would poison every output "
+                         "of its row; fix the bias first")
+    return tuple(kept.tolist())
 
 
 def check_problem(n: int, dtype: str, layout: str) -> None:
@@ -339,7 +346,20 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn
     """Inspect W's pattern and build the plan for C = W @ B (kn) or Y = X @ W^T (nk), N columns/tokens."""
     config, bias_values, rows = _checked(w, n, dtype, layout, config, bias, relu, arch)
     groups = tuple(piece for r in rows for piece in split_group(_group_program(w, r), config.segment_nnz))
-    return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, groups, bias_values, relu, arch, w.digest())
+    plan = Plan(w.shape[0], w.shape[1], n, layout, dtype, config, groups, bias_values, relu, arch, w.digest())
+    check_launch(plan.grid)
+    return plan
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on a launch's second grid dimension (the row blocks)
+
+
+def check_launch(grid: tuple[int, int]) -> None:
+    """Refuse a plan whose row blocks pass the launch limit (one row per block at M > 65535, say): the
+    chooser then drops it, and a fixed config gets this error instead of a launch failure later."""
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"this tiling needs {grid[1]} row blocks, over CUDA's {MAX_GRID_Y} a launch: use more "
+                         "rows per group or more groups per block")
 
 
 def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
@@ -355,6 +375,12 @@ def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "
     width = np.bincount(pairs // w.shape[1], minlength=len(rows))
     groups = []
     for members, count, distinct in zip(rows, nnz.tolist(), width.tolist()):
-        pieces = math.ceil(count / config.segment_nnz) if config.segment_nnz and count > config.segment_nnz else 1
-        groups += [GroupSketch(members, count // pieces, -(-distinct // pieces), i, pieces) for i in range(pieces)]
-    return Plan(w.shape[0], w.shape[1], n, layout, dtype, config, tuple(groups), bias_values, relu, arch, w.digest())
+        pieces = 1
+        if config.segment_nnz and count > config.segment_nnz:  # cut along distinct k, as split_group does
+            pieces = max(1, min(math.ceil(count / config.segment_nnz), distinct))
+        # the pieces partition the group's nonzeros and its distinct k: the first ones take the remainders
+        groups += [GroupSketch(members, count // pieces + (i < count % pieces), distinct // pieces + (i < distinct % pieces),
+                               i, pieces) for i in range(pieces)]
+    plan = Plan(w.shape[0], w.shape[1], n, layout, dtype, config, tuple(groups), bias_values, relu, arch, w.digest())
+    check_launch(plan.grid)
+    return plan

@@ -184,6 +184,7 @@ class KernelCache:
             return
         if path.is_dir():
             _remove(path)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        handle, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)  # per writer, threads too
+        with os.fdopen(handle, "w") as f:
+            f.write(json.dumps(record, indent=1, sort_keys=True))
         os.replace(tmp, path)

@@ -39,6 +39,9 @@ class SpmmKernel:
     output is untouched by it, so a NaN in a column W does not use appears nowhere (dense W @ B would
     poison all of column j: 0 * NaN = NaN). The fused ReLU (relu=True) is PTX max.NaN(x, 0): NaN stays
     NaN, as in torch.relu.
+
+    Keep the kernel object alive as long as a CUDA graph that replays it: the small-N mapping (csr) reads
+    W's values and indices from device tensors the kernel owns.
     """
 
     def __init__(self, plan, built: "Built", device_index: int):

@@ -55,7 +55,13 @@ class Choice:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Choice":
-        return cls(list(data["records"]), data["winner"], data.get("dense_us"), data.get("seconds", 0.0))
+        """A Choice back from as_dict(); ValueError when the data is not one (a damaged cache record)."""
+        records, winner = data["records"], data["winner"]
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise ValueError("a choice's records must be a list of dicts")
+        if winner is not None and not (isinstance(winner, int) and 0 <= winner < len(records)):
+            raise ValueError(f"a choice's winner must index its records, got {winner!r}")
+        return cls(records, winner, data.get("dense_us"), data.get("seconds", 0.0))
 
     def explain(self) -> str:
         """One line per candidate: mapping, config, predicted and measured time, the winner marked."""
@@ -73,9 +79,11 @@ class Choice:
 
 @lru_cache(maxsize=1)
 def chooser_digest() -> str:
-    """sha256 of the tuning code (space, cost model, chooser): editing it invalidates cached choices, not
-    compiled kernels."""
-    return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(Path(__file__).parent.glob("*.py")))).hexdigest()
+    """sha256 of the code that makes a choice (space, cost model, chooser, compile_spmm's candidate filter,
+    the timing): editing it invalidates cached choices, not compiled kernels."""
+    here = Path(__file__).parent
+    files = sorted(here.glob("*.py")) + [here.parent / "spmm.py", here.parent / "runtime" / "timing.py"]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
 def rank(predicted: Sequence[float]) -> list[int]:
@@ -100,21 +108,23 @@ def shortlist(records: Sequence[dict], top: int) -> list[int]:
 
 def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one: Callable[[object], object],
            load_and_time: Callable[[object, object], tuple[object, float]], budget_s: float, top: int = TOP,
-           time_dense: Callable[[], float] | None = None, build_errors: tuple = ()) -> tuple[object, Choice]:
+           time_dense: Callable[[], float] | None = None, build_errors: tuple = (), parallel: bool = True
+           ) -> tuple[object, Choice]:
     """Rank candidates by describe(c)["predicted_us"], compile the `top` best in parallel, time them within
     budget_s seconds (the best-ranked always), and time dense if given. Returns (winning kernel, Choice).
 
     describe(c) -> dict with "label", "mapping", "predicted_us" (and anything else worth recording);
     compile_one(c) -> a compiled artefact (no CUDA calls: it runs in a thread);
     load_and_time(c, compiled) -> (kernel, microseconds);
-    build_errors: exception types that mean "this candidate cannot build or run" (scored, not raised)."""
+    build_errors: exception types that mean "this candidate cannot build or run" (scored, not raised);
+    parallel: compile the shortlist in threads (False: one at a time)."""
     started = time.perf_counter()
     records = [describe(c) for c in candidates]
     chosen = within_budget(records, shortlist(records, max(1, top)), budget_s)
     for i in shortlist(records, max(1, top)):
         if i not in chosen:
             records[i]["skipped"] = "its compile would pass the tuning budget"
-    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+    with ThreadPoolExecutor(max_workers=len(chosen) if parallel else 1) as pool:
         compiled = dict(zip(chosen, pool.map(lambda i: _attempt(compile_one, build_errors, candidates[i]), chosen)))
     best, best_us, winner = None, math.inf, None
     for i in chosen:

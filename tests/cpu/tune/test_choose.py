@@ -86,3 +86,23 @@ def test_fastest_with_margin():
         fastest_with_margin({"dense": 1.0}, "dense")
     with pytest.raises(ValueError):
         fastest_with_margin({"a": 0.0, "dense": 1.0}, "dense")
+
+
+def test_serial_compiles_when_asked_and_a_broken_cached_choice_is_made_again():
+    import threading
+
+    from sparseforge.spmm import _choice_from_record
+
+    threads = set()
+    describe = lambda c: {"label": str(c), "mapping": str(c), "predicted_us": float(c)}  # noqa: E731
+
+    def compile_one(c):
+        threads.add(threading.get_ident())
+        return c
+
+    choose([1, 2, 3], describe, compile_one, lambda c, a: (c, float(c)), 1e9, parallel=False)
+    assert len(threads) == 1
+    _, choice = choose([1, 2], describe, lambda c: c, lambda c, a: (c, float(c)), 1e9)
+    assert _choice_from_record({"choice": choice.as_dict()}).as_dict() == choice.as_dict()
+    for broken in ({}, {"choice": {}}, {"choice": {"records": [], "winner": 3}}, {"choice": None}):
+        assert _choice_from_record(broken) is None

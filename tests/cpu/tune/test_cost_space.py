@@ -28,13 +28,33 @@ def test_sketch_counts_equal_the_full_plan(config):
     assert estimate(sketch).us == pytest.approx(estimate(full).us)
 
 
-def test_split_sketch_keeps_nonzeros_close():
-    w = _weight(density=0.5)
-    config = TileConfig(4, 4, 1, 8, 1, 30)
+@pytest.mark.parametrize("density,segment", [(0.5, 30), (0.1, 7)])
+def test_split_sketch_partitions_nonzeros_and_columns_like_the_full_plan(density, segment):
+    w = _weight(m=64, k=512, density=density)
+    config = TileConfig(4, 4, 1, 8, 1, segment)
     full, sketch = make_plan(w, 64, config=config), sketch_plan(w, 64, config=config)
     assert sketch.mapping == full.mapping == "split-k"
-    assert abs(sketch.nnz - full.nnz) <= len(sketch.groups)
+    assert sketch.nnz == full.nnz == w.nnz and sketch.b_loads == full.b_loads
     assert abs(len(sketch.groups) - len(full.groups)) <= len(sketch.groups) // 4
+
+
+def test_pieces_never_outnumber_distinct_columns():
+    dense = np.zeros((8, 16), np.float32)
+    dense[:, :2] = 1.0  # 8 rows sharing 2 columns: 16 nonzeros, 2 distinct k a group
+    sketch = sketch_plan(SparseMatrix.from_dense(dense), 32, config=TileConfig(8, 1, 1, 8, 1, 3))
+    assert all(g.segments <= 2 for g in sketch.groups)
+
+
+def test_plans_over_the_launch_grid_are_refused():
+    from sparseforge.plan.csr import make_csr_plan as csr
+
+    tall = SparseMatrix.from_dense(np.eye(70_000, 4, dtype=np.float32))
+    for make in (make_plan, sketch_plan):
+        with pytest.raises(ValueError, match="65535"):
+            make(tall, 1, config=TileConfig(1, 1, 1, 16))
+    assert make_plan(tall, 1, config=TileConfig(4, 1, 1, 16)).grid[1] < 65535
+    with pytest.raises(ValueError, match="row blocks"):
+        csr(tall, 1, config=CsrConfig(32, 1, 1))
 
 
 def test_estimates_are_deterministic_and_grow_with_work():
@@ -103,3 +123,13 @@ def test_inline_plans_rank_as_their_own_mapping_and_compile_superlinearly():
     ratio = estimate(sketch_plan(big, 256, config=TileConfig(1, 4, 1, 16, inline=True))).compile_s / \
         estimate(inlined).compile_s
     assert ratio > big.nnz / w.nnz  # superlinear in the kernel's size
+
+
+def test_bias_that_overflows_fp32_is_refused():
+    from sparseforge.plan.plan import fp32_bias
+
+    assert fp32_bias([1.0, -2.5], 2) == (1.0, -2.5)
+    with pytest.raises(ValueError, match=r"bias\[0\] = 1e\+39 overflows float32"):
+        fp32_bias([1e39, 1.0], 2)
+    with pytest.raises(ValueError, match=r"bias\[1\] = nan is not finite"):
+        fp32_bias([1.0, float("nan")], 2)
