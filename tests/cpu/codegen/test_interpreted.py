@@ -297,3 +297,29 @@ def test_fused_relu_keeps_nan(form):
         got = run_plan(make_plan(weight, 4, "float32", "kn", TileConfig(2, 1, 1, 4), relu=True), b)
     assert np.isnan(got[:2, 1]).all() and not np.isnan(np.delete(got, 1, axis=1)).any()
     assert not np.isnan(got[2:]).any() and got[0, 0] == 0.0 and got[1, 0] == 2.0
+
+
+def test_packed_24_gemv_propagates_nan_and_inf_through_kept_weights_only():
+    """x[t, k] = inf makes y[t, i] +-inf exactly where W[i, k] is kept; NaN likewise; the rest stay finite.
+    (SparseLinear24's cuSPARSELt path read NaN for some of those infinities on the H200: NOTES.md.)"""
+    import torch
+
+    from sparseforge.codegen.gemv24 import WARPS, render_gemv24
+    from sparseforge.prune import nm_mask
+    from sparseforge.semi.packed import pack_24
+
+    m, k, n = 11, 64, 6
+    w = torch.randn(m, k, generator=torch.Generator().manual_seed(0))
+    w = (w * nm_mask(w)).to(torch.float16)
+    packed = pack_24(w)
+    x = np.random.default_rng(0).standard_normal((n, k))
+    x[4, 17], x[2, 5] = np.inf, np.nan
+    y = _poisoned((n, m), "float16")
+    source = render_gemv24("float16", n, False)
+    launch(source.text, source.name, (-(-m // WARPS), 1, 1), WARPS * 32, packed.values.numpy(), packed.meta.numpy(),
+           _encode(x, "float16"), y, None, m, k)
+    got, dense = _decode(y, "float16"), w.double().numpy()
+    uses17, uses5 = dense[:, 17] != 0, dense[:, 5] != 0
+    assert np.array_equal(got[4, uses17], np.sign(dense[uses17, 17]) * np.inf)
+    assert np.isnan(got[2, uses5]).all() and np.isfinite(got[2, ~uses5]).all() and np.isfinite(got[4, ~uses17]).all()
+    assert np.isfinite(np.delete(got, [2, 4], axis=0)).all()
