@@ -21,7 +21,7 @@ from .suite import discover
 def _info(args) -> int:
     path = Path(args.path)
     wrap = (lambda files: track(files, description="reading", console=console, transient=True)) if path.is_dir() else None
-    cases = discover(path, batch=args.batch, tokens=args.tokens, n=args.n, progress=wrap)
+    cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n, progress=wrap)
     table = Table(title=f"{path} ({len(cases)} matrices)")
     for col in ("matrix", "M", "K", "nnz", "density", "N", "nnz/row mean", "std", "max", "empty rows", "col reuse"):
         table.add_column(col, justify="left" if col == "matrix" else "right")
@@ -161,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="statistics of one .smtx file or a DLMC-style directory")
-    info.add_argument("path")
+    info.add_argument("path", help="a .smtx file, a DLMC-style directory, or llm[:sparsities[:shapes]]")
     info.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
-    info.add_argument("--tokens", type=int, default=256, help="N for Transformer layers")
+    info.add_argument("--tokens", type=int, default=None,
+                      help="N for Transformer layers (default 256) and llm layers (default 16)")
     info.add_argument("--n", type=int, default=None, help="force one N for every matrix")
     info.set_defaults(run=_info)
 

@@ -9,9 +9,11 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmark generated kernels against cuBLAS and cuSPARSE")
-    bench.add_argument("path", help="a .smtx file or a DLMC-style directory")
+    bench.add_argument("path", help="a .smtx file, a DLMC-style directory, or llm[:sparsities[:shapes]] "
+                                    "(e.g. llm:0.9:llama_4096x4096): Llama-shaped layers pruned by magnitude")
     bench.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
-    bench.add_argument("--tokens", type=int, default=256, help="N for Transformer layers")
+    bench.add_argument("--tokens", type=int, default=None,
+                       help="N for Transformer layers (default 256) and llm layers (default 16)")
     bench.add_argument("--n", type=int, default=None, help="force one N for every case")
     bench.add_argument("--dtype", choices=[*DTYPES, "all"], default="fp32")
     bench.add_argument("--layout", choices=["kn", "nk", "both"], default="kn")

@@ -6,12 +6,10 @@ from __future__ import annotations
 import time
 
 from ..codegen.gemv24 import MAX_N as GEMV_MAX_N  # widths the packed 2:4 GEMV serves
+from ..suite.llm import BENCH24_GROUPS, LINEAR_SHAPES
 
-# Linear layers (out_features, in_features) of BERT-base and Llama-class models.
-SHAPES = {
-    "bert": [(768, 768), (3072, 768), (768, 3072)],
-    "llama": [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)],
-}
+# Linear layers (out_features, in_features) of BERT-base and Llama-class models, from the suite's one list.
+SHAPES = {group: [LINEAR_SHAPES[name] for name in names] for group, names in BENCH24_GROUPS.items()}
 WIDTHS = (1, 16, 64, 256, 2048, 8192)
 # Relative error bounds against a float64 reference (fp32 accumulation, 16-bit output rounding).
 TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2}

@@ -1,4 +1,5 @@
-"""The benchmark case suite: DLMC-style directories of `<model>/<method>/<sparsity>/<layer>.smtx`.
+"""The benchmark case suite: DLMC-style directories of `<model>/<method>/<sparsity>/<layer>.smtx`, and the
+LLM cases (suite/llm.py) that a spec `llm[:sparsities[:shapes]]` names instead of a path.
 
 A case is one weight matrix W (M x K) and the N of the dense operand it multiplies:
 - ResNet-50 (`rn50`): N = output pixels per image (rn50_batchsizes.txt) x batch size;
@@ -19,7 +20,7 @@ DEFAULT_TOKENS = 256
 
 @dataclass(frozen=True)
 class Case:
-    path: Path
+    path: Path          # the .smtx file; for cases without one (LLMCase) a name such as llm/<layer>@<sparsity>
     model: str          # "rn50", "transformer", or the folder name
     method: str         # pruning method folder, e.g. "magnitude_pruning"
     sparsity: float | None  # from the folder name; None when the path does not say
@@ -84,16 +85,23 @@ def _case(path: Path, batch: int, tokens: int, n: int | None, batchsizes: dict[s
     return Case(path, model, method, sparsity, path.stem, m, k, int(indptr[-1]), n)
 
 
-def discover(root: str | Path, batch: int = 1, tokens: int = DEFAULT_TOKENS, n: int | None = None,
+def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int | None = None,
              progress=None) -> list[Case]:
-    """All cases under `root` (a DLMC-style directory at any level, or one .smtx file), sorted by path.
+    """All cases under `root` (a DLMC-style directory at any level, or one .smtx file), sorted by path; or,
+    for a string `llm[:sparsities[:shapes]]`, the LLM cases it names (suite/llm.py; ./llm is a path).
 
-    batch: ResNet-50 batch size (N = pixels x batch); tokens: N for Transformer layers; n: force one N
-    for every case. progress: optional callable wrapping the file list (e.g. a progress bar).
+    batch: ResNet-50 batch size (N = pixels x batch); tokens: N for Transformer layers (default 256) and
+    LLM layers (default 16); n: force one N for every case. progress: optional callable wrapping the file
+    list (e.g. a progress bar).
     """
-    root = Path(root)
-    if batch < 1 or tokens < 1 or (n is not None and n < 1):
+    if batch < 1 or (tokens is not None and tokens < 1) or (n is not None and n < 1):
         raise ValueError(f"batch, tokens and n must be >= 1, got batch={batch}, tokens={tokens}, n={n}")
+    from .llm import discover_llm, is_llm_spec  # llm builds on Case: imported here, not at the top
+
+    if is_llm_spec(root):
+        return discover_llm(root, tokens=tokens, n=n)
+    tokens = DEFAULT_TOKENS if tokens is None else tokens
+    root = Path(root)
     if root.is_file():
         files = [root]
     elif root.is_dir():
@@ -101,7 +109,8 @@ def discover(root: str | Path, batch: int = 1, tokens: int = DEFAULT_TOKENS, n: 
         if not files:
             raise FileNotFoundError(f"no .smtx files under {root}; expected <model>/<method>/<sparsity>/<layer>.smtx")
     else:
-        raise FileNotFoundError(f"{root} does not exist; give a .smtx file or a DLMC-style directory")
+        raise FileNotFoundError(f"{root} does not exist; give a .smtx file, a DLMC-style directory, "
+                                "or llm[:sparsities[:shapes]] for the LLM cases")
     batchsizes = _find_batchsizes(root if root.is_dir() else root.parent)
     iterate = progress(files) if progress else files
     return [_case(path, batch, tokens, n, batchsizes) for path in iterate]
