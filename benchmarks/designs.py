@@ -5,6 +5,7 @@ This is the data the cost model is fitted on (benchmarks/cost_fit.py) and the ch
 holds each layer's winner.
 
     PYTHONPATH=src python benchmarks/designs.py OUT.json DLMC_ROOT CASE[:N] ... [--dtype float32] [--layout kn]
+        [--mappings csr-columns,row-groups]   (only these mappings' candidates: a quick look at one family)
 CASE: a path under DLMC_ROOT without .smtx (rn50 cases take N from rn50_batchsizes.txt unless :N is given).
 """
 import argparse
@@ -33,13 +34,15 @@ def batch_sizes(root: Path) -> dict:
     return dict((a, int(b)) for a, b in (line.strip().split(",") for line in path.read_text().splitlines() if "," in line))
 
 
-def run(root: Path, spec: str, dtype: str, layout: str) -> dict:
+def run(root: Path, spec: str, dtype: str, layout: str, mappings: set | None = None) -> dict:
     name, _, n_text = spec.partition(":")
     n = int(n_text) if n_text else batch_sizes(root)[Path(name).name]
     w = SparseMatrix.from_smtx(root / f"{name}.smtx", seed=0).astype(dtype)
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
     plans = _plans(make, search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True))
+    if mappings:
+        plans = [p for p in plans if p.mapping in mappings]
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
     gen = torch.Generator(device="cuda").manual_seed(1)
     inputs = [torch.randn(shape, device="cuda", generator=gen).to(tdt) for _ in range(4)]
@@ -91,10 +94,15 @@ def main() -> int:
     parser.add_argument("cases", nargs="+")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--layout", default="kn")
+    parser.add_argument("--mappings", default="", help="comma-separated mappings to keep (default: all)")
     args = parser.parse_args()
     results = []
     for spec in args.cases:
-        r = run(args.root, spec, args.dtype, args.layout)
+        try:
+            r = run(args.root, spec, args.dtype, args.layout, set(filter(None, args.mappings.split(","))))
+        except ValueError as exc:  # e.g. --mappings keeps no candidate of this case
+            print(f"{spec}: skipped ({exc})", flush=True)
+            continue
         results.append(r)
         Path(args.out).write_text(json.dumps({"provenance": provenance(sys.argv), "cases": results}, indent=1))
         print(f"{r['case'][-48:]:48s} {r['M']:5d}x{r['K']:<5d} N={r['N']:<5d} cuBLAS {r['cublas_us']:7.2f}  best "

@@ -16,7 +16,8 @@ STAGES=" ${*:-designs reference tests} "
 if stage designs; then
   cases=$(for l in $RN50; do echo $M/$l; done)
   cases="$cases $T/body_encoder_layer_0_ffn_conv1_fully_connected:256 $T/body_encoder_layer_0_self_attention_multihead_attention_q_fully_connected:256 $T/body_encoder_layer_0_ffn_conv2_fully_connected:1 $T/body_encoder_layer_0_ffn_conv2_fully_connected:8"
-  timeout ${DESIGNS_S:-300} python3 benchmarks/designs.py "$OUT/designs_${SPARSITY:-0.9}_${DTYPE:-float32}.json" $R $cases --dtype ${DTYPE:-float32} 2>&1 | tee "$OUT/designs.log"
+  timeout ${DESIGNS_S:-300} python3 benchmarks/designs.py "$OUT/designs_${SPARSITY:-0.9}_${DTYPE:-float32}${MAPPINGS:+_$MAPPINGS}.json" $R $cases \
+    --dtype ${DTYPE:-float32} --mappings "${MAPPINGS:-}" 2>&1 | tee "$OUT/designs${MAPPINGS:+_$MAPPINGS}.log"
 fi
 if stage reference; then
   mkdir -p /tmp/ref/rn50/x && cp $R/rn50_batchsizes.txt /tmp/ref/rn50/ && for l in $RN50; do cp $R/$M/$l.smtx /tmp/ref/rn50/x/; done

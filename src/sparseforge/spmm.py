@@ -10,7 +10,7 @@ from .dtypes import dtype_name
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
 from .plan.plan import fp32_bias
-from .plan.csr import CsrConfig, make_csr_plan
+from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
 from .tune.choose import Choice, choose, chooser_digest, rank
 from .tune.cost import estimate
@@ -70,13 +70,18 @@ def _checked_bias(bias, m: int):
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
                sketch: bool = False):
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
-    if isinstance(config, CsrConfig):
+    if isinstance(config, (CsrConfig, CsrColumnsConfig)):
         return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch)
     return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
 
 
+# config classes by the name a cached choice records them under
+_CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "tile": TileConfig}
+
+
 def _config_record(config) -> dict:
-    return {"family": "csr" if isinstance(config, CsrConfig) else "tile", "config": asdict(config)}
+    family = next(name for name, kind in _CONFIG_FAMILIES.items() if isinstance(config, kind))
+    return {"family": family, "config": asdict(config)}
 
 
 def _choice_from_record(record: dict) -> Choice | None:
@@ -90,14 +95,15 @@ def _choice_from_record(record: dict) -> Choice | None:
 def _config_from_record(record: dict):
     """The config a cached choice names, or None when the record is not one this version can rebuild."""
     try:
-        family = {"csr": CsrConfig, "tile": TileConfig}[record["family"]]
+        family = _CONFIG_FAMILIES[record["family"]]
         return family(**record["config"])
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
-                 device="cuda", config: TileConfig | CsrConfig | None = None, tune_budget: float | None = 5.0,
+                 device="cuda", config: TileConfig | CsrConfig | CsrColumnsConfig | None = None,
+                 tune_budget: float | None = 5.0,
                  deterministic: bool = False, time_dense: bool = True):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
 
@@ -110,7 +116,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     per block, split K, the small-N kernel for n <= 64); with tune_budget seconds (default 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
     them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
-    config: a fixed TileConfig / CsrConfig instead. deterministic: no atomics (bitwise-reproducible runs).
+    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig instead. deterministic: no atomics (bitwise-reproducible runs).
 
     Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
     k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every
@@ -124,8 +130,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     n = int(n)
-    if config is not None and not isinstance(config, (TileConfig, CsrConfig)):
-        raise TypeError(f"config must be a TileConfig or CsrConfig, got {type(config).__name__}")
+    if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
+        raise TypeError(f"config must be a TileConfig, CsrConfig or CsrColumnsConfig, got {type(config).__name__}")
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")

@@ -466,12 +466,14 @@ def test_linear24_no_tokens_returns_an_empty_output_and_decides_nothing():
     assert layer.decisions == [] and layer._runtime is None  # no plan built, nothing measured or launched
 
 
-# [sparse] failed on the H200 at 5fd0739 (NaN instead of +-inf in some outputs on the 2:4 path; not yet
-# diagnosed): benchmarks/NOTES.md, fifth session, "GPU tests".
 @pytest.mark.parametrize("policy", ["sparse", "dense", "measure"])
 def test_linear24_nan_and_inf_input_propagate(layers, policy):
-    """A NaN at x[t, k] makes y[t, i] NaN for every i with W[i, k] != 0 on every path; an inf makes them +-inf.
-    Dense (cuBLAS) also poisons y[t, i] where W[i, k] == 0 (0 * NaN); the 2:4 paths need not."""
+    """A NaN at x[t, k] makes y[t, i] NaN for every i with W[i, k] != 0 on every path; an inf makes them
+    +-inf, except on cuSPARSELt's 2:4 kernels, which give NaN for some of them (diagnosed on the H200 with
+    cuSPARSELt 0.8.0: the same outputs with the output and the padded rows zeroed or NaN-filled, at every
+    padded width 8-32 and in bf16; benchmarks/NOTES.md, sixth session): there they must be non-finite,
+    and +-inf with the weight's sign where they are inf. Dense (cuBLAS) also poisons y[t, i] where
+    W[i, k] == 0 (0 * inf); the 2:4 paths need not."""
     layer = layers(policy)
     x = torch.randn(6, IN, device="cuda").half()
     x[2, 5] = NAN
@@ -483,8 +485,15 @@ def test_linear24_nan_and_inf_input_propagate(layers, policy):
     uses_5, uses_17 = weight[:, 5] != 0, weight[:, 17] != 0
     assert 0 < uses_5.sum() < OUT and 0 < uses_17.sum() < OUT
     assert torch.isnan(y[2, uses_5]).all()
-    assert torch.isinf(y[4, uses_17]).all()
-    assert torch.equal(torch.sign(y[4, uses_17]), torch.sign(weight[uses_17, 17]))
+    cusparselt = any(d.path == "2:4" and d.mode in ("eager", "any") for d in layer.decisions if d.n == 6)
+    hit = y[4, uses_17]
+    if cusparselt:
+        assert (~torch.isfinite(hit)).all()
+        inf = torch.isinf(hit)
+        assert torch.equal(torch.sign(hit[inf]), torch.sign(weight[uses_17, 17][inf]))
+    else:
+        assert torch.isinf(hit).all()
+        assert torch.equal(torch.sign(hit), torch.sign(weight[uses_17, 17]))
     clean = [0, 1, 3, 5]
     assert torch.isfinite(y[clean]).all()
     assert rel_err(y[clean], linear_reference(layer, x[clean])) <= 5e-3

@@ -19,7 +19,7 @@ def plan_traffic(plan) -> dict[str, int]:
     from ..plan.csr import csr_bytes
 
     output = plan.M * plan.N * plan.element_bytes
-    if plan.mapping == "csr":
+    if plan.family == "csr":
         traffic = csr_bytes(plan)
         return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}
     traffic = operand_bytes(plan)

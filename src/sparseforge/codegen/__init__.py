@@ -1,17 +1,20 @@
 """Lowering: plan -> kernel source text. One module per target; render() is pure (no I/O, no GPU).
 
 ptx.py: the generated row-group kernels (every nonzero an FMA immediate: row groups, row per block, split
-K, staged or transposed X); csr.py: the small-N kernel over padded CSR (W as data); gemv24.py: the packed
+K, staged or transposed X); csr.py: the kernels over padded CSR (W as data: the small-N kernel, lanes over
+nonzeros, and csr-columns, lanes across N); gemv24.py: the packed
 2:4 GEMV. render(plan) picks the module by plan.mapping.
 """
-from .csr import render_csr
+from .csr import render_csr, render_csr_columns
 from .ptx import PTX_VERSION, KernelSource
 from .ptx import render as render_groups
 
 
 def render(plan) -> KernelSource:
     """PTX of any SpMM plan."""
+    if plan.mapping == "csr-columns":
+        return render_csr_columns(plan)
     return render_csr(plan) if plan.mapping == "csr" else render_groups(plan)
 
 
-__all__ = ["PTX_VERSION", "KernelSource", "render", "render_csr", "render_groups"]
+__all__ = ["PTX_VERSION", "KernelSource", "render", "render_csr", "render_csr_columns", "render_groups"]

@@ -10,6 +10,7 @@ column index. Lanes past a row's end keep their predicates off; rows past M stil
 """
 from __future__ import annotations
 
+from ..plan.config import WARP
 from ..plan.csr import NNZ_PER_STEP, CsrPlan
 from .emitter import Emitter
 from .ptx import PTX_VERSION, KernelSource
@@ -201,3 +202,168 @@ def render_csr(plan: CsrPlan) -> KernelSource:
         "    .param .u64 p_cols,", "    .param .u64 p_rows,", "    .param .u64 p_bias", ")",
         f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
     return KernelSource(plan.name, (text,), 0)
+
+
+# -- csr-columns: a warp per row, lanes across N, nonzeros broadcast by shuffle ------------------------------
+
+def _columns_layout(plan: CsrPlan) -> list[tuple[int, int]]:
+    """Per load v of a nonzero: (column offset of lane 0's first element from the tile start, elements).
+    Vector loads: lane l holds columns l*C..l*C+C-1 (one load). Else C single loads 32 columns apart."""
+    c, width = plan.config.columns, plan.load_width
+    if width == c:
+        return [(0, c)]
+    return [(v * WARP, 1) for v in range(c)]
+
+
+def render_csr_columns(plan: CsrPlan) -> KernelSource:
+    """Sputnik's one-dimensional tiling over padded CSR. Per chunk of 32 slots a lane loads one (index,
+    value) pair; then, for each of the chunk's 32 nonzeros in turn, the warp broadcasts it by shuffle and
+    every lane loads its columns of that B row (consecutive lanes, consecutive columns) at one address
+    computed from the index, and adds value x B into fp32 accumulators. The 32 steps are unrolled with
+    their own registers, so the B loads of a chunk are all in flight together (ptxas schedules them)."""
+    c, es = plan.config, plan.element_bytes
+    cols, width, S, R = c.columns, plan.load_width, c.warps_per_row, c.rows_per_block
+    loads = _columns_layout(plan)
+    lane_stride = cols if width == cols else 1  # columns between lane l and lane l + 1
+    e = Emitter()
+    e.comment(f"{S} warp(s) per row, {R} rows per block, {cols} columns per lane, loads of {width}")
+    e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
+             f"and.b32 %wr, %warp, {S - 1};", f"shr.u32 %t, %warp, {S.bit_length() - 1};",
+             "mov.u32 %rrow, %ctaid.y;", f"mad.lo.u32 %rrow, %rrow, {R}, %t;",
+             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
+             "mov.u32 %rn0, %ctaid.x;", f"mul.lo.u32 %rn0, %rn0, {c.tile_columns};",
+             f"mad.lo.u32 %rn0, %lane, {lane_stride}, %rn0;"])
+    e.comment("which of the lane's loads fall inside N (a vector never straddles N: N % width == 0)")
+    for v, (offset, _) in enumerate(loads):
+        e.lines([f"add.u32 %t, %rn0, {offset};", f"setp.lt.u32 %pn{v}, %t, {plan.N};"])
+    e.comment("the row's slots [start, end); rows past M get an empty range (they still reach the barrier)")
+    e.lines(["mov.u32 %rp, 0;", "mov.u32 %rend, 0;", f"setp.ge.u32 %pt, %rrow, {plan.M};", "@%pt bra RANGE_DONE;",
+             "ld.param.u64 %rdt, [p_rows];", "cvta.to.global.u64 %rdt, %rdt;",
+             "mad.wide.u32 %rdt, %rrow, 8, %rdt;", "ld.global.nc.v2.u32 {%rp, %rend}, [%rdt];"])
+    e.label("RANGE_DONE")
+    e.lines([f"mad.lo.u32 %rp, %wr, {WARP}, %rp;",
+             "ld.param.u64 %rdi, [p_cols];", "cvta.to.global.u64 %rdi, %rdi;",
+             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;"])
+    k_stride = plan.N * es
+    e.comment("B base of this batch entry and of the lane's first column")
+    e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
+             f"mul.wide.u32 %rdt, %rn0, {es};", "add.s64 %rdb, %rdb, %rdt;"])
+    e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(cols)])
+    e.label("CHUNK")
+    e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;",
+             "sub.u32 %cnt, %rend, %rp;", "add.u32 %t, %rp, %lane;", "setp.lt.u32 %pl, %t, %rend;",
+             "mov.u32 %ci, 0;", "mov.f32 %wv, 0f00000000;",
+             "mad.wide.u32 %rdt, %t, 4, %rdi;", "@%pl ld.global.nc.u32 %ci, [%rdt];",
+             f"mad.wide.u32 %rdt, %t, {es}, %rdv;"])
+    if es == 4:
+        e.line("@%pl ld.global.nc.b32 %wv, [%rdt];")
+    else:
+        e.lines(["mov.b16 %hv0, 0;", "@%pl ld.global.nc.b16 %hv0, [%rdt];"])
+        _widen(e, plan.dtype, "%wv", "%hv0")
+    e.comment("the chunk's nonzeros one by one: broadcast (index, value), load B's row segment, FMA")
+    # Loads go a batch ahead of their FMAs: batch x columns B registers (ptxas hoists further where
+    # registers allow). All 32 at 4 fp32 columns would want ~300 registers and spill.
+    batch = max(4, min(WARP, 32 // plan.config.columns if es == 4 else 64 // plan.config.columns))
+    for first in range(0, WARP, batch):
+        js = range(first, first + batch)
+        for j in js:
+            e.lines([f"setp.gt.u32 %pj{j}, %cnt, {j};",
+                     f"shfl.sync.idx.b32 %cj{j}, %ci, {j}, 31, -1;", f"shfl.sync.idx.b32 %wj{j}, %wv, {j}, 31, -1;",
+                     f"mad.wide.u32 %rdx{j}, %cj{j}, {k_stride}, %rdb;"])
+            for v, (offset, n_el) in enumerate(loads):
+                guard = f"%pq{j}_{v}"
+                e.line(f"and.pred {guard}, %pj{j}, %pn{v};")
+                address = f"[%rdx{j}+{offset * es}]" if offset else f"[%rdx{j}]"
+                if es == 4:
+                    regs = [f"%x{j}_{v * n_el + i}" for i in range(n_el)]
+                    kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[n_el]
+                else:
+                    regs = [f"%hx{j}_{v}"] if n_el == 1 else [f"%xw{j}_{i}" for i in range(n_el // 2)]
+                    kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[n_el]
+                target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+                e.line(f"@{guard} ld.global.nc.{kind} {target}, {address};")
+        for j in js:
+            for i in range(cols):
+                v = i // width if width == cols else i
+                x = f"%x{j}_{i}"
+                if es == 2:
+                    if width == 1:
+                        _widen(e, plan.dtype, x, f"%hx{j}_{i}")
+                    elif plan.dtype == "bfloat16":
+                        word = f"%xw{j}_{i // 2}"
+                        e.line(f"shl.b32 {x}, {word}, 16;" if i % 2 == 0 else f"and.b32 {x}, {word}, -65536;")
+                    else:
+                        e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{j}_{i // 2};", f"cvt.f32.f16 {x}, %hv{i % 2};"])
+                e.line(f"@%pq{j}_{0 if width == cols else v} fma.rn.f32 %acc{i}, %wj{j}, {x}, %acc{i};")
+    e.lines([f"add.u32 %rp, %rp, {S * WARP};", "bra.uni CHUNK;"])
+    e.label("REDUCE")
+    shared = ""
+    if S > 1:
+        e.comment("warps 1..S-1 of a row leave their sums in shared memory; warp 0 adds them in warp order")
+        shared = f".shared .align 16 .b8 partials[{R * (S - 1) * WARP * cols * 4}];"
+        e.comment("warp w > 0 of row r owns slot r * (S - 1) + w - 1; warp 0 points at its row's first slot")
+        e.lines(["mov.u64 %rds, partials;", "setp.ne.u32 %pt, %wr, 0;", "selp.u32 %t2, %wr, 1, %pt;",
+                 f"shr.u32 %t, %warp, {S.bit_length() - 1};", f"mul.lo.u32 %t, %t, {S - 1};",
+                 "add.u32 %t, %t, %t2;", "sub.u32 %t, %t, 1;",
+                 f"mul.lo.u32 %t, %t, {WARP * cols};", f"mad.lo.u32 %t, %lane, {cols}, %t;",
+                 "mad.wide.u32 %rdt, %t, 4, %rds;", "setp.eq.u32 %pt, %wr, 0;", "@%pt bra SUMMED;"])
+        e.lines([f"st.shared.b32 [%rdt+{4 * i}], %acc{i};" if i else "st.shared.b32 [%rdt], %acc0;"
+                 for i in range(cols)])
+        e.label("SUMMED")
+        e.line("bar.sync 0;")
+        e.lines(["setp.ne.u32 %pt, %wr, 0;", "@%pt bra DONE;"])
+        for w in range(1, S):
+            base = (w - 1) * WARP * cols * 4
+            for i in range(cols):
+                e.lines([f"ld.shared.b32 %f, [%rdt+{base + 4 * i}];", f"add.f32 %acc{i}, %acc{i}, %f;"])
+    else:
+        e.label("SUMMED")
+    e.lines([f"setp.ge.u32 %pt, %rrow, {plan.M};", "@%pt bra DONE;"])
+    if plan.bias is not None:
+        e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
+                 "mad.wide.u32 %rdt, %rrow, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
+        e.lines([f"add.f32 %acc{i}, %acc{i}, %f;" for i in range(cols)])
+    if plan.relu:
+        e.lines([f"max.NaN.f32 %acc{i}, %acc{i}, 0f00000000;" for i in range(cols)])
+    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;",
+             f"mul.wide.u32 %rdt, %rn0, {es};", "add.s64 %rdc, %rdc, %rdt;",
+             f"mad.wide.u32 %rdc, %rrow, {plan.N * es}, %rdc;"])
+    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+    for i in range(cols):
+        offset = (i if width == cols else i * WARP) * es
+        address = f"[%rdc+{offset}]" if offset else "[%rdc]"
+        guard = "%pn0" if width == cols else f"%pn{i}"
+        if es == 4:
+            e.line(f"@{guard} st.global.b32 {address}, %acc{i};")
+        else:
+            e.lines([f"{cvt} %ho, %acc{i};", f"@{guard} st.global.b16 {address}, %ho;"])
+    e.label("DONE")
+    e.line("ret;")
+    n_loads = len(loads)
+    preds = ", ".join([f"%pj{j}" for j in range(WARP)] + [f"%pn{v}" for v in range(n_loads)]
+                      + [f"%pq{j}_{v}" for j in range(WARP) for v in range(n_loads)])
+    decl = [f".reg .pred %pt, %pl, {preds};",
+            ".reg .b32 %rtid, %lane, %warp, %wr, %rrow, %rn0, %rp, %rend, %t, %t2, %cnt, %ci, "
+            + ", ".join(f"%cj{j}" for j in range(WARP)) + ";",
+            ".reg .b32 %f, %wv, " + ", ".join(f"%acc{i}" for i in range(cols)) + ", "
+            + ", ".join(f"%wj{j}" for j in range(WARP)) + ", "
+            + ", ".join(f"%x{j}_{i}" for j in range(WARP) for i in range(cols)) + ";",
+            ".reg .b16 %ho, %hv0, %hv1;",
+            ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, %rds, " + ", ".join(f"%rdx{j}" for j in range(WARP)) + ";"]
+    if es == 2:
+        if width == 1:
+            decl.append(".reg .b16 " + ", ".join(f"%hx{j}_{v}" for j in range(WARP) for v in range(cols)) + ";")
+        else:
+            decl.append(".reg .b32 " + ", ".join(f"%xw{j}_{i}" for j in range(WARP) for i in range(cols // 2)) + ";")
+    text = "\n".join([
+        f"// sparseforge generated kernel: {plan.name}",
+        f"// SpMM over padded CSR, a warp per row with lanes across N (values and indices as data), "
+        f"W {plan.M}x{plan.K}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
+        f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
+        *([shared, ""] if shared else []),
+        f".visible .entry {plan.name}(", "    .param .u64 p_b,", "    .param .u64 p_c,", "    .param .u64 p_values,",
+        "    .param .u64 p_cols,", "    .param .u64 p_rows,", "    .param .u64 p_bias", ")",
+        f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
+    return KernelSource(plan.name, (text,), R * (S - 1) * WARP * cols * 4)

@@ -1,4 +1,13 @@
-"""The small-N mapping: W's values and column indices as data (padded CSR), warps over nonzeros.
+"""W's values and column indices as data (padded CSR): two mappings over one layout.
+
+- "csr" (CsrConfig, the small-N kernel): lanes over a row's nonzeros, each lane a few output columns.
+- "csr-columns" (CsrColumnsConfig, Sputnik's one-dimensional tiling): a warp per row (or several warps
+  splitting its nonzeros), lanes across N. The warp reads 32 of the row's (index, value) pairs with one
+  coalesced load and broadcasts each by shuffle; every nonzero's B row segment is then one coalesced
+  load across the lanes. Where the first kernel's lanes each gather their own 32-byte piece of a
+  different B row (one L1 wavefront per lane and load), this one touches one or two lines per load, and
+  its instruction stream does not grow with the nonzeros the way the generated kernels' does (~16 bytes of
+  SASS per nonzero): the case of large layers at moderate N (rn50's N = 49 layers with 100-240k nonzeros).
 
 Why a second family: at N = 1..32 the generated kernels' instruction stream *is* the weight (~16 bytes of
 SASS per nonzero against 4-8 bytes as data: value + index), one lane in 32 does useful work at N = 1, and
@@ -59,6 +68,36 @@ class CsrConfig:
         return f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}" + (f"u{self.unroll}" if self.unroll > 1 else "")
 
 
+@dataclass(frozen=True)
+class CsrColumnsConfig:
+    columns: int = 1          # output columns per lane: a warp covers 32 x columns of N
+    warps_per_row: int = 1    # warps splitting one row's nonzeros (chunks of 32 dealt round robin); their
+    # partial sums meet in shared memory and are added in warp order (deterministic, no atomics)
+    rows_per_block: int = 4   # rows one block holds: a block is rows_per_block x warps_per_row warps
+
+    def __post_init__(self):
+        if self.columns not in (1, 2, 4, 8):
+            raise ValueError(f"columns must be 1, 2, 4 or 8, got {self.columns}")
+        if self.warps_per_row not in (1, 2, 4, 8):
+            raise ValueError(f"warps_per_row must be 1, 2, 4 or 8, got {self.warps_per_row}")
+        if self.rows_per_block not in (1, 2, 4, 8):
+            raise ValueError(f"rows_per_block must be 1, 2, 4 or 8, got {self.rows_per_block}")
+        if self.warps_per_row * self.rows_per_block > 16:
+            raise ValueError(f"warps_per_row x rows_per_block must be <= 16 warps (512 threads), got "
+                             f"{self.warps_per_row} x {self.rows_per_block}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps_per_row * self.rows_per_block * WARP
+
+    @property
+    def tile_columns(self) -> int:
+        return WARP * self.columns
+
+    def short(self) -> str:
+        return f"csrc_c{self.columns}s{self.warps_per_row}r{self.rows_per_block}"
+
+
 @dataclass(frozen=True, eq=False)
 class CsrPlan:
     """What the small-N kernel needs: the problem, the config and the weight as padded-CSR arrays."""
@@ -67,7 +106,7 @@ class CsrPlan:
     N: int
     layout: str
     dtype: str
-    config: CsrConfig
+    config: CsrConfig | CsrColumnsConfig
     rows: np.ndarray = field(repr=False)     # int32 [M, 2]: (first slot, end of the real nonzeros)
     cols: np.ndarray = field(repr=False)     # int32 [slots]: column index (padding: 0, never used)
     values: np.ndarray = field(repr=False)   # float32 [slots]: weight values (padding: 0, never used)
@@ -77,8 +116,12 @@ class CsrPlan:
     arch: int = 90
     digest: str = ""
 
-    mapping = "csr"
+    family = "csr"  # W as data (the runtime passes the arrays); Plan's family is "tile"
     partial_rows: tuple[int, ...] = ()
+
+    @property
+    def mapping(self) -> str:
+        return "csr-columns" if isinstance(self.config, CsrColumnsConfig) else "csr"
 
     @property
     def element_bytes(self) -> int:
@@ -87,6 +130,8 @@ class CsrPlan:
     @property
     def grid(self) -> tuple[int, int]:
         """(column tiles, row blocks) of one batch entry."""
+        if isinstance(self.config, CsrColumnsConfig):
+            return math.ceil(self.N / self.config.tile_columns), math.ceil(self.M / self.config.rows_per_block)
         return math.ceil(self.N / self.config.columns), math.ceil(self.M / self.config.rows_per_block)
 
     @property
@@ -102,9 +147,14 @@ class CsrPlan:
     @property
     def load_width(self) -> int:
         """Elements of one B row (kn) a lane reads with one load: the widest of 8/4/2/1 that divides both
-        its column tile and N (so no vector straddles N), within 16 bytes. nk reads one element at a time."""
+        its column tile and N (so no vector straddles N), within 16 bytes. nk reads one element at a time.
+        csr-columns: a lane's columns are one vector where N allows it, else `columns` single elements 32
+        apart (each load still coalesced across the warp)."""
         if self.layout == "nk":
             return 1
+        if isinstance(self.config, CsrColumnsConfig):
+            c = self.config.columns
+            return c if self.N % c == 0 and c * self.element_bytes <= 16 else 1
         for width in (8, 4, 2, 1):
             if width * self.element_bytes <= 16 and self.config.columns % width == 0 and self.N % width == 0:
                 return width
@@ -123,16 +173,22 @@ class CsrPlan:
 
     def describe(self) -> str:
         slots = int(self.cols.size)
+        c = self.config
+        how = (f"{c.warps_per_row} warp(s) per row, lanes across N, {c.columns} columns per lane"
+               if isinstance(c, CsrColumnsConfig) else f"{c.lanes_per_row} lanes per row, {c.columns} columns per lane")
         return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz} ({slots} slots, padded to "
                 f"{NNZ_PER_STEP} per row); N {self.N}; layout {self.layout}; dtype {self.dtype}\n"
-                f"  values and indices as data; {self.config.lanes_per_row} lanes per row, "
-                f"{self.config.columns} columns per lane; grid {self.grid} x batch, {self.threads} threads")
+                f"  values and indices as data; {how}; grid {self.grid} x batch, {self.threads} threads")
 
 
 def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
-                  config: CsrConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> CsrPlan:
+                  config: CsrConfig | CsrColumnsConfig | None = None, bias=None, relu: bool = False,
+                  arch: int = 90) -> CsrPlan:
     check_problem(n, dtype, layout)
     config = config or CsrConfig()
+    if isinstance(config, CsrColumnsConfig) and layout != "kn":
+        raise ValueError("the csr-columns mapping reads B's rows across the lanes (layout 'kn'); with layout "
+                         "'nk' a lane's columns are K elements apart: use a CsrConfig or a TileConfig")
     counts = w.row_nnz.astype(np.int64)
     padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP
     starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
@@ -148,8 +204,23 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
     bias_values = fp32_bias(bias, w.shape[0])
     plan = CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
                    relu, arch, w.digest())
+    if isinstance(config, CsrColumnsConfig) and config.columns == 8 and plan.load_width != 8:
+        # eight single loads a nonzero: ptxas hoists the chunk's loads past 255 registers and spills
+        raise ValueError(f"csr-columns with 8 columns a lane needs them as one 16-byte load (a 16-bit dtype "
+                         f"and N a multiple of 8); got {dtype}, N = {n}: use columns <= 4")
+    if isinstance(config, CsrColumnsConfig) and arch < 90 and _b_registers(plan) >= 4:
+        # measured with ptxas 13.0: for sm_80 it keeps all 32 nonzeros' B loads of a chunk in flight and
+        # spills past 255 registers at 4 B registers a nonzero (sm_90's allocation stays near 195)
+        raise ValueError(f"csr-columns with {config.columns} {dtype} columns a lane spills on sm_{arch}: use "
+                         "columns <= 2 there (4 for a 16-bit dtype with N a multiple of 4)")
     check_launch(plan.grid)
     return plan
+
+
+def _b_registers(plan: CsrPlan) -> int:
+    """32-bit registers one nonzero's B values take in a lane (16-bit pairs share one in a vector load)."""
+    c = plan.config.columns
+    return c if plan.element_bytes == 4 or plan.load_width == 1 else c // 2
 
 
 def csr_bytes(plan: CsrPlan) -> dict[str, int]:
@@ -158,6 +229,10 @@ def csr_bytes(plan: CsrPlan) -> dict[str, int]:
     sector per column). `minimum`: every row of B once."""
     tiles = plan.grid[0]
     data = plan.cols.size * (4 + plan.element_bytes) * tiles
+    if isinstance(plan.config, CsrColumnsConfig):  # one coalesced segment of B row k per nonzero and tile
+        segment = min(plan.config.tile_columns, plan.N) * plan.element_bytes
+        return {"fetched": data + plan.nnz * tiles * (-(-segment // 32) * 32),
+                "minimum": plan.K * plan.N * plan.element_bytes}
     per_nonzero = min(32, plan.config.columns * plan.element_bytes) if plan.layout == "kn" else 32 * plan.config.columns
     return {"fetched": data + plan.nnz * tiles * per_nonzero, "minimum": plan.K * plan.N * plan.element_bytes}
 

@@ -78,6 +78,8 @@ class Plan:
     arch: int = 90                           # target compute capability x10
     digest: str = field(default="", compare=False)  # of the weight; names the kernel
 
+    family = "tile"  # every nonzero an immediate of the generated code (CsrPlan's family is "csr")
+
     @property
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[self.dtype]

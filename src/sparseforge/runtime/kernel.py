@@ -203,7 +203,7 @@ _CSR_TYPES = (ctypes.c_void_p,) * 6
 def _weight_data(plan, device) -> tuple[tuple, tuple | None]:
     """(device tensors, their pointers) of a plan that reads W as data (values, column indices, row ranges,
     bias; a null pointer for no bias), else ((), None)."""
-    if plan.mapping != "csr":
+    if plan.family != "csr":
         return (), None
     import torch
 
@@ -233,7 +233,7 @@ def plan_spec(plan) -> str:
     """What determines a plan's binary. Generated kernels: the weight (digest of pattern and values), the
     problem, the tiling, the epilogue. The small-N kernel: only the shape and options (W is data).
     Keying on these rather than on the rendered text lets a cache hit skip rendering altogether."""
-    if plan.mapping == "csr":
+    if plan.family == "csr":
         return plan.source_key
     bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
     return "|".join([plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),

@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 # CUDA-event timings still move by ~1-2% between runs, and a tie is better served by the path with no
 # extra state to keep.
 MIN_SPEEDUP = 1.03
-TOP = 5  # candidates timed by default: the best of each mapping, then the next best overall
+TOP = 6  # candidates timed by default: the best of each mapping (up to six apply to one problem), then
+# the next best overall
 
 
 @dataclass
@@ -118,6 +119,8 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
     load_and_time(c, compiled) -> (kernel, microseconds);
     build_errors: exception types that mean "this candidate cannot build or run" (scored, not raised);
     parallel: compile the shortlist in threads (False: one at a time)."""
+    if not candidates:
+        raise ValueError("no candidate to choose from: the design space has nothing for this problem")
     started = time.perf_counter()
     records = [describe(c) for c in candidates]
     chosen = within_budget(records, shortlist(records, max(1, top)), budget_s)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.csr import NNZ_PER_STEP
+from ..plan.csr import NNZ_PER_STEP, CsrColumnsConfig
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,39 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
+def _csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+    """csr-columns: per warp, chunks of 32 of its row's slots (dealt round robin over warps_per_row); per
+    chunk one (index, value) load, then 32 x (2 shuffles, an address, the B loads, the FMAs). Its chain is
+    the small-N kernel's step (indices, then B: two dependent round trips) once per chunk."""
+    c, es = plan.config, plan.element_bytes
+    tiles, row_blocks = plan.grid
+    counts = (plan.rows[:, 1] - plan.rows[:, 0]).astype(np.int64)
+    chunks = -(-counts // 32)
+    warp_chunks = -(-chunks // c.warps_per_row)  # the most any warp of the row runs
+    loads = c.columns // plan.load_width
+    per_chunk = 14 + 32 * (5 + 2 * loads + c.columns * (2 if es == 2 else 1))
+    reduce = (c.warps_per_row > 1) * (c.columns * 2 * c.warps_per_row + 20) + 3 * c.columns + 25
+    warp_instr = (chunks.sum() * per_chunk + len(counts) * c.warps_per_row * reduce) * tiles * batch
+    issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
+    data = plan.cols.size * (4 + es) * tiles * batch
+    segment = -(-min(c.tile_columns, plan.N) * es // 32) * 32
+    gathers = plan.nnz * tiles * batch * segment
+    written = plan.M * plan.N * es * batch
+    traffic = (data + gathers + written) / gpu.l2_bytes_per_s
+    blocks = tiles * row_blocks * batch
+    registers = 128 if c.columns <= 2 else 170
+    waves = _waves(blocks, c.warps_per_row * c.rows_per_block, registers, gpu)
+    chain = warp_chunks * gpu.step_cycles + reduce * gpu.cycles_per_instruction
+    latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
+    terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
+    return Estimate(gpu.launch_us + max(terms.values()), terms, 0.4)
+
+
 def estimate(plan, batch: int = 1, gpu: Gpu = H200) -> Estimate:
     """Predicted time of one launch of `plan` over `batch` inputs."""
-    if plan.mapping == "csr":
+    if plan.family == "csr":
+        if isinstance(plan.config, CsrColumnsConfig):
+            return _csr_columns_estimate(plan, batch, gpu)
         return _csr_estimate(plan, batch, gpu)
     return _groups_estimate(plan, batch, gpu)
 

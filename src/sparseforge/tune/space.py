@@ -9,7 +9,10 @@
 - split K (segment_nnz): atomics, so not in deterministic mode;
 - small N (plan/csr.py): W as data, warps over nonzeros, for N <= SMALL_N_MAX;
 - inline: row per block (or two clustered rows) with every group's code in the kernel, no calls, for
-  small layers (their compile grows superlinearly);
+  small layers (their compile grows superlinearly): 1.18-1.21x over the called form on rn50's N = 3136
+  layers;
+- csr-columns (plan/csr.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
+  large layers at moderate N, where the generated code's instruction stream is what limits;
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..plan import TileConfig, pick_vec
-from ..plan.csr import CsrConfig
+from ..plan.csr import CsrColumnsConfig, CsrConfig
 from .autotune import _column_warps, candidates
 
 # Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
@@ -53,6 +56,20 @@ def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
             for unroll in ((1, 2) if c <= 8 else (1,))]
 
 
+CSR_COLUMNS_MIN_N = 8  # below this most of a warp's 32 lanes would idle: the small-N kernel's ground
+
+
+def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
+    """Column tiles of 32, 64 and 128 (1, 2, 4 columns a lane) up to the one that covers N; warps per row
+    so that each warp takes about one or two chunks of 32 nonzeros, and twice that; 4 warps a block."""
+    columns = [c for c in (1, 2, 4) if c == 1 or 32 * c // 2 < n]
+    want = 1
+    while want < 8 and want * 64 < row_nnz:
+        want *= 2
+    splits = sorted({want, min(8, 2 * want)})
+    return [CsrColumnsConfig(c, s, max(1, 4 // s)) for c in columns for s in splits]
+
+
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     """Row per block with every row's code inline (the shape of issue 10's NVRTC reference kernel, which
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
@@ -68,13 +85,14 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
                  deterministic: bool = False, unmeasured: bool = False) -> list:
-    """Every candidate config (TileConfig or CsrConfig) for an M-row weight with row_nnz nonzeros per row on
-    average, at width n. deterministic: no candidate that adds partial sums with atomics. unmeasured: also
-    the families not yet run on a GPU (inline: interpreted and assembled in CI only), which the default
-    space leaves out until benchmarks/designs.py has measured them."""
-    configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout)
-    if unmeasured:
-        configs += inline(n, layout, m, row_nnz)
+    """Every candidate config (TileConfig, CsrConfig or CsrColumnsConfig) for an M-row weight with row_nnz
+    nonzeros per row on average, at width n. deterministic: no candidate that adds partial sums with atomics.
+    unmeasured: also the families not yet run on a GPU, which the default space leaves out until
+    benchmarks/designs.py has measured them (none today: inline and csr-columns were measured on the H200,
+    2026-12-01, and won layers: benchmarks/NOTES.md, sixth session)."""
+    configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
+    if layout == "kn" and n >= CSR_COLUMNS_MIN_N:
+        configs += csr_columns(n, row_nnz)
     if n <= SMALL_N_MAX:
         configs += small_n(n, row_nnz)
     if deterministic:

@@ -1,6 +1,6 @@
 """A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
 address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
-fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly warp shuffles (a block's
+fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly and indexed warp shuffles (a block's
 threads run in turns from one meeting point to the next). It lets CI run generated kernels numerically,
 not just assemble them.
 
@@ -154,6 +154,8 @@ class Thread:
                 yield
             elif op == "shfl.sync.bfly.b32":  # the warp's lanes meet here: the runner swaps the values
                 self.regs[args[0]] = yield ("bfly", self._val(args[1]), self._val(args[2]))
+            elif op == "shfl.sync.idx.b32":  # every lane reads lane `b` of its warp
+                self.regs[args[0]] = yield ("idx", self._val(args[1]), self._val(args[2]))
             elif op == "ret":
                 return params
             elif op in ("bra", "bra.uni"):
@@ -238,6 +240,9 @@ class Thread:
         if head == "red":
             self._atomic_add(parts[-1], self._address(args[0]), v(args[1]))
             return
+        if op == "mov.b16":
+            r[args[0]] = v(args[1]) & 0xFFFF
+            return
         if op == "cvta.to.global.u64" or op in ("mov.u32", "mov.u64") or (op == "mov.b32" and "{" not in "".join(args)):
             r[args[0]] = v(args[1])
             return
@@ -252,7 +257,7 @@ class Thread:
             return
         if head in ("setp",):
             cmp, a, b = parts[1], v(args[1]), v(args[2])
-            self.preds[args[0]] = {"ge": a >= b, "ne": a != b, "lt": a < b, "eq": a == b}[cmp]
+            self.preds[args[0]] = {"ge": a >= b, "ne": a != b, "lt": a < b, "eq": a == b, "gt": a > b}[cmp]
             return
         if op == "and.pred":
             self.preds[args[0]] = self.preds[args[1]] and self.preds[args[2]]
@@ -297,7 +302,7 @@ class Thread:
         bits = 64 if parts[-1] in ("u64", "s64", "b64") or "wide" in parts else 32
         a = [v(x) for x in args[1:]]
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
-                  "add": lambda: a[0] + a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
+                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
                   "mad": lambda: a[0] * a[1] + a[2]}[head]()
         r[args[0]] = result & _MASK[bits]
 
@@ -386,8 +391,8 @@ def _run_block(block: list) -> None:
                 pass
         replies = {}
         for tid, stop in stops.items():
-            if stop is not None:  # butterfly shuffle: lane reads lane ^ offset of its warp
-                partner = tid ^ stop[2]
+            if stop is not None:  # shuffle: butterfly (lane ^ offset) or indexed (lane b of the warp)
+                partner = tid ^ stop[2] if stop[0] == "bfly" else (tid & ~31) | (stop[2] & 31)
                 if partner not in stops or stops[partner] is None:
                     raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
                 replies[tid] = stops[partner][1]

@@ -271,6 +271,63 @@ def test_small_n_kernel_never_multiplies_padding():
     assert np.allclose(got, dense.astype(np.float64) @ np.where(np.isinf(b), 0, b), rtol=1e-6, atol=1e-6)
 
 
+@st.composite
+def csr_columns_kernels(draw):
+    """A random small problem and any csr-columns config: rows longer than a chunk of 32 and than the warps
+    of a row take together (so chunks are dealt round robin), N with and without vector tails, batch."""
+    from sparseforge.plan.csr import CsrColumnsConfig
+
+    warps = draw(st.sampled_from([1, 2, 4]))
+    m, k, n = draw(st.integers(1, 5)), draw(st.integers(1, 140)), draw(st.integers(1, 40))
+    dtype = draw(st.sampled_from(["float32", "float16", "bfloat16"]))
+    # 8 columns a lane only as one 16-byte vector (make_csr_plan refuses the rest: they spill)
+    eight = [8] if dtype != "float32" and n % 8 == 0 else []
+    config = CsrColumnsConfig(draw(st.sampled_from([1, 2, 4, *eight])), warps, draw(st.sampled_from([1, 2])))
+    density = draw(st.sampled_from([0.0, 0.1, 0.6, 1.0]))
+    return config, m, k, n, density, draw(st.integers(0, 2**16)), dtype, draw(st.integers(1, 2))
+
+
+@given(csr_columns_kernels())
+@settings(max_examples=25, deadline=None)
+def test_random_csr_columns_kernels_match_float64_reference(problem):
+    from sparseforge.plan.csr import make_csr_plan
+
+    config, m, k, n, density, seed, dtype, batch = problem
+    rng = np.random.default_rng(seed)
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    if seed % 5 == 0:
+        dense[:, :] = 0
+        dense[m // 2, k // 2] = 1.5  # one nonzero
+    weight = SparseMatrix.from_dense(dense)
+    bias = rng.standard_normal(m) if seed % 2 else None
+    relu = seed % 3 == 0
+    plan = make_csr_plan(weight, n, dtype, "kn", config, bias=bias, relu=relu)
+    b = rng.standard_normal((batch, k, n))
+    got = run_csr(plan, b)
+    ref = _reference(weight, b, "kn", dtype, bias, relu)
+    assert np.isfinite(got).all(), "an output element was never written"
+    scale = max(np.linalg.norm(ref), 1e-30)
+    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+
+
+@pytest.mark.parametrize("warps_per_row", [1, 2])
+def test_csr_columns_kernel_never_multiplies_padding_or_other_lanes_slots(warps_per_row):
+    """Slots past a row's end (the padding to 4, and the rest of its last chunk of 32: index 0, value 0)
+    must not become FMAs, even where B's row 0 holds inf; rows use every warp's share."""
+    from sparseforge.plan.csr import CsrColumnsConfig, make_csr_plan
+
+    dense = np.zeros((3, 80), np.float32)
+    dense[0, [1, 2, 3]] = [1.0, -2.0, 0.5]
+    dense[1, 1::2] = np.linspace(-1, 1, 40)  # 40 nonzeros: two chunks
+    dense[2, 79] = 4.0
+    plan = make_csr_plan(SparseMatrix.from_dense(dense), 5, "float32", "kn", CsrColumnsConfig(1, warps_per_row, 2))
+    b = np.random.default_rng(0).standard_normal((80, 5))
+    b[0] = np.inf
+    got = run_csr(plan, b)
+    assert np.isfinite(got).all()
+    assert np.allclose(got, dense.astype(np.float64) @ np.where(np.isinf(b), 0, b), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("config", [TileConfig(1, 1, 1, 4), TileConfig(1, 2, 2, 8, 2), TileConfig(2, 1, 4, 4)],
                          ids=["row_per_block", "two_rows_per_block_run", "two_rows_vec4"])
 def test_row_per_block_kernels_match_float64_reference(config):
@@ -281,7 +338,7 @@ def test_row_per_block_kernels_match_float64_reference(config):
     _check(plan, weight, b, np.ones(11), True)
 
 
-@pytest.mark.parametrize("form", ["row_groups", "small_n"])
+@pytest.mark.parametrize("form", ["row_groups", "small_n", "csr_columns"])
 def test_fused_relu_keeps_nan(form):
     """ReLU is max.NaN(x, 0): a NaN reaching a row's sum stays NaN, as torch.relu keeps it."""
     from sparseforge.plan.csr import CsrConfig, make_csr_plan
@@ -293,6 +350,10 @@ def test_fused_relu_keeps_nan(form):
     b[2, 1] = np.nan
     if form == "small_n":
         got = run_csr(make_csr_plan(weight, 4, "float32", "kn", CsrConfig(4, 4, 1), relu=True), b)
+    elif form == "csr_columns":
+        from sparseforge.plan.csr import CsrColumnsConfig
+
+        got = run_csr(make_csr_plan(weight, 4, "float32", "kn", CsrColumnsConfig(1, 2, 2), relu=True), b)
     else:
         got = run_plan(make_plan(weight, 4, "float32", "kn", TileConfig(2, 1, 1, 4), relu=True), b)
     assert np.isnan(got[:2, 1]).all() and not np.isnan(np.delete(got, 1, axis=1)).any()

@@ -51,3 +51,37 @@ def test_load_width_never_straddles_n():
     assert make_csr_plan(w, 6, "float32", "kn", CsrConfig(32, 8)).load_width == 2
     assert make_csr_plan(w, 16, "float16", "kn", CsrConfig(32, 8)).load_width == 8
     assert make_csr_plan(w, 16, "float16", "nk", CsrConfig(32, 8)).load_width == 1
+
+
+# -- csr-columns (CsrColumnsConfig): the same arrays, a warp per row with lanes across N ---------------------
+def test_csr_columns_config_validates_and_names_its_plan():
+    from sparseforge.plan.csr import CsrColumnsConfig
+
+    for bad in ({"columns": 3}, {"warps_per_row": 16}, {"rows_per_block": 0}, {"warps_per_row": 8, "rows_per_block": 4}):
+        with pytest.raises(ValueError):
+            CsrColumnsConfig(**bad)
+    w, _ = _weight()
+    plan = make_csr_plan(w, 100, config=CsrColumnsConfig(2, 4, 2))
+    assert plan.mapping == "csr-columns" and plan.family == "csr" and plan.threads == 256
+    assert plan.grid == (2, 5)  # 64 columns a tile over N = 100; 2 rows a block over M = 9
+    assert plan.name != make_csr_plan(w, 100, config=CsrColumnsConfig(2, 2, 2)).name
+    assert make_csr_plan(w, 100).mapping == "csr"
+
+
+def test_csr_columns_refuses_nk_naming_the_fix():
+    from sparseforge.plan.csr import CsrColumnsConfig
+
+    w, _ = _weight()
+    with pytest.raises(ValueError, match="layout 'nk'.*CsrConfig or a TileConfig"):
+        make_csr_plan(w, 16, "float32", "nk", CsrColumnsConfig())
+
+
+def test_csr_columns_vector_only_where_n_allows():
+    """A lane's columns are one vector when N is a multiple of them (no vector straddles N or a B row's
+    alignment), else single elements 32 apart."""
+    from sparseforge.plan.csr import CsrColumnsConfig
+
+    w, _ = _weight()
+    assert make_csr_plan(w, 64, "float32", "kn", CsrColumnsConfig(4)).load_width == 4
+    assert make_csr_plan(w, 49, "float32", "kn", CsrColumnsConfig(2)).load_width == 1
+    assert make_csr_plan(w, 64, "float16", "kn", CsrColumnsConfig(8)).load_width == 8

@@ -7,7 +7,7 @@ import pytest
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan, sketch_plan
-from sparseforge.plan.csr import CsrConfig, make_csr_plan
+from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.tune.cost import estimate
 from sparseforge.tune.space import SMALL_N_MAX, search_space
 
@@ -103,14 +103,34 @@ def test_row_per_block_includes_the_reference_shape():
     assert dataclasses.replace(TileConfig(1, 4, 1, 16, 1), transpose_x=True) in search_space(256, "nk", 256, 60.0)
 
 
-def test_inline_candidates_only_for_small_layers_and_only_when_asked_until_measured():
-    assert not any(getattr(c, "inline", False) for c in search_space(3136, "kn", 64, 25.0))
-    small = [c for c in search_space(3136, "kn", 64, 25.0, unmeasured=True) if getattr(c, "inline", False)]
+def test_inline_candidates_only_for_small_layers():
+    small = [c for c in search_space(3136, "kn", 64, 25.0) if getattr(c, "inline", False)]
     assert small and all(c.transpose_x is False for c in small)
     assert TileConfig(1, 4, 1, 16, 1, inline=True) in small  # the reference kernel's shape, inline
-    assert not any(getattr(c, "inline", False) for c in search_space(49, "kn", 2048, 100.0, unmeasured=True))
-    nk = [c for c in search_space(256, "nk", 64, 25.0, unmeasured=True) if getattr(c, "inline", False)]
+    assert not any(getattr(c, "inline", False) for c in search_space(49, "kn", 2048, 100.0))
+    nk = [c for c in search_space(256, "nk", 64, 25.0) if getattr(c, "inline", False)]
     assert nk and all(c.transpose_x for c in nk)
+
+
+def test_csr_columns_candidates_for_kn_from_n_8_with_warps_per_row_following_row_length():
+    def columns_configs(n, layout="kn", row_nnz=100.0):
+        return [c for c in search_space(n, layout, 512, row_nnz) if isinstance(c, CsrColumnsConfig)]
+
+    assert not columns_configs(4) and not columns_configs(256, "nk")
+    assert {c.columns for c in columns_configs(49)} == {1, 2}  # 64 columns cover N = 49: no 128
+    assert {c.columns for c in columns_configs(3136)} == {1, 2, 4}
+    short, long = columns_configs(256, row_nnz=20.0), columns_configs(256, row_nnz=400.0)
+    assert min(c.warps_per_row for c in short) == 1 and min(c.warps_per_row for c in long) == 8
+    assert all(c.threads <= 512 for c in short + long)
+
+
+def test_csr_columns_estimate_is_deterministic_and_splitting_long_rows_shortens_the_chain():
+    w = _weight(m=64, k=4096, density=0.1)  # ~410 nonzeros a row: 13 chunks of 32
+    one = make_csr_plan(w, 49, config=CsrColumnsConfig(1, 1, 4))
+    eight = make_csr_plan(w, 49, config=CsrColumnsConfig(1, 8, 1))
+    assert estimate(one).us == estimate(make_csr_plan(w, 49, config=CsrColumnsConfig(1, 1, 4))).us
+    assert estimate(eight).terms["latency"] < estimate(one).terms["latency"] / 3
+    assert one.mapping == eight.mapping == "csr-columns"
 
 
 def test_inline_plans_rank_as_their_own_mapping_and_compile_superlinearly():

@@ -1,0 +1,75 @@
+"""The kernels over padded CSR (codegen/csr.py): they assemble for sm_90 and sm_80 without spills at every
+config the design space proposes, and csr-columns' source has the shape its docstring claims."""
+import re
+
+import numpy as np
+import pytest
+
+from sparseforge import SparseMatrix
+from sparseforge.codegen import render
+from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.tune.space import csr_columns, small_n
+
+from .test_ptx import _assemble_without_spills_and_link
+
+
+def _weight(m=64, k=1024, density=0.1, seed=0):
+    rng = np.random.default_rng(seed)
+    return SparseMatrix.from_dense(np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0)
+                                   .astype(np.float32))
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("n", [49, 256])
+def test_every_proposed_csr_columns_config_assembles_without_spills(arch, dtype, n):
+    w = _weight()
+    configs = csr_columns(n, 400.0) + csr_columns(n, 20.0)
+    if dtype != "float32" and n % 8 == 0:
+        configs.append(CsrColumnsConfig(8, 2, 2))  # one 16-byte vector a lane
+    built = 0
+    for config in dict.fromkeys(configs):
+        try:
+            plan = make_csr_plan(w, n, dtype, "kn", config, bias=np.ones(64), relu=True, arch=arch)
+        except ValueError as exc:  # refused up front (the space drops it): only what would spill
+            assert arch < 90 and config.columns >= 4 and "spills on sm_80" in str(exc)
+            continue
+        _assemble_without_spills_and_link(render(plan), arch)
+        built += 1
+    assert built >= 4
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_proposed_small_n_config_assembles_without_spills(arch, dtype):
+    w = _weight()
+    for n, layout in ((1, "kn"), (8, "kn"), (33, "nk")):
+        for config in small_n(n, 100.0):
+            plan = make_csr_plan(w, n, dtype, layout, config, bias=np.ones(64), arch=arch)
+            _assemble_without_spills_and_link(render(plan), arch)
+
+
+def test_csr_columns_source_broadcasts_by_shuffle_and_sums_warps_in_shared_memory_only_when_split():
+    w = _weight()
+    one = render(make_csr_plan(w, 64, "float32", "kn", CsrColumnsConfig(2, 1, 4))).text
+    four = render(make_csr_plan(w, 64, "float32", "kn", CsrColumnsConfig(2, 4, 2))).text
+    for text in (one, four):
+        assert text.count("shfl.sync.idx.b32") == 64  # index and value of each of a chunk's 32 nonzeros
+        assert not re.search(r"^\s*(@%\w+ )?(atom|red)\.", text, re.M)  # deterministic: no atomics
+        assert "ld.global.nc.v2.b32" in text  # N = 64 at 2 columns a lane: one vector load a nonzero
+    assert ".shared" not in one and "bar.sync" not in one
+    assert re.search(r"\.shared \.align 16 \.b8 partials\[\d+\];", four) and four.count("bar.sync") == 1
+
+
+def test_csr_columns_refuses_eight_single_loads_a_lane():
+    with pytest.raises(ValueError, match="one 16-byte load"):
+        make_csr_plan(_weight(), 49, "float16", "kn", CsrColumnsConfig(8))
+    with pytest.raises(ValueError, match="columns <= 4"):
+        make_csr_plan(_weight(), 64, "float32", "kn", CsrColumnsConfig(8))
+
+
+def test_csr_columns_name_depends_on_shape_and_config_not_pattern():
+    a, b = _weight(seed=1), _weight(seed=2)
+    config = CsrColumnsConfig(1, 2, 2)
+    assert make_csr_plan(a, 49, config=config).name == make_csr_plan(b, 49, config=config).name
+    assert make_csr_plan(a, 49, config=config).name != make_csr_plan(a, 49, config=CsrConfig()).name
