@@ -98,7 +98,7 @@ if stage targets; then
   done
   tf_subset
   timeout 170 $SF bench /tmp/tf_subset --dtype all --layout both --tune-budget 0 --out "$OUT/transformer_n256.json" 2>&1 | tail -16
-  timeout 90 python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -6
+  timeout ${COMPILE_S:-90} python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -6
 fi
 if stage targets-lp; then
   for d in fp16 bf16; do for s in 0.9 0.95; do
@@ -116,11 +116,12 @@ fi
 if stage issue10-more; then
   tf_subset
   for n in 1 8 16; do
-    timeout 70 $SF bench /tmp/tf_subset/transformer/magnitude_pruning/0.9 --n $n --dtype fp32 --out "$OUT/transformer_0.9_n${n}.json" 2>&1 | tail -3
+    timeout ${NSMALL_S:-70} $SF bench /tmp/tf_subset/transformer/magnitude_pruning/0.9 --n $n --dtype fp32 --out "$OUT/transformer_0.9_n${n}.json" 2>&1 | tail -3
   done
-  timeout 110 $SF bench /tmp/tf_subset --dtype fp32 --layout nk --out "$OUT/transformer_n256_nk.json" 2>&1 | tail -4
-  timeout 90 python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -9
+  timeout ${NK_S:-110} $SF bench /tmp/tf_subset --dtype fp32 --layout nk --out "$OUT/transformer_n256_nk.json" 2>&1 | tail -4
+  timeout ${COMPILE_S:-90} python3 benchmarks/compile_time.py $DLMC/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" 2>&1 | tail -9
   timeout ${B8_S:-150} $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 8 --dtype fp32 --out "$OUT/rn50_0.9_fp32_b8.json" 2>&1 | tail -3
+  timeout ${B32_S:-100} $SF bench $DLMC/rn50/magnitude_pruning/0.9 --batch 32 --dtype fp32 --out "$OUT/rn50_0.9_fp32_b32.json" 2>&1 | tail -3
 fi
 if stage minilm; then
   python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" 2>&1 | tail -45
