@@ -373,8 +373,15 @@ def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "
     for g, members in enumerate(rows):
         group_of_row[list(members)] = g
     nnz = np.bincount(group_of_row, weights=w.row_nnz, minlength=len(rows)).astype(np.int64)
-    pairs = np.unique(group_of_row[np.repeat(np.arange(w.shape[0]), w.row_nnz)] * w.shape[1] + w.indices)
-    width = np.bincount(pairs // w.shape[1], minlength=len(rows))
+    group_of_nonzero = group_of_row[np.repeat(np.arange(w.shape[0]), w.row_nnz)]
+    if len(rows) * w.shape[1] <= 1 << 24:  # distinct k per group: a (groups x K) mask beats a unique by ~20x
+        seen = np.zeros((len(rows), w.shape[1]), bool)
+        seen[group_of_nonzero, w.indices] = True
+        width = seen.sum(axis=1)
+    else:
+        keys = np.sort(group_of_nonzero * w.shape[1] + w.indices)
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys
+        width = np.bincount(keys // w.shape[1], minlength=len(rows))
     groups = []
     for members, count, distinct in zip(rows, nnz.tolist(), width.tolist()):
         pieces = 1
