@@ -156,7 +156,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     winner = _config_from_record(known) if known else None
     cached_choice = _choice_from_record(known) if winner is not None else None
     if cached_choice is not None:
-        kernel = build_kernel(make(winner), index)
+        # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
+        kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
     space = search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)

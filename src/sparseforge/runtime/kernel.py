@@ -44,9 +44,14 @@ class SpmmKernel:
     W's values and indices from device tensors the kernel owns.
     """
 
-    def __init__(self, plan, built: "Built", device_index: int):
+    def __init__(self, plan, built: "Built", device_index: int, full_plan: Callable[[], object] | None = None):
+        """plan: what the launch needs (grid, threads, shapes, split rows); a sketch (plan.sketch) serves when
+        the cubin came from the cache, and `full_plan` then makes the whole plan if someone reads k.plan or
+        k.source (on a cache hit, planning every group's program would cost more than loading the kernel)."""
         start = time.perf_counter()
-        self.plan, self._source, self.device_index = plan, built.source, device_index
+        self._launch, self._source, self.device_index = plan, built.source, device_index
+        self._full = None if getattr(plan, "sketch", False) else plan
+        self._make_full = full_plan
         self._loaded = load_kernel(built.cubin, plan.name, device_index)
         self.load_seconds = time.perf_counter() - start
         self.compile_seconds, self.cache_hit = built.seconds, built.hit
@@ -64,9 +69,18 @@ class SpmmKernel:
         self._weight_tensors, self._data = _weight_data(plan, self._device)
 
     @property
+    def plan(self):
+        """The kernel's plan (made on first use when the kernel was loaded from the cache by a sketch)."""
+        if self._full is None:
+            if self._make_full is None:
+                return self._launch
+            self._full = self._make_full()
+        return self._full
+
+    @property
     def mapping(self) -> str:
         """Which mapping of the work this kernel is: see plan.mapping."""
-        return self.plan.mapping
+        return self._launch.mapping
 
     @property
     def dense_faster(self) -> bool | None:
@@ -82,12 +96,12 @@ class SpmmKernel:
 
     @property
     def in_shape(self) -> tuple[int, int]:
-        p = self.plan
+        p = self._launch
         return (p.K, p.N) if p.layout == "kn" else (p.N, p.K)
 
     @property
     def out_shape(self) -> tuple[int, int]:
-        p = self.plan
+        p = self._launch
         return (p.M, p.N) if p.layout == "kn" else (p.N, p.M)
 
     def _check(self, b, what: str, shape: tuple[int, int]):
@@ -110,7 +124,7 @@ class SpmmKernel:
                 fix = f"convert with {what}.to({self._dtype}) (kernels take float32, float16 or bfloat16)"
             raise TypeError(f"{what} has dtype {b.dtype}, the kernel was compiled for {self._dtype}: {fix}")
         if b.dim() not in (2, 3) or tuple(b.shape[-2:]) != shape:
-            p = self.plan
+            p = self._launch
             if what == "out":
                 names = ("M", "N") if p.layout == "kn" else ("N", "M")
             else:
@@ -138,7 +152,7 @@ class SpmmKernel:
     def __call__(self, b, out=None):
         import torch
 
-        what = "B" if self.plan.layout == "kn" else "X"
+        what = "B" if self._launch.layout == "kn" else "X"
         self._check(b, what, self.in_shape)
         batch = b.shape[0] if b.dim() == 3 else 1
         if batch > 65535:  # the batch is the launch grid's z dimension, which CUDA caps at 65535
@@ -160,11 +174,11 @@ class SpmmKernel:
                                  "Pass an out of its own, or omit out")
         if batch == 0:
             return out  # nothing to compute; a launch with a zero grid dimension would be a CUDA error
-        if self.plan.transposes_input:
+        if self._launch.transposes_input:
             b = b.transpose(-1, -2).contiguous()  # X^T, K x N: the kernel reads it like B in kn
         elif b.data_ptr() % 16:
             b = b.clone()  # a fresh allocation is 256-byte aligned: staging copies use 16-byte loads
-        align = self.plan.output_alignment
+        align = self._launch.output_alignment
         target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
         self.zero_partial_rows(target)
         self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream)
@@ -175,17 +189,17 @@ class SpmmKernel:
     def zero_partial_rows(self, out) -> None:
         """Zero the output rows that split groups add into (plan.partial_rows); nothing when none are split."""
         if self._partial is not None:
-            out.index_fill_(out.dim() - 2 if self.plan.layout == "kn" else out.dim() - 1, self._partial, 0)
+            out.index_fill_(out.dim() - 2 if self._launch.layout == "kn" else out.dim() - 1, self._partial, 0)
 
     def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int) -> None:
         """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops).
         Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first; with
         config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous)."""
-        tiles, blocks = self.plan.grid
+        tiles, blocks = self._launch.grid
         if self._data is None:
-            self._loaded.launch((tiles, blocks, batch), self.plan.threads, stream, b_ptr, c_ptr)
+            self._loaded.launch((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr)
             return
-        self._loaded.launch_args((tiles, blocks, batch), self.plan.threads, stream, (b_ptr, c_ptr, *self._data),
+        self._loaded.launch_args((tiles, blocks, batch), self._launch.threads, stream, (b_ptr, c_ptr, *self._data),
                                  _CSR_TYPES)
 
     @property
@@ -193,7 +207,7 @@ class SpmmKernel:
         return self._loaded.registers
 
     def __repr__(self) -> str:
-        return (f"SpmmKernel({self.plan.name}, compile {self.compile_seconds:.3f}s, "
+        return (f"SpmmKernel({self._launch.name}, compile {self.compile_seconds:.3f}s, "
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
@@ -294,6 +308,21 @@ def compile_plan(plan, cache: KernelCache | None = None, compiler=None) -> Built
 
 
 def build_kernel(plan, device_index: int, cache: KernelCache | None = None, compiler=None,
-                 built: Built | None = None) -> SpmmKernel:
-    """Compile (or fetch from the disk cache) and load the kernel of `plan` (built: already compiled)."""
-    return SpmmKernel(plan, built or compile_plan(plan, cache, compiler), device_index)
+                 built: Built | None = None, full_plan: Callable[[], object] | None = None) -> SpmmKernel:
+    """Compile (or fetch from the disk cache) and load the kernel of `plan` (built: already compiled).
+    plan may be a sketch (plan.sketch) when full_plan makes the whole plan: it is made only if the cache
+    misses (to render it) or someone reads k.plan / k.source."""
+    if built is None and getattr(plan, "sketch", False):
+        if full_plan is None:
+            raise ValueError("a sketch plan cannot be rendered: pass full_plan (it makes the whole plan)")
+        made: list = []
+
+        def full():
+            if not made:
+                made.append(full_plan())
+            return made[0]
+
+        compiler = compiler or default_compiler()
+        built = compile_source(plan_key(plan, compiler.version), plan.arch, lambda: render(full()), cache, compiler)
+        return SpmmKernel(plan, built, device_index, full)
+    return SpmmKernel(plan, built or compile_plan(plan, cache, compiler), device_index, full_plan)
