@@ -6,7 +6,8 @@ holds each layer's winner.
 
     PYTHONPATH=src python benchmarks/designs.py OUT.json DLMC_ROOT CASE[:N] ... [--dtype float32] [--layout kn]
         [--mappings csr-columns,row-groups]   (only these mappings' candidates: a quick look at one family)
-CASE: a path under DLMC_ROOT without .smtx (rn50 cases take N from rn50_batchsizes.txt unless :N is given).
+CASE: a path under DLMC_ROOT without .smtx (rn50 cases take N from rn50_batchsizes.txt unless :N is given),
+or an LLM suite spec with N after a slash: llm:0.9:llama_4096x4096/16 (every case it names, at N = 16).
 """
 import argparse
 import json
@@ -34,10 +35,21 @@ def batch_sizes(root: Path) -> dict:
     return dict((a, int(b)) for a, b in (line.strip().split(",") for line in path.read_text().splitlines() if "," in line))
 
 
-def run(root: Path, spec: str, dtype: str, layout: str, mappings: set | None = None) -> dict:
+def weights(root: Path, spec: str, dtype: str):
+    """(name, W, N) of each case a CASE argument names."""
+    if spec.startswith("llm"):
+        from sparseforge.suite.llm import discover_llm
+
+        llm_spec, _, n_text = spec.partition("/")
+        for case in discover_llm(llm_spec, n=int(n_text) if n_text else None):
+            yield str(case.path), case.load(dtype=dtype), case.N
+        return
     name, _, n_text = spec.partition(":")
     n = int(n_text) if n_text else batch_sizes(root)[Path(name).name]
-    w = SparseMatrix.from_smtx(root / f"{name}.smtx", seed=0).astype(dtype)
+    yield name, SparseMatrix.from_smtx(root / f"{name}.smtx", seed=0).astype(dtype), n
+
+
+def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: set | None = None) -> dict:
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
     plans = _plans(make, search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True))
@@ -87,6 +99,15 @@ def run(root: Path, spec: str, dtype: str, layout: str, mappings: set | None = N
             "all_correct": all(r["error_ok"] for r in records if r.get("us"))}
 
 
+def report(out: str, results: list[dict], r: dict) -> None:
+    """Rewrite the results file (a run cut by a timeout keeps what it measured) and print r's line."""
+    Path(out).write_text(json.dumps({"provenance": provenance(sys.argv), "cases": results}, indent=1))
+    print(f"{r['case'][-48:]:48s} {r['M']:5d}x{r['K']:<5d} N={r['N']:<5d} cuBLAS {r['cublas_us']:7.2f}  best "
+          f"{r['best_us']:7.2f} {r['best_mapping']:13s} {r['best']:20s} chooser {r['chooser_us']:7.2f}  "
+          f"model-top1 {r['model_top1_us'] or float('nan'):7.2f}  ok={r['all_correct']}  {r['seconds']:.0f}s",
+          flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -98,17 +119,16 @@ def main() -> int:
     args = parser.parse_args()
     results = []
     for spec in args.cases:
-        try:
-            r = run(args.root, spec, args.dtype, args.layout, set(filter(None, args.mappings.split(","))))
-        except ValueError as exc:  # e.g. --mappings keeps no candidate of this case
-            print(f"{spec}: skipped ({exc})", flush=True)
-            continue
-        results.append(r)
-        Path(args.out).write_text(json.dumps({"provenance": provenance(sys.argv), "cases": results}, indent=1))
-        print(f"{r['case'][-48:]:48s} {r['M']:5d}x{r['K']:<5d} N={r['N']:<5d} cuBLAS {r['cublas_us']:7.2f}  best "
-              f"{r['best_us']:7.2f} {r['best_mapping']:13s} {r['best']:20s} chooser {r['chooser_us']:7.2f}  "
-              f"model-top1 {r['model_top1_us'] or float('nan'):7.2f}  ok={r['all_correct']}  {r['seconds']:.0f}s",
-              flush=True)
+        for name, w, n in weights(args.root, spec, args.dtype):
+            try:
+                r = run(name, w, n, args.dtype, args.layout, set(filter(None, args.mappings.split(","))))
+            except ValueError as exc:  # e.g. --mappings keeps no candidate of this case
+                print(f"{name}: skipped ({exc})", flush=True)
+                continue
+            results.append(r)
+            report(args.out, results, r)
+    if not results:
+        return 1
     geo = lambda key: math.exp(sum(math.log(r["cublas_us"] / r[key]) for r in results) / len(results))  # noqa: E731
     print(f"geomean x cuBLAS: best {geo('best_us'):.2f}  chooser {geo('chooser_us'):.2f}")
     return 0

@@ -10,6 +10,7 @@ from .dtypes import dtype_name
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
 from .plan.plan import fp32_bias
+from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
 from .tune.choose import Choice, choose, chooser_digest, rank
@@ -70,13 +71,15 @@ def _checked_bias(bias, m: int):
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
                sketch: bool = False):
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
+    if isinstance(config, BitmapConfig):
+        return make_bitmap_plan(w, n, dtype, layout, config, bias, relu, arch)
     if isinstance(config, (CsrConfig, CsrColumnsConfig)):
         return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch)
     return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
 
 
 # config classes by the name a cached choice records them under
-_CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "tile": TileConfig}
+_CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "bitmap": BitmapConfig, "tile": TileConfig}
 
 
 def _config_record(config) -> dict:
@@ -102,7 +105,7 @@ def _config_from_record(record: dict):
 
 
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
-                 device="cuda", config: TileConfig | CsrConfig | CsrColumnsConfig | None = None,
+                 device="cuda", config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | None = None,
                  tune_budget: float | None = 5.0,
                  deterministic: bool = False, time_dense: bool = True):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
@@ -116,7 +119,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     per block, split K, the small-N kernel for n <= 64); with tune_budget seconds (default 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
     them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
-    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig instead. deterministic: no atomics (bitwise-reproducible runs).
+    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig instead. deterministic: no atomics (bitwise-reproducible runs).
 
     Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
     k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every
@@ -131,7 +134,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         raise ValueError(f"n must be a positive integer, got {n!r}")
     n = int(n)
     if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
-        raise TypeError(f"config must be a TileConfig, CsrConfig or CsrColumnsConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig or BitmapConfig, got "
+                        f"{type(config).__name__}")
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")

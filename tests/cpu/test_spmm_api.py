@@ -96,3 +96,18 @@ def test_a_problem_every_candidate_refuses_raises_their_reason(monkeypatch):
     monkeypatch.setattr(spmm_module, "search_space", lambda *args: [TileConfig(transpose_x=True)])
     with pytest.raises(ValueError, match="transpose_x applies to layout 'nk'"):
         spmm_module.plan_spmm(W, 8, layout="kn")
+
+
+def test_every_config_family_round_trips_through_the_cached_choice_record():
+    """A cached choice names its winner by family and fields; each family rebuilds to the same config, and
+    a record naming an unknown family or field is not rebuilt (the choice is made again)."""
+    from sparseforge.plan import TileConfig
+    from sparseforge.plan.bitmap import BitmapConfig
+    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+    from sparseforge.spmm import _config_from_record, _config_record
+
+    for config in (TileConfig(2, 4, 2, 16, cluster_rows=True), CsrConfig(8, 4, 2, 2), CsrColumnsConfig(2, 4, 1),
+                   BitmapConfig(8, 4)):
+        assert _config_from_record(_config_record(config)) == config
+    assert _config_from_record({"family": "nope", "config": {}}) is None
+    assert _config_from_record({"family": "bitmap", "config": {"unroll": 3}}) is None

@@ -1,6 +1,6 @@
 """GPU fuzz of every mapping: 240 kernels from seeded random problems (shapes with tails, densities from 0
 to 1, every dtype, both layouts, bias and ReLU, row groups, row per block, split K, staged and transposed X,
-the small-N kernel, csr-columns, every group inline), each run on 10 fresh inputs (plain and batched) into NaN-poisoned outputs against
+the small-N kernel, csr-columns, bitmap decode, every group inline), each run on 10 fresh inputs (plain and batched) into NaN-poisoned outputs against
 float64: 2,400 cases, 0 wrong. Kernels compile side by side (ptxas in threads), then load and run."""
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,6 +10,7 @@ import torch
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
+from sparseforge.plan.bitmap import BitmapConfig, make_bitmap_plan
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.runtime import build_kernel, compile_plan
 
@@ -18,8 +19,10 @@ KERNELS, INPUTS = 240, 10
 TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
 
 
-def _config(rng, layout: str, relu: bool, eight_columns: bool):
-    kind = int(rng.integers(0, 7))
+def _config(rng, layout: str, relu: bool, eight_columns: bool, decode: bool):
+    kind = int(rng.integers(0, 8))
+    if kind in (6, 7) and decode:  # W as a bitmap + packed values (N <= 16; nk at N = 1)
+        return BitmapConfig(int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4])))
     if kind == 5 and layout == "kn":  # W as data, a warp per row (or several) with lanes across N
         columns = int(rng.choice([1, 2, 4, 8] if eight_columns else [1, 2, 4]))  # 8: one 16-byte vector only
         return CsrColumnsConfig(columns, int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2])))
@@ -47,9 +50,10 @@ def _problem(seed: int):
     layout = str(rng.choice(["kn", "nk"]))
     bias = rng.standard_normal(m) if rng.integers(0, 2) else None
     relu = bool(rng.integers(0, 2))
-    config = _config(rng, layout, relu, dtype != "float32" and n % 8 == 0)
+    config = _config(rng, layout, relu, dtype != "float32" and n % 8 == 0, n <= 16 and (layout == "kn" or n == 1))
     w = SparseMatrix.from_dense(dense).astype(dtype)
-    make = make_csr_plan if isinstance(config, (CsrConfig, CsrColumnsConfig)) else make_plan
+    make = (make_bitmap_plan if isinstance(config, BitmapConfig) else
+            make_csr_plan if isinstance(config, (CsrConfig, CsrColumnsConfig)) else make_plan)
     return w, make(w, n, dtype, layout, config, bias, relu, 90), bias, relu
 
 
@@ -82,5 +86,5 @@ def test_every_mapping_on_random_problems_matches_float64():
             if not finite or err > TOL[plan.dtype]:
                 wrong.append((plan.name, i, finite, err))
     assert cases >= 2000 and len(problems) >= 200
-    assert mappings >= {"row-groups", "row-per-block", "split-k", "staged-x", "csr", "csr-columns", "inline"}, mappings
+    assert mappings >= {"row-groups", "row-per-block", "split-k", "staged-x", "csr", "csr-columns", "bitmap", "inline"}, mappings
     assert not wrong, f"{len(wrong)} of {cases} cases wrong, e.g. {wrong[:5]}"

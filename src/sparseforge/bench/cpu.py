@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from ..plan import check_plan, execute
+from ..plan.bitmap import execute_bitmap
 from ..plan.csr import execute_csr
 from ..runtime import PtxasCompiler
 from ..suite import Case
@@ -19,14 +20,14 @@ def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: boo
     from ..spmm import plan_spmm
 
     plan, choice = plan_spmm(w, n, dtype_name, layout, arch=arch)  # the cost model's pick (no GPU to time)
-    if plan.family != "csr":
+    if plan.family == "tile":
         check_plan(plan, w)
     n_check = min(n, 64)
     small, _ = plan_spmm(w, n_check, dtype_name, layout, arch=arch)
     rng = np.random.default_rng(0)
     b = rng.standard_normal((case.K, n_check) if layout == "kn" else (n_check, case.K))
     ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
-    got = (execute_csr if small.family == "csr" else execute)(small, b)
+    got = {"csr": execute_csr, "bitmap": execute_bitmap}.get(small.family, execute)(small, b)
     got = got if layout == "kn" else got.T
     error = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
     record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,

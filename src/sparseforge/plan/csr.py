@@ -123,6 +123,11 @@ class CsrPlan:
     def mapping(self) -> str:
         return "csr-columns" if isinstance(self.config, CsrColumnsConfig) else "csr"
 
+    def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
+        """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
+        uploaded as ("values": the kernel's dtype)."""
+        return (self.values, "values"), (self.cols, "int32"), (self.rows, "int32")
+
     @property
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[self.dtype]

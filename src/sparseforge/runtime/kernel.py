@@ -1,6 +1,7 @@
 """The one place kernel source becomes a loaded kernel: one cache-key recipe (kernel_key), one compile
 path (compile_source: render on a miss, compile, cache), one loader (load_kernel), and SpmmKernel, the
-callable over a plan of any mapping (generated row groups, row per block, split K, small-N CSR).
+callable over a plan of any mapping (generated row groups, row per block, split K, and the kernels that read
+W as data: CSR, csr-columns, bitmap).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 from .._version import __version__
 from ..codegen import KernelSource, render
@@ -200,7 +203,7 @@ class SpmmKernel:
             self._loaded.launch((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr)
             return
         self._loaded.launch_args((tiles, blocks, batch), self._launch.threads, stream, (b_ptr, c_ptr, *self._data),
-                                 _CSR_TYPES)
+                                 (ctypes.c_void_p,) * (2 + len(self._data)))
 
     @property
     def registers(self) -> int:
@@ -211,22 +214,22 @@ class SpmmKernel:
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
-_CSR_TYPES = (ctypes.c_void_p,) * 6
-
-
 def _weight_data(plan, device) -> tuple[tuple, tuple | None]:
-    """(device tensors, their pointers) of a plan that reads W as data (values, column indices, row ranges,
-    bias; a null pointer for no bias), else ((), None)."""
-    if plan.family != "csr":
+    """(device tensors, their pointers) of a plan that reads W as data (plan.weight_arrays(), then the bias;
+    a null pointer for no bias), else ((), None)."""
+    if not hasattr(plan, "weight_arrays"):
         return (), None
     import torch
 
-    values = torch.from_numpy(plan.values).to(device=device, dtype=getattr(torch, plan.dtype))
-    cols = torch.from_numpy(plan.cols).to(device)
-    rows = torch.from_numpy(plan.rows).to(device)
-    bias = None if plan.bias is None else torch.tensor(plan.bias, dtype=torch.float32, device=device)
-    owners = (values, cols, rows, bias)
-    return owners, tuple(0 if t is None else t.data_ptr() for t in owners)
+    owners = []
+    for array, kind in plan.weight_arrays():
+        dtype = getattr(torch, plan.dtype) if kind == "values" else getattr(torch, kind)
+        if kind == "uint64":  # torch has no unsigned 64-bit tensors: the same bits as int64
+            owners.append(torch.from_numpy(array.view(np.int64)).to(device))
+        else:
+            owners.append(torch.from_numpy(array).to(device=device, dtype=dtype))
+    owners.append(None if plan.bias is None else torch.tensor(plan.bias, dtype=torch.float32, device=device))
+    return tuple(owners), tuple(0 if t is None else t.data_ptr() for t in owners)
 
 
 @lru_cache(maxsize=1)
@@ -247,7 +250,7 @@ def plan_spec(plan) -> str:
     """What determines a plan's binary. Generated kernels: the weight (digest of pattern and values), the
     problem, the tiling, the epilogue. The small-N kernel: only the shape and options (W is data).
     Keying on these rather than on the rendered text lets a cache hit skip rendering altogether."""
-    if plan.family == "csr":
+    if plan.family != "tile":  # W is data: the binary depends on the shape and options only
         return plan.source_key
     bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
     return "|".join([plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),

@@ -13,6 +13,9 @@
   layers;
 - csr-columns (plan/csr.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
   large layers at moderate N, where the generated code's instruction stream is what limits;
+- bitmap (plan/bitmap.py, N <= 16, nk at N = 1): W as a bitmap + packed values, the fewest bytes of W for
+  decode widths, where the weight's bytes bound the layer (issue 11). Not yet run on a GPU: proposed only
+  with unmeasured=True until designs.py has measured it;
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
 """
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..plan import TileConfig, pick_vec
+from ..plan.bitmap import MAX_N as DECODE_MAX_N
+from ..plan.bitmap import BitmapConfig
 from ..plan.csr import CsrColumnsConfig, CsrConfig
 from .autotune import _column_warps, candidates
 
@@ -70,6 +75,13 @@ def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
     return [CsrColumnsConfig(c, s, max(1, 4 // s)) for c in columns for s in splits]
 
 
+def decode(n: int, layout: str) -> list[BitmapConfig]:
+    """Bitmap decode configs: 1, 2 or 4 set bits a lane in flight, 4 or 8 rows a block."""
+    if n > DECODE_MAX_N or (layout == "nk" and n > 1):
+        return []
+    return [BitmapConfig(4, 1), BitmapConfig(4, 2), BitmapConfig(4, 4), BitmapConfig(8, 2)]
+
+
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     """Row per block with every row's code inline (the shape of issue 10's NVRTC reference kernel, which
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
@@ -85,16 +97,18 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
                  deterministic: bool = False, unmeasured: bool = False) -> list:
-    """Every candidate config (TileConfig, CsrConfig or CsrColumnsConfig) for an M-row weight with row_nnz
+    """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig or BitmapConfig) for an M-row weight with row_nnz
     nonzeros per row on average, at width n. deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
-    benchmarks/designs.py has measured them (none today: inline and csr-columns were measured on the H200,
-    2026-12-01, and won layers: benchmarks/NOTES.md, sixth session)."""
+    benchmarks/designs.py has measured them (bitmap today; inline and csr-columns were measured on the
+    H200, 2026-12-01, and won layers: benchmarks/NOTES.md, sixth session)."""
     configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
     if layout == "kn" and n >= CSR_COLUMNS_MIN_N:
         configs += csr_columns(n, row_nnz)
     if n <= SMALL_N_MAX:
         configs += small_n(n, row_nnz)
+    if unmeasured:
+        configs += decode(n, layout)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []

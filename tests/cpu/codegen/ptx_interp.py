@@ -1,6 +1,6 @@
 """A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
 address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
-fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly and indexed warp shuffles (a block's
+fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly, indexed and up warp shuffles (a block's
 threads run in turns from one meeting point to the next). It lets CI run generated kernels numerically,
 not just assemble them.
 
@@ -156,6 +156,14 @@ class Thread:
                 self.regs[args[0]] = yield ("bfly", self._val(args[1]), self._val(args[2]))
             elif op == "shfl.sync.idx.b32":  # every lane reads lane `b` of its warp
                 self.regs[args[0]] = yield ("idx", self._val(args[1]), self._val(args[2]))
+            elif op == "shfl.sync.up.b32":  # lane reads lane - b; in range or not in the predicate (d|p)
+                dst, _, pred = args[0].partition("|")
+                delta = self._val(args[2])
+                value = yield ("up", self._val(args[1]), delta)
+                lane = self.special["%tid.x"] & 31
+                self.regs[dst] = value
+                if pred:
+                    self.preds[pred] = lane >= delta
             elif op == "ret":
                 return params
             elif op in ("bra", "bra.uni"):
@@ -240,6 +248,16 @@ class Thread:
         if head == "red":
             self._atomic_add(parts[-1], self._address(args[0]), v(args[1]))
             return
+        if op == "popc.b64":
+            r[args[0]] = bin(v(args[1]) & _MASK[64]).count("1")
+            return
+        if op == "bfind.u64":  # the highest set bit's position; 0xFFFFFFFF for 0
+            word = v(args[1]) & _MASK[64]
+            r[args[0]] = word.bit_length() - 1 if word else 0xFFFFFFFF
+            return
+        if op == "mov.b64":
+            r[args[0]] = v(args[1]) & _MASK[64]
+            return
         if op == "mov.b16":
             r[args[0]] = v(args[1]) & 0xFFFF
             return
@@ -302,7 +320,7 @@ class Thread:
         bits = 64 if parts[-1] in ("u64", "s64", "b64") or "wide" in parts else 32
         a = [v(x) for x in args[1:]]
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
-                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
+                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "xor": lambda: a[0] ^ a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
                   "mad": lambda: a[0] * a[1] + a[2]}[head]()
         r[args[0]] = result & _MASK[bits]
 
@@ -392,7 +410,8 @@ def _run_block(block: list) -> None:
         replies = {}
         for tid, stop in stops.items():
             if stop is not None:  # shuffle: butterfly (lane ^ offset) or indexed (lane b of the warp)
-                partner = tid ^ stop[2] if stop[0] == "bfly" else (tid & ~31) | (stop[2] & 31)
+                partner = {"bfly": lambda: tid ^ stop[2], "idx": lambda: (tid & ~31) | (stop[2] & 31),
+                           "up": lambda: tid - stop[2] if (tid & 31) >= stop[2] else tid}[stop[0]]()
                 if partner not in stops or stops[partner] is None:
                     raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
                 replies[tid] = stops[partner][1]

@@ -1,0 +1,99 @@
+"""The bitmap decode kernel (codegen/bitmap.py) run by the PTX interpreter against float64 into
+NaN-poisoned outputs, its NaN/inf semantics, and ptxas for sm_90 and sm_80 without spills."""
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseforge import SparseMatrix
+from sparseforge.codegen import render
+from sparseforge.plan.bitmap import BitmapConfig, make_bitmap_plan
+from sparseforge.tune.space import decode
+
+from .ptx_interp import launch
+from .test_interpreted import TOLERANCE, _decode, _encode, _poisoned, _reference
+from .test_ptx import _assemble_without_spills_and_link
+
+
+def run_bitmap(plan, b: np.ndarray) -> np.ndarray:
+    """The kernel on b as the runtime launches it (values in the kernel's dtype, masks, offsets, bias)."""
+    batch = b.shape[:-2]
+    out = _poisoned((*batch, *((plan.M, plan.N) if plan.layout == "kn" else (plan.N, plan.M))), plan.dtype)
+    arrays = [_encode(a.astype(np.float64), plan.dtype) if kind == "values" else a for a, kind in plan.weight_arrays()]
+    bias = None if plan.bias is None else np.asarray(plan.bias, np.float32)
+    launch(render(plan).text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,
+           _encode(b, plan.dtype), out, *arrays, bias)
+    return _decode(out, plan.dtype)
+
+
+@st.composite
+def bitmap_kernels(draw):
+    """Random decode problems: K across one and two steps (tails in the last word and step), empty rows,
+    all-zero, one nonzero, dense rows; N 1..16 (nk at N = 1); every dtype; batch; bias and ReLU."""
+    layout = draw(st.sampled_from(["kn", "nk"]))
+    n = 1 if layout == "nk" else draw(st.integers(1, 16))
+    config = BitmapConfig(draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4])))
+    m, k = draw(st.integers(1, 5)), draw(st.sampled_from([1, 63, 64, 65, 200, 2047, 2048, 2100]))
+    density = draw(st.sampled_from([0.0, 0.02, 0.3, 1.0]))
+    return (layout, config, m, k, n, density, draw(st.integers(0, 2**16)),
+            draw(st.sampled_from(["float32", "float16", "bfloat16"])), draw(st.integers(1, 2)))
+
+
+@given(bitmap_kernels())
+@settings(max_examples=30, deadline=None)
+def test_random_bitmap_kernels_match_float64_reference(problem):
+    layout, config, m, k, n, density, seed, dtype, batch = problem
+    rng = np.random.default_rng(seed)
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    if seed % 5 == 0:
+        dense[:, :] = 0
+        dense[m // 2, k // 2] = 1.5  # one nonzero
+    if seed % 7 == 0:
+        dense[0] = rng.standard_normal(k)  # one dense row
+    weight = SparseMatrix.from_dense(dense)
+    bias = rng.standard_normal(m) if seed % 2 else None
+    relu = seed % 3 == 0
+    plan = make_bitmap_plan(weight, n, dtype, layout, config, bias=bias, relu=relu)
+    b = rng.standard_normal((batch, k, n) if layout == "kn" else (batch, n, k))
+    got = run_bitmap(plan, b)
+    ref = _reference(weight, b, layout, dtype, bias, relu)
+    assert np.isfinite(got).all(), "an output element was never written"
+    scale = max(np.linalg.norm(ref), 1e-30)
+    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+
+
+def test_nan_and_inf_reach_exactly_the_rows_that_use_their_column():
+    """Only stored nonzeros are multiplied: a NaN at B[k] makes NaN the rows with a nonzero at k, an inf
+    +-inf by the weight's sign; rows without one stay finite (dense would give 0 * NaN = NaN)."""
+    dense = np.zeros((4, 130), np.float32)
+    dense[0, [3, 70]] = [2.0, 1.0]
+    dense[1, 70] = -1.0
+    dense[2, [3, 129]] = [-0.5, 1.0]
+    b = np.ones((130, 2))
+    b[70, 0] = np.nan
+    b[3, 1] = np.inf
+    got = run_bitmap(make_bitmap_plan(SparseMatrix.from_dense(dense), 2, "float32", "kn", BitmapConfig(2, 2)), b)
+    assert np.isnan(got[:2, 0]).all() and np.isfinite(got[2:, 0]).all()
+    assert got[0, 1] == np.inf and got[2, 1] == -np.inf and np.isfinite(got[[1, 3], 1]).all()
+    assert got[3].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_every_proposed_config_assembles_without_spills(arch, dtype):
+    rng = np.random.default_rng(0)
+    w = SparseMatrix.from_dense(np.where(rng.random((64, 4096)) < 0.1, rng.standard_normal((64, 4096)), 0)
+                                .astype(np.float32))
+    for n, layout in ((1, "kn"), (1, "nk"), (6, "kn"), (16, "kn")):
+        for config in decode(n, layout):
+            plan = make_bitmap_plan(w, n, dtype, layout, config, bias=np.ones(64), relu=True, arch=arch)
+            _assemble_without_spills_and_link(render(plan), arch)
+
+
+def test_source_has_no_atomics_and_walks_bits_from_the_highest():
+    w = SparseMatrix.from_dense(np.eye(8, 300, dtype=np.float32))
+    text = render(make_bitmap_plan(w, 4, "float16", config=BitmapConfig(4, 2))).text
+    assert not re.search(r"^\s*(@%\w+ )?(atom|red)\.", text, re.M)
+    assert "popc.b64" in text and text.count("shfl.sync.up.b32") == 5 and "bfind.u64" in text

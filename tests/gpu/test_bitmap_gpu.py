@@ -1,0 +1,46 @@
+"""The bitmap decode kernel on the GPU (plan/bitmap.py, codegen/bitmap.py): LLM-shaped weights magnitude-
+pruned to 50-90%, N = 1..16 (kn; nk at N = 1), fp16 / bf16 / fp32, through compile_spmm with a fixed
+BitmapConfig, several fresh inputs each into NaN-poisoned outputs against float64."""
+import numpy as np
+import pytest
+import torch
+
+from sparseforge import compile_spmm
+from sparseforge.plan.bitmap import BitmapConfig
+from sparseforge.suite.llm import magnitude_prune, seeded_weight
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.9])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,layout", [(1, "kn"), (1, "nk"), (5, "kn"), (16, "kn")])
+def test_llm_shaped_decode_matches_float64(sparsity, dtype, n, layout):
+    w = magnitude_prune(seeded_weight(1024, 4096 + 40, seed=1), sparsity)  # K not a multiple of 64 or 2048
+    bias = np.linspace(-1, 1, 1024)
+    kernel = compile_spmm(w, n, dtype, layout, bias=bias, config=BitmapConfig(4, 2), tune_budget=None)
+    assert kernel.mapping == "bitmap"
+    wd = torch.from_numpy(w.astype(str(dtype).replace("torch.", "")).to_dense().astype(np.float64)).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    for i in range(3):
+        batch = (2,) if i == 2 else ()
+        b = torch.randn((*batch, *kernel.in_shape), device="cuda", generator=gen).to(dtype)
+        out = torch.full((*batch, *kernel.out_shape), float("nan"), device="cuda", dtype=dtype)
+        kernel(b, out=out)
+        torch.cuda.synchronize()
+        bias32 = torch.as_tensor(bias, device="cuda").to(torch.float32).double()  # the kernel adds fp32 bias
+        ref = wd @ b.double() + bias32[:, None] if layout == "kn" else b.double() @ wd.T + bias32
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
+
+
+def test_nan_in_b_reaches_only_rows_that_use_its_column():
+    w = magnitude_prune(seeded_weight(256, 2048, seed=2), 0.9)
+    kernel = compile_spmm(w, 4, torch.float16, config=BitmapConfig(4, 4), tune_budget=None)
+    b = torch.randn(2048, 4, device="cuda").half()
+    b[100, 2] = float("nan")
+    out = kernel(b)
+    uses = torch.from_numpy(w.to_dense()[:, 100] != 0).cuda()
+    assert torch.isnan(out[uses, 2]).all() and torch.isfinite(out[~uses, 2]).all()
+    assert torch.isfinite(out[:, [0, 1, 3]]).all()
