@@ -9,7 +9,7 @@ import numpy as np
 from .dtypes import dtype_name
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
-from .plan.plan import fp32_bias
+from .plan.plan import clusters_of, fp32_bias, remember_clusters
 from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
@@ -160,6 +160,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     winner = _config_from_record(known) if known else None
     cached_choice = _choice_from_record(known) if winner is not None else None
     if cached_choice is not None:
+        remember_clusters(w, known.get("clusters"))  # the winner's row clustering, as it was computed
         # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
         kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
@@ -173,8 +174,10 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         kernel, choice = _measure(make, space, w, n, name, layout, index, tune_budget, time_dense, compiler)
         kernel.tune_seconds = time.perf_counter() - started - kernel.compile_seconds
     kernel.choice, kernel.tuning = choice, choice.records
-    cache.put_tuned(key, arch, {**_config_record(kernel.plan.config), "records": choice.records,
-                                "choice": choice.as_dict()})
+    winner = kernel.plan.config
+    clusters = clusters_of(w) if getattr(winner, "cluster_rows", False) else []
+    cache.put_tuned(key, arch, {**_config_record(winner), "records": choice.records, "choice": choice.as_dict(),
+                                "clusters": clusters})
     return kernel
 
 

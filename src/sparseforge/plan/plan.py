@@ -205,6 +205,31 @@ def _clustered_groups(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> lis
     return groups
 
 
+def clusters_of(w: SparseMatrix) -> list[list]:
+    """The clusterings computed for W in this process, as [max_rows, hint, groups] records (JSON-able): a
+    cached choice keeps its winner's, so a later process skips the greedy clustering (~0.1 s a layer)."""
+    digest = w.digest()
+    with _CLUSTERS_LOCK:
+        return [[rows, hint, [list(g) for g in groups]] for (d, rows, hint), groups in _CLUSTERS.items()
+                if d == digest]
+
+
+def remember_clusters(w: SparseMatrix, records) -> None:
+    """Seed the memo with clusterings a cached choice recorded (clusters_of's format). A record that does
+    not partition W's rows is ignored: the clustering is then computed again."""
+    digest, m = w.digest(), w.shape[0]
+    for record in records or ():
+        try:
+            rows, hint, groups = int(record[0]), int(record[1]), [tuple(int(r) for r in g) for g in record[2]]
+        except (TypeError, ValueError, IndexError):
+            continue
+        flat = sorted(r for g in groups for r in g)
+        if flat != list(range(m)) or any(not 0 < len(g) <= rows for g in groups):
+            continue
+        with _CLUSTERS_LOCK:
+            _CLUSTERS[(digest, rows, hint)] = groups
+
+
 def _cluster(w: SparseMatrix, max_rows: int, n_groups_hint: int) -> list[tuple[int, ...]]:
     import scipy.sparse as sp
 

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -175,3 +176,28 @@ def test_clustering_groups_rows_that_share_columns():
     assert sum(len(g.columns) for g in clustered.groups) == 4 * 10
     assert all(len({r % 2 for r in g.rows}) == 1 for g in clustered.groups)
     assert clustered.config.short().endswith("c")
+
+
+def test_recorded_clusters_seed_the_memo_and_bad_records_are_ignored(monkeypatch):
+    """A cached choice carries its winner's row clustering (clusters_of): a later process seeds the memo
+    with it (remember_clusters) and plans without clustering again; a record that does not partition W's
+    rows is ignored."""
+    from sparseforge.plan import plan as plan_module
+    from sparseforge.plan import sketch_plan
+
+    rng = np.random.default_rng(7)
+    w = SparseMatrix.from_dense(np.where(rng.random((40, 120)) < 0.2, rng.standard_normal((40, 120)), 0)
+                                .astype(np.float32))
+    config = TileConfig(4, 2, 1, 8, cluster_rows=True)
+    first = sketch_plan(w, 32, config=config)
+    records = plan_module.clusters_of(w)
+    assert records and json.loads(json.dumps(records)) == records
+    plan_module._CLUSTERS.clear()
+
+    def no_clustering(*args):
+        raise AssertionError("clustered again")
+
+    monkeypatch.setattr(plan_module, "_cluster", no_clustering)
+    plan_module.remember_clusters(w, [[4, 1, [[0, 1]]], "junk", [4, "x", []]] + records)
+    again = sketch_plan(w, 32, config=config)
+    assert [g.rows for g in again.groups] == [g.rows for g in first.groups]
