@@ -320,7 +320,8 @@ class Thread:
         bits = 64 if parts[-1] in ("u64", "s64", "b64") or "wide" in parts else 32
         a = [v(x) for x in args[1:]]
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
-                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "xor": lambda: a[0] ^ a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
+                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "xor": lambda: a[0] ^ a[1], "or": lambda: a[0] | a[1],
+                  "div": lambda: a[0] // a[1], "rem": lambda: a[0] % a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
                   "mad": lambda: a[0] * a[1] + a[2]}[head]()
         r[args[0]] = result & _MASK[bits]
 
