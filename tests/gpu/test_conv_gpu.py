@@ -94,3 +94,16 @@ def test_bad_calls_name_the_problem():
         big = torch.zeros(1, 8, 8, 8, device="cuda")
         k(big[:, :4], out=big, residual=torch.zeros(1, 8, 8, 8, device="cuda"))
     assert k(torch.empty(0, 4, 8, 8, device="cuda"), residual=torch.empty(0, 8, 8, 8, device="cuda")).shape == (0, 8, 8, 8)
+
+
+def test_bench_conv_case_records_cudnn_and_checks_the_output():
+    from sparseforge.bench.conv import run_conv_case
+    from sparseforge.suite import SAMPLE_DIR
+    from sparseforge.suite.conv import discover_conv
+
+    cases = discover_conv("conv:textcnn:0.9")[:1] + discover_conv(f"conv:{SAMPLE_DIR}/rn50/magnitude_pruning/0.9")[:1]
+    for case in cases:
+        record = run_conv_case(case, "float16", tune_budget=1.0)
+        assert record["error_ok"] and record["sparseforge_us"] > 0 and record["cudnn_us"] > 0
+        assert record["cudnn_us"] == min(record["cudnn_nchw_us"], record["cudnn_channels_last_us"])
+        assert record["speedup_vs_cudnn"] == record["cudnn_us"] / record["sparseforge_us"]
