@@ -53,8 +53,9 @@ def conv_problems(draw):
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     padding = (draw(st.integers(0, kh)), draw(st.integers(0, kw)))
-    h = draw(st.integers(max(1, dilation[0] * (kh - 1) + 1 - 2 * padding[0]), 11))
-    w = draw(st.integers(max(1, dilation[1] * (kw - 1) + 1 - 2 * padding[1]), 11))
+    low_h = max(1, dilation[0] * (kh - 1) + 1 - 2 * padding[0])  # the smallest image the kernel fits
+    low_w = max(1, dilation[1] * (kw - 1) + 1 - 2 * padding[1])
+    h, w = draw(st.integers(low_h, max(low_h, 11))), draw(st.integers(low_w, max(low_w, 11)))
     config = CsrColumnsConfig(draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])))
     return (ConvGeometry.of((draw(st.integers(1, 2)), cin, h, w), cout, (kh, kw), stride, padding, dilation, groups),
             config, draw(st.sampled_from([0.0, 0.2, 0.6, 1.0])), draw(st.sampled_from(["float32", "float16", "bfloat16"])),
