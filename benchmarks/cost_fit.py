@@ -22,7 +22,9 @@ from scipy.stats import spearmanr
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
-from sparseforge.plan.csr import CsrConfig, make_csr_plan
+from sparseforge.plan.bitmap import BitmapConfig
+from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+from sparseforge.spmm import _make_plan
 from sparseforge.tune.choose import TOP, shortlist
 from sparseforge.tune.cost import H200, estimate
 
@@ -30,6 +32,13 @@ FITTED = ("l2_bytes_per_s", "ifetch_bytes_per_s", "launch_us", "cycles_per_instr
 
 
 def parse_config(short: str):
+    """A config back from its short name (every family's short())."""
+    if short.startswith("csrc_"):
+        m = re.fullmatch(r"csrc_c(\d+)s(\d+)r(\d+)", short)
+        return CsrColumnsConfig(int(m[1]), int(m[2]), int(m[3]))
+    if short.startswith("bmp_"):
+        m = re.fullmatch(r"bmp_w(\d+)u(\d+)", short)
+        return BitmapConfig(int(m[1]), int(m[2]))
     if short.startswith("csr_"):
         m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)(?:u(\d+))?", short)
         return CsrConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1))
@@ -37,6 +46,21 @@ def parse_config(short: str):
     return TileConfig(rows_per_group=int(m[1]), warps_per_block=int(m[2]), vec=int(m[3]), load_batch=int(m[4]),
                       groups_per_block=int(m[5]), segment_nnz=int(m[6] or 0), chunk_k=int(m[7] or 0),
                       transpose_x=bool(m[8]), cluster_rows=bool(m[9]), inline=bool(m[10]))
+
+
+def weight(root: str, name: str, matrices: dict):
+    """W of a case: a DLMC .smtx under root, or an LLM suite case (llm/<layer>@<sparsity>, seeded)."""
+    if name not in matrices:
+        if name.startswith("llm/"):
+            from sparseforge.suite.llm import LINEAR_SHAPES, magnitude_prune, seeded_weight
+
+            layer, _, sparsity = name[4:].partition("@")
+            m, k = LINEAR_SHAPES[layer]
+            matrices[name] = magnitude_prune(seeded_weight(m, k, 0), float(sparsity))
+        else:
+            path = Path(root) / f"{name}.smtx"
+            matrices[name] = SparseMatrix.from_smtx(path) if path.exists() else None
+    return matrices[name]
 
 
 def load_records(paths):
@@ -66,16 +90,13 @@ def main() -> int:
     for case in load_records(args.results):
         if len(plans) >= args.limit:
             break
-        path = Path(args.dlmc_root) / f"{case['case']}.smtx"
-        if not path.exists() or case.get("batch", 1) != 1:
+        if case.get("batch", 1) != 1:
             continue
-        w = matrices.setdefault(path, SparseMatrix.from_smtx(path))
+        w = weight(args.dlmc_root, case["case"], matrices)
+        if w is None:
+            continue
         config = parse_config(case["config"])
-        w_t = w.astype(case["dtype"])
-        if isinstance(config, CsrConfig):
-            plan = make_csr_plan(w_t, case["N"], case["dtype"], case["layout"], config)
-        else:
-            plan = make_plan(w_t, case["N"], case["dtype"], case["layout"], config)
+        plan = _make_plan(w.astype(case["dtype"]), case["N"], case["dtype"], case["layout"], config, None, False, 90)
         plans.append(plan)
         measured.append(case["sparseforge_us"])
         keys.append((case["case"], case["dtype"], case["layout"], case["N"]))

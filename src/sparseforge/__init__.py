@@ -11,6 +11,7 @@ from importlib import import_module
 from ._version import __version__
 from .formats import MatrixStats, SparseFormatError, SparseMatrix
 from .spmm import compile_spmm, spmm  # imports torch inside its functions only
+from .conv import compile_conv1d, compile_conv2d  # likewise
 
 # name -> module that defines it (imported when first asked for: these need torch)
 _LAZY = {"SparseLinear24": ".nn", "prepare": ".nn", "to_sparse24": ".nn", "Sparse24Error": ".semi",
@@ -18,7 +19,7 @@ _LAZY = {"SparseLinear24": ".nn", "prepare": ".nn", "to_sparse24": ".nn", "Spars
 _SUBMODULES = ("nn", "prune", "semi", "suite")
 
 __all__ = ["MatrixStats", "Sparse24Error", "SparseFormatError", "SparseLinear24", "SparseMatrix", "__version__",
-           "compile_spmm", "nn", "prepare", "prune", "semi", "sparsify_24", "spmm", "suite", "to_sparse24"]
+           "compile_conv1d", "compile_conv2d", "compile_spmm", "nn", "prepare", "prune", "semi", "sparsify_24", "spmm", "suite", "to_sparse24"]
 
 
 def __getattr__(name: str):

@@ -25,7 +25,8 @@ def _config(rng, layout: str, relu: bool, eight_columns: bool, decode: bool):
         return BitmapConfig(int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4])))
     if kind == 5 and layout == "kn":  # W as data, a warp per row (or several) with lanes across N
         columns = int(rng.choice([1, 2, 4, 8] if eight_columns else [1, 2, 4]))  # 8: one 16-byte vector only
-        return CsrColumnsConfig(columns, int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2])))
+        warps = int(rng.choice([1, 2, 4, 8]))
+        return CsrColumnsConfig(columns, warps, int(rng.choice([1, 2])) if warps < 8 else 1)
     if kind == 0:
         columns = int(rng.integers(1, 17))
         return CsrConfig(int(rng.choice([4, 8, 16, 32])), columns, int(rng.choice([1, 2, 4])),

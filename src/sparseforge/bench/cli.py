@@ -9,8 +9,10 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmark generated kernels against cuBLAS and cuSPARSE")
-    bench.add_argument("path", help="a .smtx file, a DLMC-style directory, or llm[:sparsities[:shapes]] "
-                                    "(e.g. llm:0.9:llama_4096x4096): Llama-shaped layers pruned by magnitude")
+    bench.add_argument("path", help="a .smtx file, a DLMC-style directory, llm[:sparsities[:shapes]] "
+                                    "(e.g. llm:0.9:llama_4096x4096): Llama-shaped layers pruned by magnitude, or "
+                                    "convolutions against cuDNN: conv:vgg16[:sparsities], conv:textcnn[:sparsities], "
+                                    "conv:DIR (a DLMC rn50 sparsity directory's 3x3 and 7x7 layers)")
     bench.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
     bench.add_argument("--tokens", type=int, default=None,
                        help="N for Transformer layers (default 256) and llm layers (default 16)")
@@ -45,6 +47,10 @@ def run_bench(args) -> int:
     from .report import plot, plot_plans, summarize, write_json
 
     _check_outputs(args)
+    from ..suite.conv import is_conv_spec
+
+    if is_conv_spec(args.path):
+        return run_conv_bench(args)
     cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n)[: args.limit]
     missing = [c.name for c in cases if c.N is None]
     if missing:
@@ -72,6 +78,68 @@ def run_bench(args) -> int:
     if args.plot:  # without a GPU: what CPU mode measured, each plan's predicted traffic
         (plot if gpu else plot_plans)(args.plot, records)
         console.print(f"wrote {args.plot}")
+    if not gpu:
+        console.print("[yellow]No GPU here: plans were checked on the CPU reference and the PTX assembled with "
+                      "ptxas. Timings need an NVIDIA GPU (sm_80+).[/]")
+    return 0 if all(r.get("error_ok", True) for r in records) else 1
+
+
+def run_conv_bench(args) -> int:
+    """`bench conv:...`: every convolution case against cuDNN on the GPU, or its plan checked on the CPU."""
+    from rich.table import Table
+
+    from ..console import console, progress
+    from ..suite.conv import discover_conv
+    from .report import plot, summarize, write_json
+
+    if args.layout != "kn" or args.n is not None or args.tokens is not None:
+        raise ValueError("--layout, --n and --tokens do not apply to convolution cases (NCHW, N = output pixels); "
+                         "--batch sets their batch")
+    cases = discover_conv(args.path, batch=args.batch)[: args.limit]
+    dtypes = list(DTYPES.values()) if args.dtype == "all" else [DTYPES[args.dtype]]
+    gpu = _gpu_present() and not args.cpu
+    records = []
+    jobs = [(c, d) for c in cases for d in dtypes]
+    for case, dtype in progress(jobs, lambda job: f"{job[0].name} {job[1]}",
+                                "benchmarking" if gpu else "CPU reference + ptxas"):
+        if gpu:
+            from .conv import run_conv_case
+
+            record = run_conv_case(case, dtype, args.tune_budget or None)
+        else:
+            from .conv import run_conv_case_cpu
+
+            record = run_conv_case_cpu(case, dtype)
+        if args.explain and isinstance(record.get("choice"), dict):
+            console.print(_explain(record))
+        records.append(record)
+        if args.out and gpu:
+            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+    summary = summarize(records) if gpu else []
+    table = Table(title="sparseforge bench (convolutions)" + ("" if gpu else " (CPU mode)"))
+    cols = ["case", "dtype", "input", "kernel", "stride", "nnz", "config"]
+    cols += ["sf us", "cuDNN us", "x cuDNN", "rel err"] if gpu else ["ref rel err", "predicted us"]
+    for col in cols:
+        table.add_column(col)
+    for r in records:
+        row = [r["case"], r["dtype"], "x".join(map(str, r["input_shape"])), "x".join(map(str, r["kernel"])),
+               "x".join(map(str, r["stride"])), str(r["nnz"]), r["config"]]
+        row += ([f"{r['sparseforge_us']:.2f}", f"{r['cudnn_us']:.2f} ({r['cudnn_layout']})",
+                 f"{r['speedup_vs_cudnn']:.2f}", f"{r['rel_error']:.1e}" + ("" if r["error_ok"] else " FAIL")]
+                if gpu else [f"{r['reference_rel_error']:.1e}", f"{r['predicted_us']:.1f}"])
+        table.add_row(*row)
+    console.print(table)
+    for row in summary:
+        console.print(f"{row['model']} {row['sparsity']} {row['dtype']} batch {row['batch']}: {row['cases']} cases, "
+                      f"geomean x cuDNN {row['geomean_speedup_vs_cudnn']:.2f}, all correct {row['all_correct']}")
+    if args.out:
+        write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu"})
+        console.print(f"wrote {args.out}")
+    if args.plot and gpu:
+        plot(args.plot, [{**r, "cublas_us": r["cudnn_us"]} for r in records])
+        console.print(f"wrote {args.plot} (speedup against cuDNN)")
+    elif args.plot:
+        console.print("[yellow]--plot: CPU mode has no timings to plot for convolutions; run on a GPU[/]")
     if not gpu:
         console.print("[yellow]No GPU here: plans were checked on the CPU reference and the PTX assembled with "
                       "ptxas. Timings need an NVIDIA GPU (sm_80+).[/]")

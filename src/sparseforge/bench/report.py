@@ -46,7 +46,10 @@ def summarize(records: list[dict]) -> list[dict]:
     for (model, sparsity, dtype, layout, batch), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
         row = {"model": model, "sparsity": sparsity, "dtype": dtype, "layout": layout, "batch": batch,
                "cases": len(items), "all_correct": all(r["error_ok"] for r in items)}
-        for key in ("speedup_vs_cublas", "speedup_vs_cublas_tf32", "speedup_vs_cusparse"):
+        # SpMM cases against cuBLAS / cuSPARSE; convolutions (bench/conv.py) against cuDNN
+        baselines = ("speedup_vs_cudnn",) if "cudnn_us" in items[0] else \
+            ("speedup_vs_cublas", "speedup_vs_cublas_tf32", "speedup_vs_cusparse")
+        for key in baselines:
             row[f"geomean_{key}"] = geomean(r.get(key) for r in items)
         # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it
         row["median_floor_fraction"] = _median(r["floor_us"] / r["sparseforge_us"] for r in items if "floor_us" in r)

@@ -2,11 +2,13 @@
 
 ptx.py: the generated row-group kernels (every nonzero an FMA immediate: row groups, row per block, split
 K, staged or transposed X); csr.py: the kernels over padded CSR (W as data: the small-N kernel, lanes over
-nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a bitmap + packed values;
+nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a bitmap + packed values; conv.py: the direct sparse convolution
+(csr-columns over an implicit im2col);
 gemv24.py: the packed
 2:4 GEMV. render(plan) picks the module by plan.mapping.
 """
 from .bitmap import render_bitmap
+from .conv import render_conv
 from .csr import render_csr, render_csr_columns
 from .ptx import PTX_VERSION, KernelSource
 from .ptx import render as render_groups
@@ -18,7 +20,9 @@ def render(plan) -> KernelSource:
         return render_csr_columns(plan)
     if plan.mapping == "bitmap":
         return render_bitmap(plan)
+    if plan.mapping == "conv-csr-columns":
+        return render_conv(plan)
     return render_csr(plan) if plan.mapping == "csr" else render_groups(plan)
 
 
-__all__ = ["PTX_VERSION", "KernelSource", "render", "render_bitmap", "render_csr", "render_csr_columns", "render_groups"]
+__all__ = ["PTX_VERSION", "KernelSource", "render", "render_bitmap", "render_conv", "render_csr", "render_csr_columns", "render_groups"]

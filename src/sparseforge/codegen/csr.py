@@ -215,12 +215,44 @@ def _columns_layout(plan: CsrPlan) -> list[tuple[int, int]]:
     return [(v * WARP, 1) for v in range(c)]
 
 
+class DenseRows:
+    """The operand of csr-columns SpMM: B (kn, [batch,] K x N); a nonzero's index is its B row."""
+    params = ("p_b", "p_c", "p_values", "p_cols", "p_rows", "p_bias")
+    title = "SpMM over padded CSR, a warp per row with lanes across N (values and indices as data)"
+
+    def registers(self, plan) -> list[str]:
+        return [".reg .b64 %rdb, " + ", ".join(f"%rdx{j}" for j in range(WARP)) + ";"]
+
+    def setup(self, e: Emitter, plan) -> None:
+        es = plan.element_bytes
+        e.comment("B base of this batch entry and of the lane's first column")
+        e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+                 f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
+                 f"mul.wide.u32 %rdt, %rn0, {es};", "add.s64 %rdb, %rdb, %rdt;"])
+
+    def nonzero(self, e: Emitter, plan, j: int) -> None:
+        e.line(f"mad.wide.u32 %rdx{j}, %cj{j}, {plan.N * plan.element_bytes}, %rdb;")
+
+    def load(self, e: Emitter, plan, j: int, v: int, offset: int) -> str:
+        """Emit the predicate of nonzero j's load v (named %pq{j}_{v}); return its address."""
+        e.line(f"and.pred %pq{j}_{v}, %pj{j}, %pn{v};")
+        return f"[%rdx{j}+{offset * plan.element_bytes}]" if offset else f"[%rdx{j}]"
+
+
 def render_csr_columns(plan: CsrPlan) -> KernelSource:
     """Sputnik's one-dimensional tiling over padded CSR. Per chunk of 32 slots a lane loads one (index,
     value) pair; then, for each of the chunk's 32 nonzeros in turn, the warp broadcasts it by shuffle and
     every lane loads its columns of that B row (consecutive lanes, consecutive columns) at one address
     computed from the index, and adds value x B into fp32 accumulators. The 32 steps are unrolled with
     their own registers, so the B loads of a chunk are all in flight together (ptxas schedules them)."""
+    return render_columns(plan, DenseRows())
+
+
+def render_columns(plan, operand) -> KernelSource:
+    """The csr-columns kernel over any operand (DenseRows; codegen/conv.py's implicit im2col): the chunk
+    loop, the shuffles, the warps' reduction and the epilogue are shared, the operand says where a
+    nonzero's inputs are and when they exist. plan.residual: the epilogue adds R (same layout as the
+    output, parameter p_residual) before ReLU."""
     c, es = plan.config, plan.element_bytes
     cols, width, S, R = c.columns, plan.load_width, c.warps_per_row, c.rows_per_block
     loads = _columns_layout(plan)
@@ -244,11 +276,7 @@ def render_csr_columns(plan: CsrPlan) -> KernelSource:
     e.lines([f"mad.lo.u32 %rp, %wr, {WARP}, %rp;",
              "ld.param.u64 %rdi, [p_cols];", "cvta.to.global.u64 %rdi, %rdi;",
              "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;"])
-    k_stride = plan.N * es
-    e.comment("B base of this batch entry and of the lane's first column")
-    e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
-             f"mul.wide.u32 %rdt, %rn0, {es};", "add.s64 %rdb, %rdb, %rdt;"])
+    operand.setup(e, plan)
     e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(cols)])
     e.label("CHUNK")
     e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;",
@@ -269,12 +297,11 @@ def render_csr_columns(plan: CsrPlan) -> KernelSource:
         js = range(first, first + batch)
         for j in js:
             e.lines([f"setp.gt.u32 %pj{j}, %cnt, {j};",
-                     f"shfl.sync.idx.b32 %cj{j}, %ci, {j}, 31, -1;", f"shfl.sync.idx.b32 %wj{j}, %wv, {j}, 31, -1;",
-                     f"mad.wide.u32 %rdx{j}, %cj{j}, {k_stride}, %rdb;"])
+                     f"shfl.sync.idx.b32 %cj{j}, %ci, {j}, 31, -1;", f"shfl.sync.idx.b32 %wj{j}, %wv, {j}, 31, -1;"])
+            operand.nonzero(e, plan, j)
             for v, (offset, n_el) in enumerate(loads):
                 guard = f"%pq{j}_{v}"
-                e.line(f"and.pred {guard}, %pj{j}, %pn{v};")
-                address = f"[%rdx{j}+{offset * es}]" if offset else f"[%rdx{j}]"
+                address = operand.load(e, plan, j, v, offset)
                 if es == 4:
                     regs = [f"%x{j}_{v * n_el + i}" for i in range(n_el)]
                     kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[n_el]
@@ -324,12 +351,27 @@ def render_csr_columns(plan: CsrPlan) -> KernelSource:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %rrow, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
         e.lines([f"add.f32 %acc{i}, %acc{i}, %f;" for i in range(cols)])
+    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdt, %rdt, %rdc;",
+             f"mul.wide.u32 %rdc, %rn0, {es};", "add.s64 %rdc, %rdc, %rdt;",
+             f"mad.wide.u32 %rdc, %rrow, {plan.N * es}, %rdc;"])
+    if getattr(plan, "residual", False):
+        e.comment("the residual R, laid out as the output: at the same offset from its base")
+        e.lines(["ld.param.u64 %rdt, [p_residual];", "cvta.to.global.u64 %rdt, %rdt;",
+                 "ld.param.u64 %rds, [p_c];", "cvta.to.global.u64 %rds, %rds;", "sub.s64 %rds, %rdc, %rds;",
+                 "add.s64 %rdt, %rdt, %rds;"])
+        for i in range(cols):
+            offset = (i if width == cols else i * WARP) * es
+            address = f"[%rdt+{offset}]" if offset else "[%rdt]"
+            guard = "%pn0" if width == cols else f"%pn{i}"
+            if es == 4:
+                e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
+            else:
+                e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.nc.b16 %ho, {address};"])
+                _widen(e, plan.dtype, "%f", "%ho")
+            e.line(f"@{guard} add.f32 %acc{i}, %acc{i}, %f;")
     if plan.relu:
         e.lines([f"max.NaN.f32 %acc{i}, %acc{i}, 0f00000000;" for i in range(cols)])
-    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;",
-             f"mul.wide.u32 %rdt, %rn0, {es};", "add.s64 %rdc, %rdc, %rdt;",
-             f"mad.wide.u32 %rdc, %rrow, {plan.N * es}, %rdc;"])
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     for i in range(cols):
         offset = (i if width == cols else i * WARP) * es
@@ -351,19 +393,19 @@ def render_csr_columns(plan: CsrPlan) -> KernelSource:
             + ", ".join(f"%wj{j}" for j in range(WARP)) + ", "
             + ", ".join(f"%x{j}_{i}" for j in range(WARP) for i in range(cols)) + ";",
             ".reg .b16 %ho, %hv0, %hv1;",
-            ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, %rds, " + ", ".join(f"%rdx{j}" for j in range(WARP)) + ";"]
+            ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdc, %rds;", *operand.registers(plan)]
     if es == 2:
         if width == 1:
             decl.append(".reg .b16 " + ", ".join(f"%hx{j}_{v}" for j in range(WARP) for v in range(cols)) + ";")
         else:
             decl.append(".reg .b32 " + ", ".join(f"%xw{j}_{i}" for j in range(WARP) for i in range(cols // 2)) + ";")
+    params = operand.params + (("p_residual",) if getattr(plan, "residual", False) else ())
     text = "\n".join([
         f"// sparseforge generated kernel: {plan.name}",
-        f"// SpMM over padded CSR, a warp per row with lanes across N (values and indices as data), "
-        f"W {plan.M}x{plan.K}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
+        f"// {operand.title}, W {plan.M}x{plan.K}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, "
+        "fp32 accumulate",
         f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
         *([shared, ""] if shared else []),
-        f".visible .entry {plan.name}(", "    .param .u64 p_b,", "    .param .u64 p_c,", "    .param .u64 p_values,",
-        "    .param .u64 p_cols,", "    .param .u64 p_rows,", "    .param .u64 p_bias", ")",
+        f".visible .entry {plan.name}(", ",\n".join(f"    .param .u64 {p}" for p in params), ")",
         f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
     return KernelSource(plan.name, (text,), R * (S - 1) * WARP * cols * 4)

@@ -43,8 +43,8 @@ class BitmapConfig:
     unroll: int = 2
 
     def __post_init__(self):
-        if self.warps_per_block not in (1, 2, 4, 8, 16):
-            raise ValueError(f"warps_per_block must be 1, 2, 4, 8 or 16, got {self.warps_per_block}")
+        if self.warps_per_block not in (1, 2, 4, 8):  # 16 (512 threads, 128 registers each) spills on sm_80
+            raise ValueError(f"warps_per_block must be 1, 2, 4 or 8, got {self.warps_per_block}")
         if self.unroll not in (1, 2, 4):
             raise ValueError(f"unroll must be 1, 2 or 4, got {self.unroll}")
 

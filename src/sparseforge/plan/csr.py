@@ -82,8 +82,9 @@ class CsrColumnsConfig:
             raise ValueError(f"warps_per_row must be 1, 2, 4 or 8, got {self.warps_per_row}")
         if self.rows_per_block not in (1, 2, 4, 8):
             raise ValueError(f"rows_per_block must be 1, 2, 4 or 8, got {self.rows_per_block}")
-        if self.warps_per_row * self.rows_per_block > 16:
-            raise ValueError(f"warps_per_row x rows_per_block must be <= 16 warps (512 threads), got "
+        if self.warps_per_row * self.rows_per_block > 8:
+            # at 512 threads a thread may hold 128 registers: a chunk's hoisted loads spill (ptxas 13.0)
+            raise ValueError(f"warps_per_row x rows_per_block must be <= 8 warps (256 threads), got "
                              f"{self.warps_per_row} x {self.rows_per_block}")
 
     @property
@@ -191,6 +192,9 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
                   arch: int = 90) -> CsrPlan:
     check_problem(n, dtype, layout)
     config = config or CsrConfig()
+    if n * ELEMENT_BYTES[dtype] >= 2 ** 32:  # a B row's bytes are a 32-bit immediate of the address arithmetic
+        raise ValueError(f"N = {n}: a row of B would be {n * ELEMENT_BYTES[dtype]} bytes, over the 4 GiB the CSR "
+                         "kernels address with one 32-bit stride; split N")
     if isinstance(config, CsrColumnsConfig) and layout != "kn":
         raise ValueError("the csr-columns mapping reads B's rows across the lanes (layout 'kn'); with layout "
                          "'nk' a lane's columns are K elements apart: use a CsrConfig or a TileConfig")

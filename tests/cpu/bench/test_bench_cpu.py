@@ -96,3 +96,19 @@ def test_gpu_tables_print_with_and_without_roofline_figures():
            gpu=True)
     text = console.export_text()
     assert "10%" in text and "1.70" in text and "2.00" in text
+
+
+def test_bench_cpu_mode_on_convolution_cases(tmp_path, capsys):
+    """`bench conv:...` without a GPU: each layer's pick assembled, its plan checked against torch's float64
+    conv2d on a cropped image, JSON written; options that do not apply to convolutions are refused."""
+    import json
+
+    from sparseforge.cli import main
+
+    out = tmp_path / "conv.json"
+    assert main(["bench", "conv:textcnn:0.9", "--cpu", "--out", str(out)]) == 0
+    records = json.loads(out.read_text())["cases"]
+    assert len(records) == 3 and all(r["error_ok"] and r["reference_rel_error"] < 1e-12 for r in records)
+    assert all(r["mapping"] == "conv-csr-columns" and r["assemble_seconds"] > 0 for r in records)
+    assert main(["bench", "conv:vgg16", "--cpu", "--layout", "nk"]) != 0
+    assert "do not apply to convolution cases" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
 address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
 fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly, indexed and up warp shuffles (a block's
-threads run in turns from one meeting point to the next). It lets CI run generated kernels numerically,
+threads run in turns from one meeting point to the next; a barrier holds its threads until all arrive, a
+shuffle needs every live lane of the warp at it, and loads and stores must be aligned to their size). It lets CI run generated kernels numerically,
 not just assemble them.
 
 Semantics follow the PTX ISA for these instructions; fma.rn.f32 is exact in float64 (a 24x24-bit product)
@@ -237,11 +238,13 @@ class Thread:
             size = int(parts[-1][1:]) // 8
             targets = _vector(args[0])
             address = self._address(args[1])
+            _check_aligned(op, address, size * len(targets))
             for j, t in enumerate(targets):
                 r[t] = self.memory.read(address + j * size, size)
             return
         if head == "st":
             size = int(parts[-1][1:]) // 8
+            _check_aligned(op, self._address(args[0]), size * len(_vector(args[1])))
             for j, s in enumerate(_vector(args[1])):
                 self.memory.write(self._address(args[0]) + j * size, size, v(s) & _MASK[size * 8])
             return
@@ -320,7 +323,8 @@ class Thread:
         bits = 64 if parts[-1] in ("u64", "s64", "b64") or "wide" in parts else 32
         a = [v(x) for x in args[1:]]
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
-                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "xor": lambda: a[0] ^ a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
+                  "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "xor": lambda: a[0] ^ a[1], "or": lambda: a[0] | a[1],
+                  "div": lambda: a[0] // a[1], "rem": lambda: a[0] % a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
                   "mad": lambda: a[0] * a[1] + a[2]}[head]()
         r[args[0]] = result & _MASK[bits]
 
@@ -334,6 +338,12 @@ class Thread:
         for j in range(lanes):
             old = _half(mem.read(address + 2 * j, 2), bf16)
             mem.write(address + 2 * j, 2, _to_half(old + _half((value >> (16 * j)) & 0xFFFF, bf16), bf16))
+
+
+def _check_aligned(op: str, address: int, size: int) -> None:
+    """A load or store of `size` bytes (the whole vector) must be aligned to it, as on the hardware."""
+    if address % size:
+        raise RuntimeError(f"misaligned {op}: address {address:#x} is not a multiple of {size}")
 
 
 def _split_args(rest: str) -> list[str]:
@@ -397,22 +407,39 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
 
 
 def _run_block(block: list) -> None:
-    """Threads of one block in turns, each up to its next bar.sync or warp shuffle (threads that exited
-    count as arrived at a barrier, as on sm_70+); at a shuffle the partner lane must be there too."""
-    live, replies = dict(enumerate(block)), {}
+    """Threads of one block in turns, each up to its next bar.sync or warp shuffle. A thread at bar.sync
+    waits until every live thread of the block is there (threads that exited count as arrived, as on
+    sm_70+). At a shuffle every
+    live lane of the warp must be at the same shuffle (its kind and operand), as shfl.sync with a full
+    mask requires, and the partner lane must be there too."""
+    live, replies, waiting = dict(enumerate(block)), {}, set()
     while live:
         stops = {}
         for tid, thread in live.items():
+            if tid in waiting:
+                continue
             try:
                 stops[tid] = thread.send(replies.get(tid))
             except StopIteration:
-                pass
+                stops[tid] = "exit"
         replies = {}
+        for tid in [t for t, stop in stops.items() if stop == "exit"]:
+            del live[tid], stops[tid]
+        waiting |= {tid for tid, stop in stops.items() if stop is None}
+        stops = {tid: stop for tid, stop in stops.items() if stop is not None}
+        if waiting and waiting >= set(live):
+            waiting = set()  # everyone arrived: the barrier opens
+        warps: dict[int, set] = {}
         for tid, stop in stops.items():
-            if stop is not None:  # shuffle: butterfly (lane ^ offset) or indexed (lane b of the warp)
-                partner = {"bfly": lambda: tid ^ stop[2], "idx": lambda: (tid & ~31) | (stop[2] & 31),
-                           "up": lambda: tid - stop[2] if (tid & 31) >= stop[2] else tid}[stop[0]]()
-                if partner not in stops or stops[partner] is None:
-                    raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
-                replies[tid] = stops[partner][1]
-        live = {tid: live[tid] for tid in stops}
+            warps.setdefault(tid >> 5, set()).add((stop[0], stop[2]))
+        for warp, kinds in warps.items():
+            lanes = [t for t in live if t >> 5 == warp and t not in waiting]
+            if len(kinds) > 1 or any(t not in stops for t in lanes):
+                raise RuntimeError(f"warp {warp}: its lanes are not all at one shuffle ({sorted(kinds)}; "
+                                   f"{sum(t in stops for t in lanes)} of {len(lanes)} live lanes there)")
+        for tid, stop in stops.items():  # butterfly (lane ^ offset), indexed (lane b), up (lane - b)
+            partner = {"bfly": lambda: tid ^ stop[2], "idx": lambda: (tid & ~31) | (stop[2] & 31),
+                       "up": lambda: tid - stop[2] if (tid & 31) >= stop[2] else tid}[stop[0]]()
+            if partner not in stops:
+                raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
+            replies[tid] = stops[partner][1]

@@ -53,7 +53,7 @@ def test_refusals_name_the_limit_and_the_way_out():
     wide = SparseMatrix.from_dense(np.eye(2, 70000, dtype=np.float32))
     with pytest.raises(ValueError, match="K <= 65536"):
         make_bitmap_plan(wide, 1)
-    for bad in ({"warps_per_block": 3}, {"unroll": 3}):
+    for bad in ({"warps_per_block": 3}, {"warps_per_block": 16}, {"unroll": 3}):
         with pytest.raises(ValueError):
             BitmapConfig(**bad)
 

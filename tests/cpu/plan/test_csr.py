@@ -57,7 +57,8 @@ def test_load_width_never_straddles_n():
 def test_csr_columns_config_validates_and_names_its_plan():
     from sparseforge.plan.csr import CsrColumnsConfig
 
-    for bad in ({"columns": 3}, {"warps_per_row": 16}, {"rows_per_block": 0}, {"warps_per_row": 8, "rows_per_block": 4}):
+    for bad in ({"columns": 3}, {"warps_per_row": 16}, {"rows_per_block": 0}, {"warps_per_row": 8, "rows_per_block": 2},
+                {"warps_per_row": 4, "rows_per_block": 4}):
         with pytest.raises(ValueError):
             CsrColumnsConfig(**bad)
     w, _ = _weight()
@@ -66,6 +67,12 @@ def test_csr_columns_config_validates_and_names_its_plan():
     assert plan.grid == (2, 5)  # 64 columns a tile over N = 100; 2 rows a block over M = 9
     assert plan.name != make_csr_plan(w, 100, config=CsrColumnsConfig(2, 2, 2)).name
     assert make_csr_plan(w, 100).mapping == "csr"
+
+
+def test_rows_of_b_past_4_gib_are_refused():
+    w, _ = _weight()
+    with pytest.raises(ValueError, match="over the 4 GiB"):
+        make_csr_plan(w, 2 ** 30, "float32")
 
 
 def test_csr_columns_refuses_nk_naming_the_fix():

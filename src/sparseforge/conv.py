@@ -1,0 +1,214 @@
+"""The public direct sparse convolution API: compile_conv2d() and compile_conv1d() (issue 12).
+
+A Conv2d whose weight is sparse runs as the csr-columns kernel over an implicit im2col (plan/conv.py,
+codegen/conv.py): no im2col buffer, padding by predicates, bias (folded BatchNorm), ReLU and a residual
+add fused. The candidates (pixels a lane, warps an output channel) go through the one chooser
+(tune/choose.py), timed beside cuDNN (F.conv2d in the same dtype), and the choice is cached with the kernel.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import numpy as np
+
+from .formats import SparseMatrix
+from .plan.conv import ConvGeometry, make_conv_plan
+from .plan.csr import CsrColumnsConfig
+from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
+from .runtime.conv import ConvKernel, build_conv_kernel
+from .spmm import _checked_bias, _device_index, _dtype_name, _describe
+from .tune.choose import Choice, choose, chooser_digest, rank
+from .tune.space import csr_columns
+
+CONV_COLUMNS = (1, 2)  # pixels a lane: at 4, the unpacked taps and offsets of a chunk spill (ptxas 13.0)
+
+
+def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
+    """W as the SpMM's Cout x Cin/groups*kh*kw matrix, and (kh, kw)."""
+    if isinstance(W, SparseMatrix):
+        if kernel_size is None:
+            raise ValueError("W is a SparseMatrix (Cout x Cin/groups*kh*kw): pass kernel_size=(kh, kw) to say how "
+                             "its columns split into channels and taps")
+        kernel = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        return W, kernel
+    if hasattr(W, "detach"):
+        W = W.detach().cpu().float().numpy()
+    array = np.asarray(W)
+    if array.ndim != 4:
+        raise ValueError(f"W must be a Conv2d weight (Cout x Cin/groups x kh x kw) or a SparseMatrix, got shape "
+                         f"{array.shape}")
+    kernel = (int(array.shape[2]), int(array.shape[3]))
+    if kernel_size is not None and tuple(np.broadcast_to(kernel_size, 2)) != kernel:
+        raise ValueError(f"kernel_size {kernel_size} does not match W's {kernel}")
+    return SparseMatrix.from_dense(array.reshape(array.shape[0], -1)), kernel
+
+
+def _candidates(geometry: ConvGeometry, w: SparseMatrix) -> list[CsrColumnsConfig]:
+    n = geometry.out_height * geometry.out_width
+    space = [c for c in csr_columns(max(n, 8), w.nnz / max(w.shape[0], 1)) if c.columns in CONV_COLUMNS]
+    return space or [CsrColumnsConfig()]
+
+
+def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
+                   relu: bool = False, residual: bool = False, layout: str = "nchw", device="cuda",
+                   kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
+                   time_dense: bool = True) -> ConvKernel:
+    """Compile (or fetch from the cache) and load the fastest direct convolution for a sparse Conv2d.
+
+    W: the Conv2d weight (Cout x Cin/groups x kh x kw; torch tensor or numpy array, zeros where pruned), or a
+    SparseMatrix over Cout x (Cin/groups*kh*kw) in torch's (ci, r, s) order with kernel_size=(kh, kw).
+    input_shape: (batch, Cin, H, W); the kernel takes any batch up to 65535 of that image size. stride,
+    padding, dilation: an int or a pair; groups as in torch (depthwise: groups = Cin). dtype: float32,
+    float16, bfloat16 (fp32 accumulation). bias: Cout values (a folded BatchNorm's shift); relu; residual:
+    the kernel takes residual= and adds it before the ReLU (ResNet's shortcut). layout: "nchw" (the only
+    one built so far). tune_budget: seconds for timing the candidates (None: the cost model's pick);
+    time_dense: time cuDNN beside them (k.choice.dense_us, k.choice.dense_faster). config: a fixed
+    CsrColumnsConfig (columns 1 or 2)."""
+    if layout != "nchw":
+        raise ValueError(f"layout {layout!r}: only 'nchw' is built so far; pass NCHW-contiguous tensors "
+                         "(x.contiguous() for a channels_last x)")
+    name = _dtype_name(dtype)
+    w, kernel = _conv_weight(W, kernel_size)
+    geometry = ConvGeometry.of(input_shape, w.shape[0], kernel, stride, padding, dilation, groups)
+    if tuple(w.shape) != geometry.weight_shape:
+        raise ValueError(f"W is {w.shape[0]} x {w.shape[1]} as a matrix; input_shape {tuple(input_shape)} with "
+                         f"groups = {groups} and a {kernel[0]} x {kernel[1]} kernel needs Cout x "
+                         f"{geometry.weight_shape[1]} (Cin/groups x kh x kw = {geometry.channels // groups} x "
+                         f"{kernel[0]} x {kernel[1]})")
+    if config is not None and (not isinstance(config, CsrColumnsConfig) or config.columns not in CONV_COLUMNS):
+        raise ValueError(f"config must be a CsrColumnsConfig with columns in {CONV_COLUMNS}, got {config!r}")
+    bias_values = _checked_bias(bias, w.shape[0])
+    index, arch = _device_index(device)
+    w = w.astype(name)
+
+    def make(cfg):
+        return make_conv_plan(w, geometry, name, cfg, bias_values, relu, residual, arch)
+
+    if config is not None:
+        return build_conv_kernel(make(config), index)
+    started = time.perf_counter()
+    cache, compiler = KernelCache(), default_compiler()
+    bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
+    mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
+    key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), name, bias_tag, str(relu), str(residual),
+                                              mode, chooser_digest()]), arch, compiler.version)
+    known = cache.get_tuned(key, arch)
+    cached = _cached(known)
+    if cached is not None:
+        winner, choice = cached
+        kernel_obj = build_conv_kernel(make(winner), index)
+        kernel_obj.choice, kernel_obj.tuning = choice, choice.records
+        return kernel_obj
+    plans = []
+    for cfg in _candidates(geometry, w):
+        try:
+            plans.append(make(cfg))
+        except ValueError:
+            continue  # a config this problem refuses (e.g. spills on this arch): the others remain
+    if not plans:
+        plans = [make(CsrColumnsConfig())]
+    if tune_budget is None:
+        records = [_describe(p) for p in plans]
+        best = rank([r["predicted_us"] for r in records])[0]
+        kernel_obj = build_conv_kernel(plans[best], index)
+        choice = Choice(records, best, None, time.perf_counter() - started)
+    else:
+        kernel_obj, choice = _measure(plans, geometry, w, name, index, tune_budget, time_dense, compiler)
+        kernel_obj.tune_seconds = time.perf_counter() - started - kernel_obj.compile_seconds
+    kernel_obj.choice, kernel_obj.tuning = choice, choice.records
+    cache.put_tuned(key, arch, {"config": asdict(kernel_obj.plan.config), "choice": choice.as_dict()})
+    return kernel_obj
+
+
+def _cached(record) -> tuple[CsrColumnsConfig, Choice] | None:
+    """(winner, choice) of a cached record, or None when it is not a whole one (then it is made again)."""
+    try:
+        config = CsrColumnsConfig(**record["config"])
+        return (config, Choice.from_dict(record["choice"])) if config.columns in CONV_COLUMNS else None
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _measure(plans, geometry: ConvGeometry, w: SparseMatrix, name: str, index: int, budget: float,
+             time_dense: bool, compiler):
+    import torch
+    import torch.nn.functional as F
+
+    from .runtime.compiler import CompileError, PtxasCompiler
+    from .runtime.driver import CudaError
+    from .runtime.timing import graph_time_us
+
+    with torch.cuda.device(index):
+        torch_dtype = getattr(torch, name)
+        gen = torch.Generator(device=f"cuda:{index}").manual_seed(0)
+        inputs = [torch.randn(geometry.input_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
+                  for _ in range(3)]
+        residual = torch.randn(geometry.output_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
+        out = torch.empty(geometry.output_shape, device=f"cuda:{index}", dtype=torch_dtype)
+
+        def load_and_time(plan, built):
+            kernel = ConvKernel(plan, built, index)
+            extra = {"residual": residual} if plan.residual else {}
+            return kernel, graph_time_us(lambda x: kernel(x, out=out, **extra), inputs)
+
+        def dense_us() -> float:
+            weight = torch.from_numpy(w.to_dense().reshape(geometry.out_channels, geometry.channels // geometry.groups,
+                                                           *geometry.kernel)).to(f"cuda:{index}", torch_dtype)
+            torch.backends.cudnn.benchmark = True
+            return graph_time_us(lambda x: F.conv2d(x, weight, None, geometry.stride, geometry.padding,
+                                                    geometry.dilation, geometry.groups), inputs)
+
+        return choose(plans, _describe, lambda plan: compile_plan(plan, compiler=compiler), load_and_time, budget,
+                      parallel=isinstance(compiler, PtxasCompiler), time_dense=dense_us if time_dense else None,
+                      build_errors=(CompileError, CudaError))
+
+
+class Conv1dKernel:
+    """A 1-D convolution ([batch,] Cin x L -> [batch,] Cout x L_out) as a Conv2d over 1 x L images."""
+
+    def __init__(self, kernel: ConvKernel):
+        self.conv2d = kernel
+
+    def __getattr__(self, name):  # plan, source, choice, compile_seconds, ...: the Conv2d kernel's
+        return getattr(self.conv2d, name)
+
+    def __call__(self, x, out=None, residual=None):
+        """x: [batch,] Cin x L; out, residual: [batch,] Cout x L_out (the same checks as the Conv2d kernel)."""
+        import torch
+
+        for what, t in (("x", x), ("out", out), ("residual", residual)):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+            if t is not None and t.dim() not in (2, 3):
+                raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [batch,] channels x length")
+
+        def lift(t):  # a view with H = 1: contiguity and memory are x's own
+            return None if t is None else t.unsqueeze(-2)
+
+        result = self.conv2d(lift(x), out=lift(out), residual=lift(residual))
+        return out if out is not None else result.squeeze(-2)
+
+
+def compile_conv1d(W, input_shape, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1,
+                   dtype="float32", bias=None, relu: bool = False, residual: bool = False, device="cuda",
+                   kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
+                   time_dense: bool = True) -> Conv1dKernel:
+    """compile_conv2d for a Conv1d: W is Cout x Cin/groups x k (or a SparseMatrix with kernel_size=k);
+    input_shape (batch, Cin, L). The text CNN of issue 12 (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
+    if isinstance(W, SparseMatrix):
+        if kernel_size is None:
+            raise ValueError("W is a SparseMatrix (Cout x Cin/groups*k): pass kernel_size=k")
+        W2, size = W, (1, int(kernel_size))
+    else:
+        array = W.detach().cpu().float().numpy() if hasattr(W, "detach") else np.asarray(W)
+        if array.ndim != 3:
+            raise ValueError(f"W must be a Conv1d weight (Cout x Cin/groups x k) or a SparseMatrix, got shape "
+                             f"{array.shape}")
+        W2, size = array[:, :, None, :], None
+    shape = tuple(input_shape)
+    if len(shape) != 3:
+        raise ValueError(f"input_shape must be (batch, channels, length), got {input_shape!r}")
+    kernel = compile_conv2d(W2, (shape[0], shape[1], 1, shape[2]), (1, stride), (0, padding), (1, dilation), groups,
+                            dtype, bias, relu, residual, "nchw", device, size, config, tune_budget, time_dense)
+    return Conv1dKernel(kernel)

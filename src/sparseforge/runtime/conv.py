@@ -1,0 +1,134 @@
+"""ConvKernel: a loaded direct sparse convolution (plan/conv.py), called like F.conv2d on NCHW tensors.
+
+It goes through the one compile path and loader of runtime/kernel.py (compile_plan, load_kernel) and
+uploads W's arrays the way every kernel that reads W as data does (_weight_data).
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+
+from ..codegen import render
+from .kernel import Built, _weight_data, compile_plan, load_kernel
+
+
+class ConvKernel:
+    """k(x) -> y, k(x, out=y), k(x, residual=r) (compiled with residual=True: y = conv(x) + bias + r, then
+    ReLU). x: [batch,] Cin x H x W, contiguous, of the kernel's dtype and device; any batch up to 65535
+    (input_shape's batch only sized the plan). out / residual: [batch,] Cout x OH x OW alike; out may be
+    residual itself (an in-place add: each element is read before it is written, by the same thread), but
+    must not overlap x. Attributes: plan, source, compile_seconds, load_seconds, cache_hit, tune_seconds,
+    choice (the chooser's record when timed), mapping.
+
+    NaN and inf in x: only W's stored nonzeros multiply x, and a tap outside the image reads nothing (no
+    zero border is multiplied), so a NaN pixel poisons exactly the outputs whose receptive field holds it
+    at a nonzero weight."""
+
+    def __init__(self, plan, built: Built, device_index: int):
+        import torch
+
+        start = time.perf_counter()
+        self.plan, self._source, self.device_index = plan, built.source, device_index
+        self._loaded = load_kernel(built.cubin, plan.name, device_index)
+        self.load_seconds = time.perf_counter() - start
+        self.compile_seconds, self.cache_hit = built.seconds, built.hit
+        self.tune_seconds = 0.0
+        self.choice, self.tuning = None, []
+        self._dtype = getattr(torch, plan.dtype)
+        self._device = torch.device("cuda", device_index)
+        self._weight_tensors, self._data = _weight_data(plan, self._device)
+        g = plan.geometry
+        self.in_shape = (g.channels, g.height, g.width)
+        self.out_shape = (g.out_channels, g.out_height, g.out_width)
+
+    @property
+    def mapping(self) -> str:
+        return self.plan.mapping
+
+    @property
+    def source(self) -> str:
+        if self._source is None:
+            self._source = render(self.plan)
+        return self._source.text
+
+    @property
+    def registers(self) -> int:
+        return self._loaded.registers
+
+    def _check(self, t, what: str, shape: tuple[int, int, int]) -> None:
+        import torch
+
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != self._device:
+            raise ValueError(f"{what} is on {t.device}, the kernel was compiled for {self._device}: move it with "
+                             f"{what}.to('{self._device}')")
+        if t.dtype != self._dtype:
+            raise TypeError(f"{what} has dtype {t.dtype}, the kernel was compiled for {self._dtype}: convert with "
+                            f"{what}.to({self._dtype}) or compile a kernel for {t.dtype}")
+        if t.dim() not in (3, 4) or tuple(t.shape[-3:]) != shape:
+            g = self.plan.geometry
+            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [batch,] {shape[0]} x {shape[1]} x "
+                             f"{shape[2]} (NCHW; the kernel is a Conv2d {g.channels} -> {g.out_channels} on "
+                             f"{g.height} x {g.width} images, kernel {g.kernel}, stride {g.stride}, padding "
+                             f"{g.padding}): compile one for this shape")
+        if not t.is_contiguous():
+            raise ValueError(f"{what} is not contiguous (strides {t.stride()}): pass {what}.contiguous() (NCHW; "
+                             "a channels_last tensor is not NCHW-contiguous)")
+
+    def __call__(self, x, out=None, residual=None):
+        import torch
+
+        self._check(x, "x", self.in_shape)
+        batch = x.shape[0] if x.dim() == 4 else 1
+        if batch > 65535:
+            raise ValueError(f"x has a batch of {batch}; one launch takes at most 65535: split the batch")
+        shape = (*x.shape[:-3], *self.out_shape)
+        if self.plan.residual:
+            if residual is None:
+                raise ValueError("the kernel was compiled with residual=True: pass residual= (a tensor shaped like "
+                                 "the output), or compile without it")
+            self._check(residual, "residual", self.out_shape)
+            if tuple(residual.shape) != shape:
+                raise ValueError(f"residual has shape {tuple(residual.shape)}, expected {shape} (the output's)")
+        elif residual is not None:
+            raise ValueError("the kernel was compiled without a residual: compile with residual=True to add one")
+        if out is None:
+            out = torch.empty(shape, dtype=self._dtype, device=self._device)
+        else:
+            self._check(out, "out", self.out_shape)
+            if tuple(out.shape) != shape:
+                raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape} for x of shape {tuple(x.shape)}")
+            if _overlap(out, x):
+                raise ValueError("out shares memory with x: the kernel would read pixels it has already "
+                                 "overwritten. Pass an out of its own, or omit out")
+            if residual is not None and _overlap(out, residual) and \
+                    (out.data_ptr() != residual.data_ptr() or out.shape != residual.shape):
+                raise ValueError("out partly overlaps residual: pass residual itself as out (an in-place add) or "
+                                 "a separate tensor")
+        if batch == 0:
+            return out
+        extra = (residual.data_ptr(),) if self.plan.residual else ()
+        self.launch(x.data_ptr(), out.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream, *extra)
+        return out
+
+    def launch(self, x_ptr: int, y_ptr: int, batch: int, stream: int, *residual_ptr: int) -> None:
+        """The raw launch (no checks): device pointers, the batch and a stream handle."""
+        tiles, blocks = self.plan.grid
+        args = (x_ptr, y_ptr, *self._data, *residual_ptr)
+        self._loaded.launch_args((tiles, blocks, batch), self.plan.threads, stream, args,
+                                 (ctypes.c_void_p,) * len(args))
+
+    def __repr__(self) -> str:
+        return (f"ConvKernel({self.plan.name}, compile {self.compile_seconds:.3f}s, "
+                f"{'cache hit' if self.cache_hit else 'built'})")
+
+
+def _overlap(a, b) -> bool:
+    start, first = a.data_ptr(), b.data_ptr()
+    return start < first + b.numel() * b.element_size() and first < start + a.numel() * a.element_size()
+
+
+def build_conv_kernel(plan, device_index: int, cache=None, compiler=None, built: Built | None = None) -> ConvKernel:
+    """Compile (or fetch from the disk cache) and load a direct convolution plan."""
+    return ConvKernel(plan, built or compile_plan(plan, cache, compiler), device_index)

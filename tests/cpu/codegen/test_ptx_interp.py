@@ -1,0 +1,73 @@
+"""The PTX interpreter itself (ptx_interp.py) keeps the hardware's rules the kernels rely on: a barrier
+holds every thread until all arrive, a shuffle needs the whole warp, accesses are aligned."""
+import numpy as np
+import pytest
+
+from .ptx_interp import launch
+
+HEADER = """
+.version 8.0
+.target sm_90
+.address_size 64
+.shared .align 16 .b8 sm[16];
+.visible .entry k(
+    .param .u64 p_out
+)
+{
+    .reg .pred %p;
+    .reg .b32 %tid, %w, %v, %f;
+    .reg .b64 %rs, %ro;
+    mov.u32 %tid, %tid.x;
+    shr.u32 %w, %tid, 5;
+    mov.u64 %rs, sm;
+    ld.param.u64 %ro, [p_out];
+    cvta.to.global.u64 %ro, %ro;
+"""
+
+
+def test_a_barrier_waits_for_the_warp_that_writes_after_two_shuffles():
+    """Warp 1 shuffles twice, then writes shared memory; warp 0 reads it after bar.sync: 7, not poison."""
+    body = """
+    setp.eq.u32 %p, %w, 0;
+    @%p bra WAIT;
+    shfl.sync.idx.b32 %f, %tid, 0, 31, -1;
+    shfl.sync.idx.b32 %f, %tid, 0, 31, -1;
+    mov.u32 %v, 7;
+    st.shared.b32 [%rs], %v;
+WAIT:
+    bar.sync 0;
+    ld.shared.b32 %v, [%rs];
+    setp.ne.u32 %p, %tid, 0;
+    @%p bra DONE;
+    st.global.b32 [%ro], %v;
+DONE:
+    ret;
+}
+"""
+    out = np.zeros(1, np.uint32)
+    launch(HEADER + body, "k", (1, 1, 1), 64, out)
+    assert out[0] == 7
+
+
+def test_lanes_at_different_shuffles_and_misaligned_vectors_are_errors():
+    split = """
+    and.b32 %v, %tid, 1;
+    setp.eq.u32 %p, %v, 0;
+    @%p bra EVEN;
+    shfl.sync.idx.b32 %f, %tid, 1, 31, -1;
+    ret;
+EVEN:
+    shfl.sync.idx.b32 %f, %tid, 0, 31, -1;
+    ret;
+}
+"""
+    with pytest.raises(RuntimeError, match="not all at one shuffle"):
+        launch(HEADER + split, "k", (1, 1, 1), 32, np.zeros(1, np.uint32))
+    misaligned = """
+    mov.u32 %v, 1;
+    st.global.v2.b32 [%ro+4], {%v, %v};
+    ret;
+}
+"""
+    with pytest.raises(RuntimeError, match="misaligned"):
+        launch(HEADER + misaligned, "k", (1, 1, 1), 1, np.zeros(4, np.uint32))

@@ -1,0 +1,93 @@
+"""The direct convolution plan (plan/conv.py): geometry as torch computes it, slots packed as input
+offsets and taps, and the reference executor against torch's conv2d in float64."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sparseforge import SparseMatrix
+from sparseforge.plan.conv import TAP_SHIFT, ConvGeometry, execute_conv, make_conv_plan
+from sparseforge.plan.csr import CsrColumnsConfig
+
+
+def _conv_weight(geometry, density=0.4, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (geometry.out_channels, geometry.channels // geometry.groups, *geometry.kernel)
+    return np.where(rng.random(shape) < density, rng.standard_normal(shape), 0).astype(np.float32)
+
+
+def _torch_conv(x, w4, geometry, bias=None, residual=None, relu=False):
+    out = F.conv2d(torch.from_numpy(np.asarray(x, np.float64)), torch.from_numpy(w4.astype(np.float64)),
+                   None if bias is None else torch.from_numpy(np.asarray(bias, np.float32).astype(np.float64)),
+                   geometry.stride, geometry.padding, geometry.dilation, geometry.groups)
+    if residual is not None:
+        out = out + torch.from_numpy(residual)
+    return (out.clamp_min(0) if relu else out).numpy()
+
+
+@pytest.mark.parametrize("args", [
+    ((1, 3, 224, 224), 64, 7, 2, 3, 1, 1), ((2, 64, 56, 56), 64, 3, 1, 1, 1, 1), ((1, 256, 14, 14), 256, 3, 2, 1, 1, 1),
+    ((1, 8, 9, 11), 8, 3, 1, 2, 2, 8), ((3, 300, 1, 64), 100, (1, 5), 1, 0, 1, 1), ((1, 6, 10, 7), 4, (5, 1), (2, 1), (2, 0), 1, 2),
+])
+def test_output_shape_is_torchs(args):
+    shape, cout, kernel, stride, padding, dilation, groups = args
+    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups)
+    w = torch.zeros(cout, shape[1] // groups, *g.kernel)
+    assert g.output_shape == tuple(F.conv2d(torch.zeros(shape), w, None, stride, padding, dilation, groups).shape)
+    assert g.weight_shape == (cout, shape[1] // groups * g.taps)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(input_shape=(1, 3, 8)), "batch, channels, height, width"),
+    (dict(groups=2), "must divide channels"),
+    (dict(kernel_size=(9, 9)), "81 taps"),
+    (dict(kernel_size=5, padding=0, input_shape=(1, 4, 3, 3)), "does not fit"),
+    (dict(stride=0), "stride must be >= 1"),
+    (dict(padding=-1), "padding must be >= 0"),
+    (dict(stride=1.5), "stride must be an int or a pair"),
+    (dict(input_shape=(70000, 4, 8, 8)), "65535"),
+    (dict(input_shape=(1, 1100, 256, 256)), "split the channels"),
+])
+def test_geometry_refusals_name_the_problem(bad, message):
+    args = dict(input_shape=(1, 4, 8, 8), out_channels=6, kernel_size=3, stride=1, padding=1, dilation=1, groups=1)
+    args["out_channels"] = 5 if bad.get("groups") == 2 else 6
+    args.update(bad)
+    with pytest.raises((ValueError, TypeError), match=message):
+        ConvGeometry.of(args.pop("input_shape"), **args)
+
+
+def test_slots_pack_offset_and_tap():
+    g = ConvGeometry.of((1, 4, 6, 5), 2, 3, padding=1, dilation=(1, 2), groups=2)
+    w4 = np.zeros((2, 2, 3, 3), np.float32)
+    w4[1, 1, 2, 0] = 3.0  # output channel 1 (group 1), its input channel 1 -> image channel 3; r = 2, s = 0
+    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(2, -1)), g)
+    start, end = plan.rows[1]
+    assert end - start == 1
+    packed = int(plan.cols.view(np.uint32)[start])
+    assert packed >> TAP_SHIFT == 2 * 3 + 0
+    assert packed & ((1 << TAP_SHIFT) - 1) == 3 * 6 * 5 + 2 * 1 * 5 + 0 * 2
+
+
+@pytest.mark.parametrize("args", [
+    ((2, 4, 7, 6), 6, 3, 1, 1, 1, 1), ((1, 4, 9, 9), 4, 3, 2, 1, 2, 4), ((1, 6, 8, 8), 4, (1, 3), (1, 2), (0, 1), 1, 2),
+    ((1, 3, 12, 12), 5, 7, 2, 3, 1, 1),
+])
+def test_reference_executor_reads_the_packed_plan_back(args):
+    shape, cout, kernel, stride, padding, dilation, groups = args
+    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups)
+    w4 = _conv_weight(g, seed=len(shape))
+    bias = np.linspace(-1, 1, cout)
+    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(cout, -1)), g, bias=bias, relu=True, residual=True)
+    rng = np.random.default_rng(1)
+    x, residual = rng.standard_normal(g.input_shape), rng.standard_normal(g.output_shape)
+    assert np.allclose(execute_conv(plan, x, residual), _torch_conv(x, w4, g, bias, residual, relu=True), atol=1e-10)
+
+
+def test_weight_of_the_wrong_shape_and_a_config_the_conv_cannot_take_are_refused():
+    g = ConvGeometry.of((1, 4, 8, 8), 6, 3, padding=1)
+    with pytest.raises(ValueError, match="needs 6 x 36"):
+        make_conv_plan(SparseMatrix.from_dense(np.ones((6, 30), np.float32)), g)
+    with pytest.raises(TypeError, match="CsrColumnsConfig"):
+        make_conv_plan(SparseMatrix.from_dense(np.ones((6, 36), np.float32)), g, config=object())
+    plan = make_conv_plan(SparseMatrix.from_dense(np.ones((6, 36), np.float32)), g, config=CsrColumnsConfig(2, 2, 2))
+    assert plan.mapping == "conv-csr-columns" and plan.N == 64 and plan.grid == (1, 3)

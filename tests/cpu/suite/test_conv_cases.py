@@ -1,0 +1,52 @@
+"""Convolution cases (suite/conv.py): real geometry for DLMC rn50 3x3 / 7x7 layers, VGG-16 and the text
+CNN; spec parsing and its errors."""
+import numpy as np
+import pytest
+
+from sparseforge.suite import SAMPLE_DIR
+from sparseforge.suite.conv import VGG16, discover_conv, is_conv_spec
+
+
+def test_vgg16_has_its_13_layers_at_their_sizes_pruned_exactly():
+    cases = discover_conv("conv:vgg16:0.9", batch=2)
+    assert len(cases) == 13 and [c.geometry.channels for c in cases] == [cin for cin, _, _ in VGG16]
+    assert all(c.geometry.output_shape[2:] == (size, size) for c, (_, _, size) in zip(cases, VGG16))
+    assert all(c.geometry.batch == 2 and c.geometry.kernel == (3, 3) for c in cases)
+    w = cases[1].load()
+    assert w.shape == (64, 576) and w.nnz == round(64 * 576 * 0.1)
+    assert np.array_equal(w.values, cases[1].load().values)  # seeded
+
+
+def test_text_cnn_is_three_widths_of_100_maps_over_64_words():
+    cases = discover_conv("conv:textcnn")
+    assert len(cases) == 9 and {c.sparsity for c in cases} == {0.8, 0.9, 0.95}
+    widths = sorted({c.geometry.kernel for c in cases})
+    assert widths == [(1, 3), (1, 4), (1, 5)]
+    assert {c.geometry.output_shape for c in cases if c.geometry.kernel == (1, 5)} == {(1, 100, 1, 60)}
+
+
+def test_rn50_directory_gives_its_3x3_and_7x7_layers_with_strides_from_the_sizes():
+    directory = SAMPLE_DIR / "rn50" / "magnitude_pruning" / "0.9"
+    cases = discover_conv(f"conv:{directory}")
+    assert {c.layer for c in cases} == {"bottleneck_2_block_group1_1_1", "bottleneck_2_block_group3_1_1", "initial_conv"}
+    assert all(c.layer.startswith("bottleneck_2_") or c.layer == "initial_conv" for c in cases)
+    for c in cases:
+        g = c.geometry
+        assert c.load().shape == g.weight_shape
+        if c.layer == "initial_conv":
+            assert (g.kernel, g.stride, g.padding, g.height) == ((7, 7), (2, 2), (3, 3), 224)
+        elif "projection_block_group" in c.layer and not c.layer.endswith("group1"):
+            assert g.stride == (2, 2) and g.height == 2 * g.out_height
+        else:
+            assert g.stride == (1, 1) and g.height == g.out_height and g.padding == (1, 1)
+
+
+@pytest.mark.parametrize("spec,message", [("conv:vgg16:1.5", "not a number in"), ("conv:resnet", "conv:vgg16"),
+                                          ("conv:vgg16:x", "not a number")])
+def test_bad_specs_name_the_fix(spec, message):
+    with pytest.raises(ValueError, match=message):
+        discover_conv(spec)
+
+
+def test_is_conv_spec():
+    assert is_conv_spec("conv:vgg16") and not is_conv_spec("llm:0.9") and not is_conv_spec("conv")
