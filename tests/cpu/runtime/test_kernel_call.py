@@ -23,7 +23,8 @@ def weight() -> SparseMatrix:
 def cpu_kernel(layout="kn", config=TileConfig(2, 1, 1, 4), dtype="float32", device="cpu") -> SpmmKernel:
     """An SpmmKernel for W (M x K) and N on `device` that loads nothing; .launches records each launch."""
     kernel = SpmmKernel.__new__(SpmmKernel)
-    kernel.plan, kernel.device_index = make_plan(weight(), N, dtype, layout, config), 0
+    plan = make_plan(weight(), N, dtype, layout, config)
+    kernel._launch, kernel._full, kernel._make_full, kernel.device_index = plan, plan, None, 0
     kernel._dtype, kernel._device = getattr(torch, dtype), torch.device(device)
     kernel._partial, kernel._data = None, None
     kernel.launches = []
