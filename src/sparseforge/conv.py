@@ -13,7 +13,7 @@ from dataclasses import asdict
 import numpy as np
 
 from .formats import SparseMatrix
-from .plan.conv import ConvGeometry, make_conv_plan
+from .plan.conv import CONV_COLUMNS, ConvGeometry, make_conv_plan
 from .plan.csr import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
@@ -21,7 +21,6 @@ from .spmm import _checked_bias, _device_index, _dtype_name, _describe
 from .tune.choose import Choice, choose, chooser_digest, rank
 from .tune.space import csr_columns
 
-CONV_COLUMNS = (1, 2)  # pixels a lane: at 4, the unpacked taps and offsets of a chunk spill (ptxas 13.0)
 
 
 def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
@@ -30,7 +29,7 @@ def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
         if kernel_size is None:
             raise ValueError("W is a SparseMatrix (Cout x Cin/groups*kh*kw): pass kernel_size=(kh, kw) to say how "
                              "its columns split into channels and taps")
-        kernel = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        kernel = (int(kernel_size),) * 2 if isinstance(kernel_size, (int, np.integer)) else tuple(kernel_size)
         return W, kernel
     if hasattr(W, "detach"):
         W = W.detach().cpu().float().numpy()
@@ -91,15 +90,21 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     cache, compiler = KernelCache(), default_compiler()
     bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
     mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
-    key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), name, bias_tag, str(relu), str(residual),
-                                              mode, chooser_digest()]), arch, compiler.version)
+    # the batch is in the key: the kernel takes any batch, but the best config depends on it
+    key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), f"b{geometry.batch}", name, bias_tag,
+                                              str(relu), str(residual), mode, chooser_digest()]), arch,
+                     compiler.version)
     known = cache.get_tuned(key, arch)
     cached = _cached(known)
     if cached is not None:
         winner, choice = cached
-        kernel_obj = build_conv_kernel(make(winner), index)
-        kernel_obj.choice, kernel_obj.tuning = choice, choice.records
-        return kernel_obj
+        try:
+            kernel_obj = build_conv_kernel(make(winner), index)
+        except (ValueError, RuntimeError):  # a record this version cannot build: choose again
+            kernel_obj = None
+        if kernel_obj is not None:
+            kernel_obj.choice, kernel_obj.tuning = choice, choice.records
+            return kernel_obj
     plans = []
     for cfg in _candidates(geometry, w):
         try:
@@ -117,16 +122,20 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
         kernel_obj, choice = _measure(plans, geometry, w, name, index, tune_budget, time_dense, compiler)
         kernel_obj.tune_seconds = time.perf_counter() - started - kernel_obj.compile_seconds
     kernel_obj.choice, kernel_obj.tuning = choice, choice.records
-    cache.put_tuned(key, arch, {"config": asdict(kernel_obj.plan.config), "choice": choice.as_dict()})
+    cache.put_tuned(key, arch, {"config": asdict(kernel_obj.plan.config), "records": choice.records,
+                                "choice": choice.as_dict()})
     return kernel_obj
 
 
 def _cached(record) -> tuple[CsrColumnsConfig, Choice] | None:
     """(winner, choice) of a cached record, or None when it is not a whole one (then it is made again)."""
     try:
-        config = CsrColumnsConfig(**record["config"])
+        fields = record["config"]
+        if not all(type(v) is int for v in fields.values()):  # 2.0 == 2 would pass the config's checks
+            return None
+        config = CsrColumnsConfig(**fields)
         return (config, Choice.from_dict(record["choice"])) if config.columns in CONV_COLUMNS else None
-    except (KeyError, TypeError, ValueError, IndexError):
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         return None
 
 
@@ -153,11 +162,16 @@ def _measure(plans, geometry: ConvGeometry, w: SparseMatrix, name: str, index: i
             return kernel, graph_time_us(lambda x: kernel(x, out=out, **extra), inputs)
 
         def dense_us() -> float:
+            """cuDNN as the bench times it (bench/conv.py): TF32 off, benchmark on, flags restored."""
             weight = torch.from_numpy(w.to_dense().reshape(geometry.out_channels, geometry.channels // geometry.groups,
                                                            *geometry.kernel)).to(f"cuda:{index}", torch_dtype)
-            torch.backends.cudnn.benchmark = True
-            return graph_time_us(lambda x: F.conv2d(x, weight, None, geometry.stride, geometry.padding,
-                                                    geometry.dilation, geometry.groups), inputs)
+            flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = True, False
+            try:
+                return graph_time_us(lambda x: F.conv2d(x, weight, None, geometry.stride, geometry.padding,
+                                                        geometry.dilation, geometry.groups), inputs)
+            finally:
+                torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = flags
 
         return choose(plans, _describe, lambda plan: compile_plan(plan, compiler=compiler), load_and_time, budget,
                       parallel=isinstance(compiler, PtxasCompiler), time_dense=dense_us if time_dense else None,
@@ -190,21 +204,35 @@ class Conv1dKernel:
         return out if out is not None else result.squeeze(-2)
 
 
+def _single(value, name: str):
+    """An int, or None; nn.Conv1d keeps stride, padding and dilation as 1-tuples: those unwrap."""
+    if isinstance(value, (tuple, list)) and len(value) == 1:
+        value = value[0]
+    if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)):
+        return None if value is None else int(value)
+    raise TypeError(f"{name} must be an int (or a 1-tuple, as nn.Conv1d keeps it), got {value!r}")
+
+
 def compile_conv1d(W, input_shape, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1,
                    dtype="float32", bias=None, relu: bool = False, residual: bool = False, device="cuda",
                    kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
                    time_dense: bool = True) -> Conv1dKernel:
     """compile_conv2d for a Conv1d: W is Cout x Cin/groups x k (or a SparseMatrix with kernel_size=k);
     input_shape (batch, Cin, L). The text CNN of issue 12 (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
+    stride, padding, dilation, kernel_size = (_single(v, name) for v, name in ((stride, "stride"), (padding, "padding"),
+                                                                               (dilation, "dilation"),
+                                                                               (kernel_size, "kernel_size")))
     if isinstance(W, SparseMatrix):
         if kernel_size is None:
             raise ValueError("W is a SparseMatrix (Cout x Cin/groups*k): pass kernel_size=k")
-        W2, size = W, (1, int(kernel_size))
+        W2, size = W, (1, kernel_size)
     else:
         array = W.detach().cpu().float().numpy() if hasattr(W, "detach") else np.asarray(W)
         if array.ndim != 3:
             raise ValueError(f"W must be a Conv1d weight (Cout x Cin/groups x k) or a SparseMatrix, got shape "
                              f"{array.shape}")
+        if kernel_size is not None and kernel_size != array.shape[2]:
+            raise ValueError(f"kernel_size {kernel_size} does not match W's {array.shape[2]}")
         W2, size = array[:, :, None, :], None
     shape = tuple(input_shape)
     if len(shape) != 3:

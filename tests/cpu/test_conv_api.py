@@ -44,3 +44,36 @@ def test_conv1d_refusals():
         compile_conv1d(torch.randn(100, 300, 3), (300, 64))
     with pytest.raises(ValueError, match="kernel_size=k"):
         compile_conv1d(SparseMatrix.from_dense(np.ones((4, 9), np.float32)), (1, 3, 64))
+
+
+def test_conv1d_takes_nn_conv1ds_tuples_and_checks_kernel_size():
+    m = torch.nn.Conv1d(300, 100, 5, stride=2, padding=1)
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):  # the tuples unwrapped: it reached the device check
+        compile_conv1d(m.weight, (1, 300, 64), m.stride, m.padding, m.dilation)
+    with pytest.raises(ValueError, match="kernel_size 3 does not match W's 5"):
+        compile_conv1d(m.weight, (1, 300, 64), kernel_size=3)
+    with pytest.raises(TypeError, match="stride must be an int"):
+        compile_conv1d(m.weight, (1, 300, 64), stride=(1, 2))
+
+
+def test_numpy_int_kernel_size_for_a_sparse_weight():
+    w = SparseMatrix.from_dense(np.ones((8, 36), np.float32))
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        compile_conv2d(w, (1, 4, 8, 8), padding=1, kernel_size=np.int64(3))
+
+
+def test_a_conv_choice_record_round_trips_through_the_cache_and_a_damaged_one_is_not_used(tmp_path):
+    from sparseforge.conv import _cached
+    from sparseforge.runtime import KernelCache
+    from sparseforge.tune.choose import Choice
+
+    choice = Choice([{"label": "csrc_c1s1r4", "mapping": "conv-csr-columns", "predicted_us": 3.0, "us": 2.5}], 0, 4.0, 0.1)
+    record = {"config": {"columns": 1, "warps_per_row": 1, "rows_per_block": 4}, "records": choice.records,
+              "choice": choice.as_dict()}
+    cache = KernelCache(tmp_path, enabled=True)
+    cache.put_tuned("k" * 64, 90, record)
+    again = cache.get_tuned("k" * 64, 90)
+    assert again is not None and _cached(again)[0] == CsrColumnsConfig(1, 1, 4)
+    assert _cached({**record, "config": {"columns": 2.0, "warps_per_row": 1, "rows_per_block": 4}}) is None
+    assert _cached({**record, "config": {"columns": 4, "warps_per_row": 1, "rows_per_block": 4}}) is None
+    assert _cached({"config": [1]}) is None

@@ -43,6 +43,9 @@ class BitmapConfig:
     unroll: int = 2
 
     def __post_init__(self):
+        for name, value in vars(self).items():  # 2.0 == 2 would pass the membership checks below
+            if type(value) is not int:
+                raise TypeError(f"{name} must be an int, got {value!r}")
         if self.warps_per_block not in (1, 2, 4, 8):  # 16 (512 threads, 128 registers each) spills on sm_80
             raise ValueError(f"warps_per_block must be 1, 2, 4 or 8, got {self.warps_per_block}")
         if self.unroll not in (1, 2, 4):

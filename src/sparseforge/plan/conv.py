@@ -1,6 +1,7 @@
 """Direct sparse convolution (issue 12): a Conv2d as the csr-columns SpMM over an implicit im2col.
 
-W (Cout x Cin/groups*kh*kw, torch's (ci, r, s) order, as DLMC's 3x3 patterns are) is the same padded CSR
+W (Cout x Cin/groups*kh*kw in torch's (ci, r, s) order; DLMC's .smtx files hold TensorFlow's (r, s, ci)
+order, which suite/conv.py reorders) is the same padded CSR
 as the SpMM kernels read; N is the output pixels of one image (OH x OW), a batch entry per grid.z. No
 im2col buffer exists: a nonzero (co, ci, r, s) reads input pixel (oh*sh - ph + r*dh, ow*sw - pw + s*dw) of
 channel ci, which sits at a constant offset
@@ -25,6 +26,7 @@ from .csr import CsrColumnsConfig, CsrPlan, make_csr_plan
 TAP_SHIFT = 26            # offset bits in a slot; the tap index above them
 MAX_OFFSET = 1 << TAP_SHIFT
 MAX_TAPS = 64             # a lane's tap mask is one 64-bit word
+CONV_COLUMNS = (1, 2)     # pixels a lane the direct convolution takes
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -60,6 +62,9 @@ class ConvGeometry:
         shape = tuple(input_shape)
         if len(shape) != 4 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in shape):
             raise ValueError(f"input_shape must be (batch, channels, height, width) ints, got {input_shape!r}")
+        for value, name in ((out_channels, "out_channels"), (groups, "groups")):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {value!r}")
         return cls(*(int(v) for v in shape), int(out_channels), _pair(kernel_size, "kernel_size"),
                    _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), int(groups))
 
@@ -82,9 +87,12 @@ class ConvGeometry:
             raise ValueError(f"the output would be {self.out_height} x {self.out_width}: the kernel "
                              f"{self.kernel} (dilation {self.dilation}) does not fit the padded input "
                              f"{self.height} x {self.width} (padding {self.padding})")
-        if self.channels * self.height * self.width >= MAX_OFFSET:
-            raise ValueError(f"an input image of {self.channels} x {self.height} x {self.width} elements is over "
-                             f"the {MAX_OFFSET} the direct convolution addresses in a slot: split the channels")
+        (kh, kw), (dh, dw) = self.kernel, self.dilation
+        largest = (self.channels - 1) * self.height * self.width + (kh - 1) * dh * self.width + (kw - 1) * dw
+        if largest >= MAX_OFFSET:  # a slot holds offset | tap << 26: a larger offset would spill into the tap
+            raise ValueError(f"an input image of {self.channels} x {self.height} x {self.width} elements with a "
+                             f"{kh} x {kw} kernel at dilation {self.dilation} reaches offset {largest}, over the "
+                             f"{MAX_OFFSET} a slot addresses: split the channels")
 
     @property
     def taps(self) -> int:
@@ -176,6 +184,9 @@ def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float3
     config = config or CsrColumnsConfig()
     if not isinstance(config, CsrColumnsConfig):
         raise TypeError(f"the direct convolution takes a CsrColumnsConfig, got {type(config).__name__}")
+    if config.columns not in CONV_COLUMNS:
+        raise ValueError(f"the direct convolution takes columns (pixels a lane) in {CONV_COLUMNS}, got "
+                         f"{config.columns}: at 4 a chunk's unpacked taps and offsets spill (ptxas 13.0)")
     n = geometry.out_height * geometry.out_width
     base = make_csr_plan(w, n, dtype, "kn", config, bias, relu, arch)
     packed = pack_taps(w, geometry, base.cols, base.rows)

@@ -44,6 +44,9 @@ class CsrConfig:
     unroll: int = 1
 
     def __post_init__(self):
+        for name, value in vars(self).items():  # 2.0 == 2 would pass the membership checks below
+            if type(value) is not int:
+                raise TypeError(f"{name} must be an int, got {value!r}")
         if self.lanes_per_row not in (4, 8, 16, 32):
             raise ValueError(f"lanes_per_row must be 4, 8, 16 or 32, got {self.lanes_per_row}")
         if not 1 <= self.columns <= 32:
@@ -76,6 +79,9 @@ class CsrColumnsConfig:
     rows_per_block: int = 4   # rows one block holds: a block is rows_per_block x warps_per_row warps
 
     def __post_init__(self):
+        for name, value in vars(self).items():  # 2.0 == 2 would pass the membership checks below
+            if type(value) is not int:
+                raise TypeError(f"{name} must be an int, got {value!r}")
         if self.columns not in (1, 2, 4, 8):
             raise ValueError(f"columns must be 1, 2, 4 or 8, got {self.columns}")
         if self.warps_per_row not in (1, 2, 4, 8):

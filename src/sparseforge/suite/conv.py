@@ -3,7 +3,8 @@
 - `conv:PATH`: the 3x3 and 7x7 layers of a DLMC ResNet-50 directory (e.g. .../rn50/magnitude_pruning/0.9):
   the `bottleneck_2_*` 3x3 convolutions (padding 1; stride 2 in the projection blocks of groups 2-4) and
   the 7x7 / 2 initial convolution at 224 x 224, their output sizes from rn50_batchsizes.txt; patterns from
-  the .smtx files (already Cout x Cin*kh*kw), values from a seeded normal;
+  the .smtx files (Cout x kh*kw*Cin in TensorFlow's order, reordered to torch's), values from a seeded
+  normal;
 - `conv:vgg16[:sparsities]`: VGG-16's 13 3x3 convolutions at 224 x 224, magnitude-pruned from seeded
   normal weights (default 0.8, 0.9, 0.95);
 - `conv:textcnn[:sparsities]`: CNN-non-static's 1-D convolutions (300-dim embeddings, 64 words, 100 maps
@@ -50,12 +51,24 @@ class ConvCase:
         return int(round(rows * cols * (1 - self.sparsity)))
 
     def load(self, seed: int = 0, dtype="float32") -> SparseMatrix:
-        """W as Cout x Cin/groups*kh*kw (torch's (ci, r, s) order)."""
+        """W as Cout x Cin/groups*kh*kw in torch's (ci, r, s) order. DLMC's .smtx files hold TensorFlow's
+        (r, s, ci) order (HWIO flattened: per tap, the nonzeros peak at the kernel's centre only when read
+        that way), so their columns are reordered; the values are drawn for the file's order first."""
         if self.smtx is not None:
-            return SparseMatrix.from_smtx(self.smtx, seed=seed, dtype=dtype)
+            return tf_to_torch_order(SparseMatrix.from_smtx(self.smtx, seed=seed, dtype=dtype), self.geometry)
         rows, cols = self.geometry.weight_shape
         rng = np.random.default_rng(self.seed + seed)
         return magnitude_prune(rng.standard_normal((rows, cols)).astype(np.float32), self.sparsity, dtype)
+
+
+def tf_to_torch_order(w: SparseMatrix, geometry: ConvGeometry) -> SparseMatrix:
+    """Columns (r*kw + s)*Cin + ci -> ci*kh*kw + r*kw + s (Cin per group), each row sorted again."""
+    cin, taps = geometry.channels // geometry.groups, geometry.taps
+    cols = w.indices.astype(np.int64)
+    reordered = (cols % cin) * taps + cols // cin
+    rows = np.repeat(np.arange(w.shape[0]), w.row_nnz)
+    order = np.lexsort((reordered, rows))
+    return SparseMatrix(w.indptr, reordered[order], w.values[order], w.shape, w.dtype)
 
 
 def is_conv_spec(spec) -> bool:

@@ -91,3 +91,15 @@ def test_weight_of_the_wrong_shape_and_a_config_the_conv_cannot_take_are_refused
         make_conv_plan(SparseMatrix.from_dense(np.ones((6, 36), np.float32)), g, config=object())
     plan = make_conv_plan(SparseMatrix.from_dense(np.ones((6, 36), np.float32)), g, config=CsrColumnsConfig(2, 2, 2))
     assert plan.mapping == "conv-csr-columns" and plan.N == 64 and plan.grid == (1, 3)
+
+
+def test_offsets_that_would_reach_the_tap_bits_groups_not_int_and_wide_lanes_are_refused():
+    with pytest.raises(ValueError, match="reaches offset"):
+        ConvGeometry.of((1, 1, 1, 256), 1, (2, 1), stride=2 ** 18, padding=2 ** 18, dilation=2 ** 18)
+    with pytest.raises(TypeError, match="groups must be an int"):
+        ConvGeometry.of((1, 4, 8, 8), 4, 3, groups=2.5)
+    g = ConvGeometry.of((1, 4, 8, 8), 6, 3, padding=1)
+    with pytest.raises(ValueError, match="columns .pixels a lane. in"):
+        make_conv_plan(SparseMatrix.from_dense(np.ones((6, 36), np.float32)), g, "float16", CsrColumnsConfig(4))
+    with pytest.raises(TypeError, match="columns must be an int"):
+        CsrColumnsConfig(2.0)

@@ -50,3 +50,21 @@ def test_bad_specs_name_the_fix(spec, message):
 
 def test_is_conv_spec():
     assert is_conv_spec("conv:vgg16") and not is_conv_spec("llm:0.9") and not is_conv_spec("conv")
+
+
+def test_dlmc_patterns_are_reordered_from_tensorflows_hwio_to_torchs_order():
+    """A weight flattened TensorFlow's way ((r, s, ci) per output channel) comes back in torch's (ci, r, s);
+    on DLMC's 7x7 layer the nonzeros then peak at the kernel's centre, as a trained filter's do."""
+    from sparseforge import SparseMatrix
+    from sparseforge.plan.conv import ConvGeometry
+    from sparseforge.suite.conv import tf_to_torch_order
+
+    g = ConvGeometry.of((1, 3, 8, 8), 4, (2, 3))
+    rng = np.random.default_rng(0)
+    torch_w = np.where(rng.random((4, 3, 2, 3)) < 0.5, rng.standard_normal((4, 3, 2, 3)), 0).astype(np.float32)
+    tf_flat = torch_w.transpose(0, 2, 3, 1).reshape(4, -1)  # (co, r, s, ci)
+    back = tf_to_torch_order(SparseMatrix.from_dense(tf_flat), g)
+    assert np.array_equal(back.to_dense(), torch_w.reshape(4, -1))
+    case = [c for c in discover_conv(f"conv:{SAMPLE_DIR}/rn50/magnitude_pruning/0.9") if c.layer == "initial_conv"][0]
+    per_tap = np.bincount(case.load().indices % 49, minlength=49).reshape(7, 7)
+    assert per_tap[3, 3] > 4 * max(per_tap[0, 0], per_tap[0, 6], per_tap[6, 0], per_tap[6, 6])
