@@ -68,13 +68,20 @@ def _checked_bias(bias, m: int):
     return fp32_bias(_bias_values(bias), m)
 
 
+# the config families whose kernels add a residual (C = W B + bias + R) in their epilogue so far
+RESIDUAL_CONFIGS = (CsrConfig, CsrColumnsConfig)
+
+
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
-               sketch: bool = False):
+               sketch: bool = False, residual: bool = False):
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
+    if residual and not isinstance(config, RESIDUAL_CONFIGS):
+        raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
+                         "use a CsrConfig or CsrColumnsConfig (or no config: the chooser takes those)")
     if isinstance(config, BitmapConfig):
         return make_bitmap_plan(w, n, dtype, layout, config, bias, relu, arch)
     if isinstance(config, (CsrConfig, CsrColumnsConfig)):
-        return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch)
+        return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
 
 
@@ -107,7 +114,7 @@ def _config_from_record(record: dict):
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
                  device="cuda", config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | None = None,
                  tune_budget: float | None = 5.0,
-                 deterministic: bool = False, time_dense: bool = True):
+                 deterministic: bool = False, time_dense: bool = True, residual: bool = False):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
 
     W: SparseMatrix, or a dense 2-D torch tensor / numpy array (M x K). n: N, the columns of B (layout
@@ -119,7 +126,10 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     per block, split K, the small-N kernel for n <= 64); with tune_budget seconds (default 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
     them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
-    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig instead. deterministic: no atomics (bitwise-reproducible runs).
+    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig instead. deterministic: no atomics
+    (bitwise-reproducible runs). residual=True: the kernel takes k(B, residual=R) and adds R (laid out as the
+    output) before relu; only the kernels that read W as data (csr, csr-columns) add one so far, so the
+    chooser picks among those.
 
     Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
     k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every
@@ -136,6 +146,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
         raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig or BitmapConfig, got "
                         f"{type(config).__name__}")
+    if residual and config is not None and not isinstance(config, RESIDUAL_CONFIGS):
+        raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
+                         "use a CsrConfig or CsrColumnsConfig (or no config: the chooser takes those)")
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
@@ -144,7 +157,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     w = w.astype(name)
 
     def make(cfg, sketch: bool = False):
-        return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch)
+        return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch, residual)
 
     if config is not None:
         return build_kernel(make(config), index)
@@ -155,7 +168,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     # the choice is cached like a kernel: a second compile of the same problem skips ranking and timing
     mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
     key = kernel_key("choice", "|".join([w.digest(), str(n), name, layout, bias_tag, str(relu), str(deterministic),
-                                         mode, chooser_digest()]), arch, compiler.version)
+                                         mode, chooser_digest()] + (["residual"] if residual else [])), arch,
+                     compiler.version)
     known = cache.get_tuned(key, arch)
     winner = _config_from_record(known) if known else None
     cached_choice = _choice_from_record(known) if winner is not None else None
@@ -166,6 +180,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
     space = search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
+    if residual:
+        space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
+            [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
     if tune_budget is None:
         plan, choice = _predicted_best(make, space, started)
         kernel = build_kernel(plan, index)
@@ -258,9 +275,12 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
         real = _renderable(make, plan)
         return real, compile_plan(real, compiler=compiler)
 
+    residual = torch.randn(out_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
+
     def load_and_time(plan, compiled):
         kernel = build_kernel(*compiled[:1], index, built=compiled[1])
-        return kernel, graph_time_us(lambda b: kernel(b, out=out), inputs)
+        extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
+        return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
 
     def dense_us() -> float:
         weight = w.to_torch(f"cuda:{index}")

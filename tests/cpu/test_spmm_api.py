@@ -111,3 +111,12 @@ def test_every_config_family_round_trips_through_the_cached_choice_record():
         assert _config_from_record(_config_record(config)) == config
     assert _config_from_record({"family": "nope", "config": {}}) is None
     assert _config_from_record({"family": "bitmap", "config": {"unroll": 3}}) is None
+
+
+def test_residual_with_a_kernel_family_that_cannot_add_one_is_named_before_the_gpu():
+    from sparseforge import compile_spmm
+    from sparseforge.plan import TileConfig
+
+    w = np.eye(8, dtype=np.float32)
+    with pytest.raises(ValueError, match="does not add a residual yet"):
+        compile_spmm(w, 4, residual=True, config=TileConfig())

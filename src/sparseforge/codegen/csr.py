@@ -106,20 +106,32 @@ def _step(e: Emitter, plan: CsrPlan) -> None:
 
 
 def _store(e: Emitter, plan: CsrPlan) -> None:
-    """Lane 0 of each valid row: bias, ReLU, round, store its column tile."""
+    """Lane 0 of each valid row: bias, the residual, ReLU, round, store its column tile."""
     es, cols = plan.element_bytes, plan.config.columns
     e.lines(["setp.ne.u32 %pt, %rsub, 0;", "@%pt bra DONE;", "setp.ge.u32 %pt, %rrow, %rM;", "@%pt bra DONE;"])
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %rrow, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
         e.lines([f"add.f32 %acc{j}, %acc{j}, %f;" for j in range(cols)])
+    m_stride, n_stride = (plan.N * es, es) if plan.layout == "kn" else (es, plan.M * es)
+    # the element offset of this lane's first output, from the output's base (the residual's alike)
+    e.lines([f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};",
+             f"mul.wide.u32 %rdc, %rn0, {n_stride};", "add.s64 %rdt, %rdt, %rdc;",
+             f"mad.wide.u32 %rdt, %rrow, {m_stride}, %rdt;"])
+    if plan.residual:
+        e.lines(["ld.param.u64 %rdc, [p_residual];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
+        for j in range(cols):
+            address = f"[%rdc+{j * n_stride}]" if j else "[%rdc]"
+            guard = f"%pn{j // plan.load_width}"
+            if es == 4:
+                e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
+            else:
+                e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.nc.b16 %ho, {address};"])
+                _widen(e, plan.dtype, "%f", "%ho")
+            e.line(f"@{guard} add.f32 %acc{j}, %acc{j}, %f;")
     if plan.relu:
         e.lines([f"max.NaN.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(cols)])
-    m_stride, n_stride = (plan.N * es, es) if plan.layout == "kn" else (es, plan.M * es)
-    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;",
-             f"mul.wide.u32 %rdt, %rn0, {n_stride};", "add.s64 %rdc, %rdc, %rdt;",
-             f"mad.wide.u32 %rdc, %rrow, {m_stride}, %rdc;"])
+    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     for j in range(cols):
         offset = j * n_stride
@@ -199,7 +211,8 @@ def render_csr(plan: CsrPlan) -> KernelSource:
         f"layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
         f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
         f".visible .entry {plan.name}(", "    .param .u64 p_b,", "    .param .u64 p_c,", "    .param .u64 p_values,",
-        "    .param .u64 p_cols,", "    .param .u64 p_rows,", "    .param .u64 p_bias", ")",
+        "    .param .u64 p_cols,", "    .param .u64 p_rows,",
+        "    .param .u64 p_bias" + (",\n    .param .u64 p_residual" if plan.residual else ""), ")",
         f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
     return KernelSource(plan.name, (text,), 0)
 

@@ -129,7 +129,6 @@ class ConvGeometry:
 class ConvPlan(CsrPlan):
     """A CsrPlan whose column indices are packed input offsets and taps (see the module docstring)."""
     geometry: ConvGeometry | None = field(default=None)
-    residual: bool = False
 
     @property
     def mapping(self) -> str:
@@ -191,8 +190,8 @@ def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float3
     base = make_csr_plan(w, n, dtype, "kn", config, bias, relu, arch)
     packed = pack_taps(w, geometry, base.cols, base.rows)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(CsrPlan)}
-    fields["cols"] = packed
-    return ConvPlan(**fields, geometry=geometry, residual=bool(residual))
+    fields["cols"], fields["residual"] = packed, bool(residual)
+    return ConvPlan(**fields, geometry=geometry)
 
 
 def execute_conv(plan: ConvPlan, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:

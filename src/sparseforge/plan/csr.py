@@ -125,6 +125,7 @@ class CsrPlan:
 
     family = "csr"  # W as data (the runtime passes the arrays); Plan's family is "tile"
     partial_rows: tuple[int, ...] = ()
+    residual: bool = False  # the epilogue adds R (laid out as the output, parameter p_residual) before ReLU
 
     @property
     def mapping(self) -> str:
@@ -175,7 +176,8 @@ class CsrPlan:
     @property
     def name(self) -> str:
         """The kernel depends on the shape, not the pattern: one compile serves every weight of this shape."""
-        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "")
+        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "") + \
+            ("_res" if self.residual else "")
         return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
 
     @property
@@ -195,7 +197,7 @@ class CsrPlan:
 
 def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
                   config: CsrConfig | CsrColumnsConfig | None = None, bias=None, relu: bool = False,
-                  arch: int = 90) -> CsrPlan:
+                  arch: int = 90, residual: bool = False) -> CsrPlan:
     check_problem(n, dtype, layout)
     config = config or CsrConfig()
     if n * ELEMENT_BYTES[dtype] >= 2 ** 32:  # a B row's bytes are a 32-bit immediate of the address arithmetic
@@ -218,7 +220,7 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
     rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
     bias_values = fp32_bias(bias, w.shape[0])
     plan = CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
-                   relu, arch, w.digest())
+                   relu, arch, w.digest(), residual=bool(residual))
     if isinstance(config, CsrColumnsConfig) and config.columns == 8 and plan.load_width != 8:
         # eight single loads a nonzero: ptxas hoists the chunk's loads past 255 registers and spills
         raise ValueError(f"csr-columns with 8 columns a lane needs them as one 16-byte load (a 16-bit dtype "

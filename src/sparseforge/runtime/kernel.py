@@ -152,11 +152,21 @@ class SpmmKernel:
                    f"call {what}.contiguous() first")
             raise ValueError(f"{what} is not contiguous (shape {tuple(b.shape)}, strides {b.stride()}): {fix}")
 
-    def __call__(self, b, out=None):
+    def __call__(self, b, out=None, residual=None):
         import torch
 
         what = "B" if self._launch.layout == "kn" else "X"
         self._check(b, what, self.in_shape)
+        if getattr(self._launch, "residual", False):
+            if residual is None:
+                raise ValueError("the kernel was compiled with residual=True: pass residual= (laid out as the "
+                                 "output), or compile without it")
+            self._check(residual, "residual", self.out_shape)
+            if tuple(residual.shape[:-2]) != tuple(b.shape[:-2]):
+                raise ValueError(f"residual has shape {tuple(residual.shape)}, expected the output's "
+                                 f"{(*b.shape[:-2], *self.out_shape)}")
+        elif residual is not None:
+            raise ValueError("the kernel was compiled without a residual: compile with residual=True to add one")
         batch = b.shape[0] if b.dim() == 3 else 1
         if batch > 65535:  # the batch is the launch grid's z dimension, which CUDA caps at 65535
             raise ValueError(f"{what} has a batch of {batch}; one launch takes at most 65535 (the grid's z "
@@ -175,6 +185,12 @@ class SpmmKernel:
                 raise ValueError(f"out shares memory with {what} (the same tensor, or overlapping views of one "
                                  f"buffer): the kernel would read {what} elements it has already overwritten. "
                                  "Pass an out of its own, or omit out")
+            if residual is not None and residual.data_ptr() != start:  # out = residual itself: an in-place add
+                first = residual.data_ptr()
+                if start < first + residual.numel() * residual.element_size() and \
+                        first < start + out.numel() * out.element_size():
+                    raise ValueError("out partly overlaps residual: pass residual itself as out (an in-place add) "
+                                     "or a separate tensor")
         if batch == 0:
             return out  # nothing to compute; a launch with a zero grid dimension would be a CUDA error
         if self._launch.transposes_input:
@@ -184,7 +200,8 @@ class SpmmKernel:
         align = self._launch.output_alignment
         target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
         self.zero_partial_rows(target)
-        self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream)
+        extra = () if residual is None else (residual.data_ptr(),)
+        self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream, *extra)
         if target is not out:
             out.copy_(target)
         return out
@@ -194,16 +211,18 @@ class SpmmKernel:
         if self._partial is not None:
             out.index_fill_(out.dim() - 2 if self._launch.layout == "kn" else out.dim() - 1, self._partial, 0)
 
-    def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int) -> None:
+    def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int, *residual_ptr: int) -> None:
         """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops).
         Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first; with
-        config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous)."""
+        config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous); residual_ptr: the
+        residual's pointer for a plan compiled with one."""
         tiles, blocks = self._launch.grid
         if self._data is None:
             self._loaded.launch((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr)
             return
-        self._loaded.launch_args((tiles, blocks, batch), self._launch.threads, stream, (b_ptr, c_ptr, *self._data),
-                                 (ctypes.c_void_p,) * (2 + len(self._data)))
+        args = (b_ptr, c_ptr, *self._data, *residual_ptr)
+        self._loaded.launch_args((tiles, blocks, batch), self._launch.threads, stream, args,
+                                 (ctypes.c_void_p,) * len(args))
 
     @property
     def registers(self) -> int:

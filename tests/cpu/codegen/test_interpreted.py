@@ -204,18 +204,43 @@ def test_random_kernels_match_float64_reference(problem):
 
 
 # -- the small-N kernel over padded CSR (codegen/csr.py) ---------------------------------------------------
-def run_csr(plan, b: np.ndarray) -> np.ndarray:
-    """The small-N kernel of `plan` on b, as the runtime launches it (W's values, indices and row ranges
-    as data arrays); float64 out."""
+def run_csr(plan, b: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """The CSR kernel of `plan` on b, as the runtime launches it (W's values, indices and row ranges as data
+    arrays, then the bias, then the residual where the plan adds one); float64 out."""
     from sparseforge.codegen import render
 
     batch = b.shape[:-2]
     out = _poisoned((*batch, *((plan.M, plan.N) if plan.layout == "kn" else (plan.N, plan.M))), plan.dtype)
     bias = None if plan.bias is None else np.asarray(plan.bias, np.float32)
+    extra = [_encode(residual, plan.dtype)] if plan.residual else []
     source = render(plan)
     launch(source.text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,
-           _encode(b, plan.dtype), out, _encode(plan.values.astype(np.float64), plan.dtype), plan.cols, plan.rows, bias)
+           _encode(b, plan.dtype), out, _encode(plan.values.astype(np.float64), plan.dtype), plan.cols, plan.rows, bias,
+           *extra)
     return _decode(out, plan.dtype)
+
+
+@pytest.mark.parametrize("layout,config", [("kn", "small_n"), ("nk", "small_n"), ("kn", "columns")])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_csr_kernels_add_a_residual_before_relu(layout, config, dtype):
+    """Y = relu(W B + bias + R), R laid out as the output (kn: M x N; nk: N x M), batched."""
+    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+
+    rng = np.random.default_rng(5)
+    dense = np.where(rng.random((7, 40)) < 0.3, rng.standard_normal((7, 40)), 0).astype(np.float32)
+    dense[3] = 0  # an empty row: its output is bias + R only
+    weight, bias, n = SparseMatrix.from_dense(dense), rng.standard_normal(7), 11
+    cfg = CsrConfig(8, 4, 2) if config == "small_n" else CsrColumnsConfig(1, 2, 2)
+    plan = make_csr_plan(weight, n, dtype, layout, cfg, bias=bias, relu=True, residual=True)
+    assert plan.name.endswith("_res")
+    b = rng.standard_normal((2, 40, n) if layout == "kn" else (2, n, 40))
+    residual = rng.standard_normal((2, 7, n) if layout == "kn" else (2, n, 7))
+    got = run_csr(plan, b, residual)
+    rounded = _decode(_encode(residual, dtype), dtype)
+    ref = _reference(weight, b, layout, dtype, bias, False) + rounded
+    ref = np.maximum(ref, 0)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOLERANCE[dtype]
 
 
 @st.composite

@@ -28,8 +28,41 @@ def cpu_kernel(layout="kn", config=TileConfig(2, 1, 1, 4), dtype="float32", devi
     kernel._dtype, kernel._device = getattr(torch, dtype), torch.device(device)
     kernel._partial, kernel._data = None, None
     kernel.launches = []
-    kernel.launch = lambda b_ptr, c_ptr, batch, stream: kernel.launches.append((b_ptr, c_ptr, batch))
+    kernel.launch = lambda b_ptr, c_ptr, batch, stream, *extra: kernel.launches.append((b_ptr, c_ptr, batch, *extra))
     return kernel
+
+
+def residual_kernel(layout="kn") -> SpmmKernel:
+    """The same CPU kernel over a CSR plan compiled with a residual."""
+    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+
+    kernel = cpu_kernel(layout)
+    plan = make_csr_plan(weight(), N, "float32", layout, CsrConfig(8, 4, 1), residual=True)
+    kernel._launch, kernel._full = plan, plan
+    return kernel
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_a_residual_is_required_checked_and_passed_to_the_launch(layout):
+    kernel = residual_kernel(layout)
+    b = torch.ones(KN if layout == "kn" else (N, K))
+    out_shape = kernel.out_shape
+    with pytest.raises(ValueError, match="compiled with residual=True"):
+        kernel(b)
+    with pytest.raises(ValueError, match="residual has shape"):
+        kernel(b, residual=torch.zeros(out_shape[::-1]))
+    with pytest.raises(ValueError, match="residual has shape"):
+        kernel(b, residual=torch.zeros(2, *out_shape))  # batched residual for an unbatched B
+    r = torch.zeros(out_shape)
+    out = kernel(b, residual=r)
+    assert kernel.launches[-1][3] == r.data_ptr() and out.data_ptr() != r.data_ptr()
+    kernel(b, out=r, residual=r)  # in place: allowed
+    big = torch.zeros(2 * r.numel())
+    with pytest.raises(ValueError, match="partly overlaps residual"):
+        kernel(b, out=big[1:1 + r.numel()].view(out_shape), residual=big[:r.numel()].view(out_shape))
+    plain = cpu_kernel(layout)
+    with pytest.raises(ValueError, match="compiled without a residual"):
+        plain(b, residual=r)
 
 
 @pytest.fixture(autouse=True)
