@@ -69,7 +69,7 @@ def _checked_bias(bias, m: int):
 
 
 # the config families whose kernels add a residual (C = W B + bias + R) in their epilogue so far
-RESIDUAL_CONFIGS = (CsrConfig, CsrColumnsConfig)
+RESIDUAL_CONFIGS = (CsrConfig, CsrColumnsConfig, BitmapConfig)
 
 
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
@@ -77,9 +77,9 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
     if residual and not isinstance(config, RESIDUAL_CONFIGS):
         raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
-                         "use a CsrConfig or CsrColumnsConfig (or no config: the chooser takes those)")
+                         "use a CsrConfig, CsrColumnsConfig or BitmapConfig (or no config: the chooser takes those)")
     if isinstance(config, BitmapConfig):
-        return make_bitmap_plan(w, n, dtype, layout, config, bias, relu, arch)
+        return make_bitmap_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     if isinstance(config, (CsrConfig, CsrColumnsConfig)):
         return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
@@ -128,8 +128,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
     config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig instead. deterministic: no atomics
     (bitwise-reproducible runs). residual=True: the kernel takes k(B, residual=R) and adds R (laid out as the
-    output) before relu; only the kernels that read W as data (csr, csr-columns) add one so far, so the
-    chooser picks among those.
+    output) before relu; only the kernels that read W as data (csr, csr-columns, bitmap) add one so far, so
+    the chooser picks among those.
 
     Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
     k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every
@@ -148,7 +148,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
                         f"{type(config).__name__}")
     if residual and config is not None and not isinstance(config, RESIDUAL_CONFIGS):
         raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
-                         "use a CsrConfig or CsrColumnsConfig (or no config: the chooser takes those)")
+                         "use a CsrConfig, CsrColumnsConfig or BitmapConfig (or no config: the chooser takes those)")
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")

@@ -7,7 +7,8 @@ word, the warp turns the words' bit counts into prefix sums by shuffle, and each
 from the highest: bit b of word w is column 64 w + b, and its value sits at offset + prefix + rank, so the
 values are read in order with no index stored. `unroll` bits a lane per iteration: their value and B
 loads go out together, each predicated on the word still holding a bit. Sums stay in fp32 per column of N;
-a fixed-order butterfly adds the lanes, lane 0 adds bias, applies ReLU (max.NaN) and stores.
+a fixed-order butterfly adds the lanes, lane 0 adds bias and the residual (where the plan has one),
+applies ReLU (max.NaN) and stores.
 """
 from __future__ import annotations
 
@@ -117,12 +118,21 @@ def render_bitmap(plan: BitmapPlan) -> KernelSource:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
         e.lines([f"add.f32 %acc{j}, %acc{j}, %f;" for j in range(n)])
+    # kn: C[row, j] at (row * N + j); nk (N = 1): Y[0, row], the same address (the residual's alike)
+    e.lines([f"mul.lo.u64 %rdt, %rdz, {plan.M * n * es};", f"mad.wide.u32 %rdt, %row, {n * es}, %rdt;"])
+    if plan.residual:
+        e.lines(["ld.param.u64 %rdc, [p_residual];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
+        for j in range(n):
+            address = f"[%rdc+{j * es}]" if j else "[%rdc]"
+            if es == 4:
+                e.line(f"ld.global.nc.b32 %f, {address};")
+            else:
+                e.line(f"ld.global.nc.b16 %ho, {address};")
+                _widen(e, plan.dtype, "%f", "%ho")
+            e.line(f"add.f32 %acc{j}, %acc{j}, %f;")
     if plan.relu:
         e.lines([f"max.NaN.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(n)])
-    # kn: C[row, j] at (row * N + j); nk (N = 1): Y[0, row], the same address
-    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.M * n * es};", "add.s64 %rdc, %rdc, %rdt;",
-             f"mad.wide.u32 %rdc, %row, {n * es}, %rdc;"])
+    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     for j in range(n):
         address = f"[%rdc+{j * es}]" if j else "[%rdc]"
@@ -153,6 +163,7 @@ def render_bitmap(plan: BitmapPlan) -> KernelSource:
         f"layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
         f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
         f".visible .entry {plan.name}(", "    .param .u64 p_b,", "    .param .u64 p_c,", "    .param .u64 p_values,",
-        "    .param .u64 p_masks,", "    .param .u64 p_offsets,", "    .param .u64 p_bias", ")",
+        "    .param .u64 p_masks,", "    .param .u64 p_offsets,",
+        "    .param .u64 p_bias" + (",\n    .param .u64 p_residual" if plan.residual else ""), ")",
         f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
     return KernelSource(plan.name, (text,), 0)

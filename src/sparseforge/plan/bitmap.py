@@ -80,6 +80,7 @@ class BitmapPlan:
     family = "bitmap"  # W is data the runtime uploads (weight_arrays), not code
     mapping = "bitmap"
     partial_rows: tuple[int, ...] = ()
+    residual: bool = False  # the epilogue adds R (laid out as the output, parameter p_residual) before ReLU
     transposes_input = False
 
     @property
@@ -123,7 +124,8 @@ class BitmapPlan:
     @property
     def name(self) -> str:
         """Depends on the shape and options, not the pattern (W is data): one compile serves every weight."""
-        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "")
+        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "") + \
+            ("_res" if self.residual else "")
         return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
 
     @property
@@ -143,7 +145,8 @@ class BitmapPlan:
 
 
 def make_bitmap_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = "kn",
-                     config: BitmapConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> BitmapPlan:
+                     config: BitmapConfig | None = None, bias=None, relu: bool = False, arch: int = 90,
+                     residual: bool = False) -> BitmapPlan:
     check_problem(n, dtype, layout)
     config = config or BitmapConfig()
     m, k = w.shape
@@ -175,7 +178,7 @@ def make_bitmap_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: st
     np.add.at(before, (rows, step_of + 1), 1)
     offsets = (starts[:, None] + np.cumsum(before, axis=1)[:, :steps]).astype(np.int32)
     plan = BitmapPlan(m, k, n, layout, dtype, config, masks, values, offsets, w.nnz, fp32_bias(bias, m), relu,
-                      arch, w.digest())
+                      arch, w.digest(), residual=bool(residual))
     check_launch(plan.grid)
     return plan
 

@@ -17,15 +17,33 @@ from .test_interpreted import TOLERANCE, _decode, _encode, _poisoned, _reference
 from .test_ptx import _assemble_without_spills_and_link
 
 
-def run_bitmap(plan, b: np.ndarray) -> np.ndarray:
-    """The kernel on b as the runtime launches it (values in the kernel's dtype, masks, offsets, bias)."""
+def run_bitmap(plan, b: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """The kernel on b as the runtime launches it (values in the kernel's dtype, masks, offsets, bias, then
+    the residual where the plan adds one)."""
     batch = b.shape[:-2]
     out = _poisoned((*batch, *((plan.M, plan.N) if plan.layout == "kn" else (plan.N, plan.M))), plan.dtype)
     arrays = [_encode(a.astype(np.float64), plan.dtype) if kind == "values" else a for a, kind in plan.weight_arrays()]
     bias = None if plan.bias is None else np.asarray(plan.bias, np.float32)
+    extra = [_encode(residual, plan.dtype)] if plan.residual else []
     launch(render(plan).text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,
-           _encode(b, plan.dtype), out, *arrays, bias)
+           _encode(b, plan.dtype), out, *arrays, bias, *extra)
     return _decode(out, plan.dtype)
+
+
+@pytest.mark.parametrize("layout,n", [("kn", 5), ("nk", 1)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bitmap_kernel_adds_a_residual_before_relu(layout, n, dtype):
+    rng = np.random.default_rng(8)
+    dense = np.where(rng.random((6, 150)) < 0.2, rng.standard_normal((6, 150)), 0).astype(np.float32)
+    dense[2] = 0
+    weight, bias = SparseMatrix.from_dense(dense), rng.standard_normal(6)
+    plan = make_bitmap_plan(weight, n, dtype, layout, BitmapConfig(2, 2), bias=bias, relu=True, residual=True)
+    b = rng.standard_normal((2, 150, n) if layout == "kn" else (2, n, 150))
+    residual = rng.standard_normal((2, 6, n) if layout == "kn" else (2, n, 6))
+    got = run_bitmap(plan, b, residual)
+    ref = np.maximum(_reference(weight, b, layout, dtype, bias, False) + _decode(_encode(residual, dtype), dtype), 0)
+    assert np.isfinite(got).all() and plan.name.endswith("_res")
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOLERANCE[dtype]
 
 
 @st.composite
