@@ -14,15 +14,8 @@ from __future__ import annotations
 
 from ..plan.bitmap import WORD, BitmapPlan
 from ..plan.config import WARP
-from .emitter import Emitter
+from .emitter import Emitter, load_operand, operand_value, widen
 from .ptx import PTX_VERSION, KernelSource
-
-
-def _widen(e: Emitter, dtype: str, dst: str, half: str) -> None:
-    if dtype == "bfloat16":
-        e.lines([f"cvt.u32.u16 {dst}, {half};", f"shl.b32 {dst}, {dst}, 16;"])
-    else:
-        e.line(f"cvt.f32.f16 {dst}, {half};")
 
 
 def _bits(e: Emitter, plan: BitmapPlan) -> None:
@@ -42,28 +35,13 @@ def _bits(e: Emitter, plan: BitmapPlan) -> None:
             e.line(f"{guard}ld.global.nc.b16 %hw{i}, [%rdw{i}];")
         for v in range(n // width):
             address = f"[%rdx{i}+{v * width * es}]" if v else f"[%rdx{i}]"
-            if es == 4:
-                regs = [f"%x{i}_{v * width + j}" for j in range(width)]
-                kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[width]
-            else:
-                regs = [f"%hx{i}_{v}"] if width == 1 else [f"%xw{i}_{v * (width // 2) + j}" for j in range(width // 2)]
-                kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[width]
-            target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
-            e.line(f"{guard}ld.global.nc.{kind} {target}, {address};")
+            load_operand(e, es, width, i, v * width, guard[1:-1] if guard else "", address)
     for i in range(u):
         guard = "" if i == 0 else f"@%pb{i} "
         if es == 2:
-            _widen(e, plan.dtype, f"%w{i}", f"%hw{i}")
+            widen(e, plan.dtype, f"%w{i}", f"%hw{i}")
         for j in range(n):
-            x = f"%x{i}_{j}"
-            if es == 2:
-                if width == 1:
-                    _widen(e, plan.dtype, x, f"%hx{i}_{j}")
-                elif plan.dtype == "bfloat16":
-                    word = f"%xw{i}_{j // 2}"
-                    e.line(f"shl.b32 {x}, {word}, 16;" if j % 2 == 0 else f"and.b32 {x}, {word}, -65536;")
-                else:
-                    e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{i}_{j // 2};", f"cvt.f32.f16 {x}, %hv{j % 2};"])
+            x = operand_value(e, plan.dtype, es, width, i, j)
             e.line(f"{guard}fma.rn.f32 %acc{j}, %w{i}, {x}, %acc{j};")
     e.line(f"sub.u32 %p, %p, {u};")
 
@@ -128,7 +106,7 @@ def render_bitmap(plan: BitmapPlan) -> KernelSource:
                 e.line(f"ld.global.nc.b32 %f, {address};")
             else:
                 e.line(f"ld.global.nc.b16 %ho, {address};")
-                _widen(e, plan.dtype, "%f", "%ho")
+                widen(e, plan.dtype, "%f", "%ho")
             e.line(f"add.f32 %acc{j}, %acc{j}, %f;")
     if plan.relu:
         e.lines([f"max.NaN.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(n)])

@@ -12,17 +12,9 @@ from __future__ import annotations
 
 from ..plan.config import WARP
 from ..plan.csr import NNZ_PER_STEP, CsrPlan
-from .emitter import Emitter
+from .emitter import Emitter, load_operand, operand_value, widen
 from .ptx import PTX_VERSION, KernelSource
 
-
-
-def _widen(e: Emitter, dtype: str, dst: str, half: str) -> None:
-    """fp32 `dst` from a 16-bit register `half`."""
-    if dtype == "bfloat16":
-        e.lines([f"cvt.u32.u16 {dst}, {half};", f"shl.b32 {dst}, {dst}, 16;"])
-    else:
-        e.line(f"cvt.f32.f16 {dst}, {half};")
 
 
 def _load_values(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str) -> None:
@@ -82,26 +74,10 @@ def _step(e: Emitter, plan: CsrPlan) -> None:
             e.line(f"and.pred {guard}, %pz{s}, %pn{v};")
             offset = v * width * n_stride
             address = f"[%rdx{s}+{offset}]" if offset else f"[%rdx{s}]"
-            if es == 4:
-                regs = [f"%x{s}_{v * width + j}" for j in range(width)]
-                kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[width]
-            else:
-                regs = [f"%hx{s}_{v * width + j}" for j in range(width)] if width == 1 else \
-                    [f"%xw{s}_{v * (width // 2) + j}" for j in range(width // 2)]
-                kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[width]
-            target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
-            e.line(f"@{guard} ld.global.nc.{kind} {target}, {address};")
+            load_operand(e, es, width, s, v * width, guard, address)
     for s in range(slots):
         for j in range(cols):
-            x = f"%x{s}_{j}"
-            if es == 2:
-                if width == 1:
-                    _widen(e, plan.dtype, x, f"%hx{s}_{j}")
-                elif plan.dtype == "bfloat16":
-                    word = f"%xw{s}_{j // 2}"
-                    e.line(f"shl.b32 {x}, {word}, 16;" if j % 2 == 0 else f"and.b32 {x}, {word}, -65536;")
-                else:
-                    e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{s}_{j // 2};", f"cvt.f32.f16 {x}, %hv{j % 2};"])
+            x = operand_value(e, plan.dtype, es, width, s, j)
             e.line(f"@%pq{s}_{j // width} fma.rn.f32 %acc{j}, %w{s}, {x}, %acc{j};")
 
 
@@ -127,7 +103,7 @@ def _store(e: Emitter, plan: CsrPlan) -> None:
                 e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
             else:
                 e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.nc.b16 %ho, {address};"])
-                _widen(e, plan.dtype, "%f", "%ho")
+                widen(e, plan.dtype, "%f", "%ho")
             e.line(f"@{guard} add.f32 %acc{j}, %acc{j}, %f;")
     if plan.relu:
         e.lines([f"max.NaN.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(cols)])
@@ -301,7 +277,7 @@ def render_columns(plan, operand) -> KernelSource:
         e.line("@%pl ld.global.nc.b32 %wv, [%rdt];")
     else:
         e.lines(["mov.b16 %hv0, 0;", "@%pl ld.global.nc.b16 %hv0, [%rdt];"])
-        _widen(e, plan.dtype, "%wv", "%hv0")
+        widen(e, plan.dtype, "%wv", "%hv0")
     e.comment("the chunk's nonzeros one by one: broadcast (index, value), load B's row segment, FMA")
     # Loads go a batch ahead of their FMAs: batch x columns B registers (ptxas hoists further where
     # registers allow). All 32 at 4 fp32 columns would want ~300 registers and spill.
@@ -315,27 +291,11 @@ def render_columns(plan, operand) -> KernelSource:
             for v, (offset, n_el) in enumerate(loads):
                 guard = f"%pq{j}_{v}"
                 address = operand.load(e, plan, j, v, offset)
-                if es == 4:
-                    regs = [f"%x{j}_{v * n_el + i}" for i in range(n_el)]
-                    kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[n_el]
-                else:
-                    regs = [f"%hx{j}_{v}"] if n_el == 1 else [f"%xw{j}_{i}" for i in range(n_el // 2)]
-                    kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[n_el]
-                target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
-                e.line(f"@{guard} ld.global.nc.{kind} {target}, {address};")
+                load_operand(e, es, n_el, j, v * n_el, guard, address)
         for j in js:
             for i in range(cols):
-                v = i // width if width == cols else i
-                x = f"%x{j}_{i}"
-                if es == 2:
-                    if width == 1:
-                        _widen(e, plan.dtype, x, f"%hx{j}_{i}")
-                    elif plan.dtype == "bfloat16":
-                        word = f"%xw{j}_{i // 2}"
-                        e.line(f"shl.b32 {x}, {word}, 16;" if i % 2 == 0 else f"and.b32 {x}, {word}, -65536;")
-                    else:
-                        e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{j}_{i // 2};", f"cvt.f32.f16 {x}, %hv{i % 2};"])
-                e.line(f"@%pq{j}_{0 if width == cols else v} fma.rn.f32 %acc{i}, %wj{j}, {x}, %acc{i};")
+                x = operand_value(e, plan.dtype, es, width, j, i)
+                e.line(f"@%pq{j}_{0 if width == cols else i} fma.rn.f32 %acc{i}, %wj{j}, {x}, %acc{i};")
     e.lines([f"add.u32 %rp, %rp, {S * WARP};", "bra.uni CHUNK;"])
     e.label("REDUCE")
     shared = ""
@@ -381,7 +341,7 @@ def render_columns(plan, operand) -> KernelSource:
                 e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
             else:
                 e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.nc.b16 %ho, {address};"])
-                _widen(e, plan.dtype, "%f", "%ho")
+                widen(e, plan.dtype, "%f", "%ho")
             e.line(f"@{guard} add.f32 %acc{i}, %acc{i}, %f;")
     if plan.relu:
         e.lines([f"max.NaN.f32 %acc{i}, %acc{i}, 0f00000000;" for i in range(cols)])

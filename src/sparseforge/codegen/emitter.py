@@ -40,3 +40,40 @@ class Emitter:
 
     def text(self) -> str:
         return "\n".join(self._lines)
+
+
+def widen(e: Emitter, dtype: str, dst: str, half: str) -> None:
+    """fp32 register `dst` from a 16-bit register `half` holding a float16 or bfloat16."""
+    if dtype == "bfloat16":
+        e.lines([f"cvt.u32.u16 {dst}, {half};", f"shl.b32 {dst}, {dst}, 16;"])
+    else:
+        e.line(f"cvt.f32.f16 {dst}, {half};")
+
+
+def load_operand(e: Emitter, element_bytes: int, elements: int, tag, first: int, guard: str, address: str) -> None:
+    """One (vector) load of `elements` operand values starting at element `first` of slot `tag`, into the
+    registers operand_value reads: fp32 into %x{tag}_{i}; 16-bit singles into %hx{tag}_{i}, pairs into the
+    words %xw{tag}_{i/2}. guard: a predicate register, or "" for none. The CSR, csr-columns, bitmap and
+    convolution kernels share this naming."""
+    if element_bytes == 4:
+        regs = [f"%x{tag}_{first + i}" for i in range(elements)]
+        kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[elements]
+    else:
+        regs = [f"%hx{tag}_{first}"] if elements == 1 else [f"%xw{tag}_{first // 2 + i}" for i in range(elements // 2)]
+        kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[elements]
+    target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+    e.line(f"{'@' + guard + ' ' if guard else ''}ld.global.nc.{kind} {target}, {address};")
+
+
+def operand_value(e: Emitter, dtype: str, element_bytes: int, width: int, tag, i: int) -> str:
+    """The fp32 register of operand element i of slot `tag` (load_operand's), widening 16-bit values."""
+    x = f"%x{tag}_{i}"
+    if element_bytes == 2:
+        if width == 1:
+            widen(e, dtype, x, f"%hx{tag}_{i}")
+        elif dtype == "bfloat16":
+            word = f"%xw{tag}_{i // 2}"
+            e.line(f"shl.b32 {x}, {word}, 16;" if i % 2 == 0 else f"and.b32 {x}, {word}, -65536;")
+        else:
+            e.lines([f"mov.b32 {{%hv0, %hv1}}, %xw{tag}_{i // 2};", f"cvt.f32.f16 {x}, %hv{i % 2};"])
+    return x

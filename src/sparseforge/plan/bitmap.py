@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import WARP
+from .config import WARP, epilogue_tag, require_ints
 from .plan import ELEMENT_BYTES, check_launch, check_problem, fp32_bias
 
 WORD = 64                  # columns a mask word covers
@@ -43,9 +43,7 @@ class BitmapConfig:
     unroll: int = 2
 
     def __post_init__(self):
-        for name, value in vars(self).items():  # 2.0 == 2 would pass the membership checks below
-            if type(value) is not int:
-                raise TypeError(f"{name} must be an int, got {value!r}")
+        require_ints(self)
         if self.warps_per_block not in (1, 2, 4, 8):  # 16 (512 threads, 128 registers each) spills on sm_80
             raise ValueError(f"warps_per_block must be 1, 2, 4 or 8, got {self.warps_per_block}")
         if self.unroll not in (1, 2, 4):
@@ -124,8 +122,7 @@ class BitmapPlan:
     @property
     def name(self) -> str:
         """Depends on the shape and options, not the pattern (W is data): one compile serves every weight."""
-        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "") + \
-            ("_res" if self.residual else "")
+        epi = epilogue_tag(self.bias, self.relu, self.residual)
         return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
 
     @property

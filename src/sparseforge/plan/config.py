@@ -6,6 +6,19 @@ from dataclasses import dataclass
 WARP = 32
 
 
+def require_ints(config) -> None:
+    """Every field of a frozen config dataclass an int (2.0 == 2 would pass membership checks, then break
+    the rendered PTX), refused with the field named."""
+    for name, value in vars(config).items():
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def epilogue_tag(bias, relu: bool, residual: bool = False) -> str:
+    """The part of a kernel's name its epilogue decides."""
+    return ("_bias" if bias is not None else "") + ("_relu" if relu else "") + ("_res" if residual else "")
+
+
 @dataclass(frozen=True)
 class TileConfig:
     rows_per_group: int = 4   # max rows of W one warp computes; their shared B columns are loaded once

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
+from .config import epilogue_tag
 from .csr import CsrColumnsConfig, CsrPlan, make_csr_plan
 
 TAP_SHIFT = 26            # offset bits in a slot; the tap index above them
@@ -140,8 +141,7 @@ class ConvPlan(CsrPlan):
 
     @property
     def name(self) -> str:
-        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "") + \
-            ("_res" if self.residual else "")
+        epi = epilogue_tag(self.bias, self.relu, self.residual)
         return f"conv2d_nchw_{self.dtype}_{self.geometry.short()}_{self.config.short()}{epi}"
 
     def describe(self) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import WARP
+from .config import WARP, epilogue_tag, require_ints
 from .plan import ELEMENT_BYTES, check_launch, check_problem, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
@@ -44,9 +44,7 @@ class CsrConfig:
     unroll: int = 1
 
     def __post_init__(self):
-        for name, value in vars(self).items():  # 2.0 == 2 would pass the membership checks below
-            if type(value) is not int:
-                raise TypeError(f"{name} must be an int, got {value!r}")
+        require_ints(self)
         if self.lanes_per_row not in (4, 8, 16, 32):
             raise ValueError(f"lanes_per_row must be 4, 8, 16 or 32, got {self.lanes_per_row}")
         if not 1 <= self.columns <= 32:
@@ -79,9 +77,7 @@ class CsrColumnsConfig:
     rows_per_block: int = 4   # rows one block holds: a block is rows_per_block x warps_per_row warps
 
     def __post_init__(self):
-        for name, value in vars(self).items():  # 2.0 == 2 would pass the membership checks below
-            if type(value) is not int:
-                raise TypeError(f"{name} must be an int, got {value!r}")
+        require_ints(self)
         if self.columns not in (1, 2, 4, 8):
             raise ValueError(f"columns must be 1, 2, 4 or 8, got {self.columns}")
         if self.warps_per_row not in (1, 2, 4, 8):
@@ -176,8 +172,7 @@ class CsrPlan:
     @property
     def name(self) -> str:
         """The kernel depends on the shape, not the pattern: one compile serves every weight of this shape."""
-        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "") + \
-            ("_res" if self.residual else "")
+        epi = epilogue_tag(self.bias, self.relu, self.residual)
         return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
 
     @property

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import TileConfig
+from .config import TileConfig, epilogue_tag
 
 LAYOUTS = ("kn", "nk")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -151,7 +151,7 @@ class Plan:
 
     @property
     def name(self) -> str:
-        epi = ("_bias" if self.bias is not None else "") + ("_relu" if self.relu else "")
+        epi = epilogue_tag(self.bias, self.relu)
         return (f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}"
                 f"{epi}_{self.digest[:12]}")
 

@@ -1,18 +1,16 @@
 """ConvKernel: a loaded direct sparse convolution (plan/conv.py), called like F.conv2d on NCHW tensors.
 
-It goes through the one compile path and loader of runtime/kernel.py (compile_plan, load_kernel) and
-uploads W's arrays the way every kernel that reads W as data does (_weight_data).
+It goes through the one compile path and loader of runtime/kernel.py (compile_plan; LoadedPlanKernel loads
+it and uploads W's arrays the way every kernel that reads W as data does).
 """
 from __future__ import annotations
 
 import ctypes
-import time
 
-from ..codegen import render
-from .kernel import Built, _weight_data, compile_plan, load_kernel
+from .kernel import Built, LoadedPlanKernel, compile_plan
 
 
-class ConvKernel:
+class ConvKernel(LoadedPlanKernel):
     """k(x) -> y, k(x, out=y), k(x, residual=r) (compiled with residual=True: y = conv(x) + bias + r, then
     ReLU). x: [batch,] Cin x H x W, contiguous, of the kernel's dtype and device; any batch up to 65535
     (input_shape's batch only sized the plan). out / residual: [batch,] Cout x OH x OW alike; out may be
@@ -25,35 +23,10 @@ class ConvKernel:
     at a nonzero weight."""
 
     def __init__(self, plan, built: Built, device_index: int):
-        import torch
-
-        start = time.perf_counter()
-        self.plan, self._source, self.device_index = plan, built.source, device_index
-        self._loaded = load_kernel(built.cubin, plan.name, device_index)
-        self.load_seconds = time.perf_counter() - start
-        self.compile_seconds, self.cache_hit = built.seconds, built.hit
-        self.tune_seconds = 0.0
-        self.choice, self.tuning = None, []
-        self._dtype = getattr(torch, plan.dtype)
-        self._device = torch.device("cuda", device_index)
-        self._weight_tensors, self._data = _weight_data(plan, self._device)
+        super().__init__(plan, built, device_index)
         g = plan.geometry
         self.in_shape = (g.channels, g.height, g.width)
         self.out_shape = (g.out_channels, g.out_height, g.out_width)
-
-    @property
-    def mapping(self) -> str:
-        return self.plan.mapping
-
-    @property
-    def source(self) -> str:
-        if self._source is None:
-            self._source = render(self.plan)
-        return self._source.text
-
-    @property
-    def registers(self) -> int:
-        return self._loaded.registers
 
     def _check(self, t, what: str, shape: tuple[int, int, int]) -> None:
         import torch

@@ -20,7 +20,43 @@ from .cache import KernelCache, cache_key
 from .compiler import default_compiler
 
 
-class SpmmKernel:
+class LoadedPlanKernel:
+    """What every kernel over a plan holds once loaded: the plan, the loaded module, its compile and load
+    times, the chooser's record, and W's device arrays for the kernels that read W as data (kept alive as
+    long as the kernel: a CUDA graph that replays it reads them)."""
+
+    def __init__(self, plan, built: "Built", device_index: int):
+        import torch
+
+        start = time.perf_counter()
+        self.plan, self._source, self.device_index = plan, built.source, device_index
+        self._loaded = load_kernel(built.cubin, plan.name, device_index)
+        self.load_seconds = time.perf_counter() - start
+        self.compile_seconds, self.cache_hit = built.seconds, built.hit
+        self.tune_seconds = 0.0
+        self.tuning: list[dict] = []
+        self.choice = None  # the chooser's record (tune/choose.py) when the kernel was picked by timing
+        self._dtype = getattr(torch, plan.dtype)
+        self._device = torch.device("cuda", device_index)
+        self._weight_tensors, self._data = _weight_data(plan, self._device)
+
+    @property
+    def mapping(self) -> str:
+        """Which mapping of the work this kernel is: see plan.mapping."""
+        return self.plan.mapping
+
+    @property
+    def source(self) -> str:
+        if self._source is None:  # a cache hit skips rendering; render on demand
+            self._source = render(self.plan)
+        return self._source.text
+
+    @property
+    def registers(self) -> int:
+        return self._loaded.registers
+
+
+class SpmmKernel(LoadedPlanKernel):
     """C = W @ B (layout "kn": B [batch,] K x N -> C [batch,] M x N) or Y = X @ W^T (layout "nk":
     X [batch,] N x K -> Y [batch,] N x M), with W, N, dtype and epilogue fixed at compile time.
 
@@ -51,25 +87,13 @@ class SpmmKernel:
         """plan: what the launch needs (grid, threads, shapes, split rows); a sketch (plan.sketch) serves when
         the cubin came from the cache, and `full_plan` then makes the whole plan if someone reads k.plan or
         k.source (on a cache hit, planning every group's program would cost more than loading the kernel)."""
-        start = time.perf_counter()
-        self._launch, self._source, self.device_index = plan, built.source, device_index
-        self._full = None if getattr(plan, "sketch", False) else plan
         self._make_full = full_plan
-        self._loaded = load_kernel(built.cubin, plan.name, device_index)
-        self.load_seconds = time.perf_counter() - start
-        self.compile_seconds, self.cache_hit = built.seconds, built.hit
-        self.tune_seconds = 0.0
-        self.tuning: list[dict] = []
-        self.choice = None  # the chooser's record (tune/choose.py) when the kernel was picked by timing
+        super().__init__(plan, built, device_index)
         import torch
 
-        self._dtype = getattr(torch, plan.dtype)
-        self._device = torch.device("cuda", device_index)
         # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
         self._partial = (torch.tensor(plan.partial_rows, dtype=torch.long, device=self._device)
                          if plan.partial_rows else None)
-        # the small-N mapping reads W as data: its device tensors live as long as the kernel
-        self._weight_tensors, self._data = _weight_data(plan, self._device)
 
     @property
     def plan(self):
@@ -79,6 +103,12 @@ class SpmmKernel:
                 return self._launch
             self._full = self._make_full()
         return self._full
+
+    @plan.setter
+    def plan(self, plan) -> None:
+        """What the launch reads; the whole plan too unless it is a sketch."""
+        self._launch = plan
+        self._full = None if getattr(plan, "sketch", False) else plan
 
     @property
     def mapping(self) -> str:
@@ -91,11 +121,6 @@ class SpmmKernel:
         when dense was not timed. choice.sparse_us / choice.dense_us hold both times."""
         return None if self.choice is None or self.choice.dense_us is None else self.choice.dense_faster
 
-    @property
-    def source(self) -> str:
-        if self._source is None:  # a cache hit skips rendering; render on demand
-            self._source = render(self.plan)
-        return self._source.text
 
     @property
     def in_shape(self) -> tuple[int, int]:
@@ -223,10 +248,6 @@ class SpmmKernel:
         args = (b_ptr, c_ptr, *self._data, *residual_ptr)
         self._loaded.launch_args((tiles, blocks, batch), self._launch.threads, stream, args,
                                  (ctypes.c_void_p,) * len(args))
-
-    @property
-    def registers(self) -> int:
-        return self._loaded.registers
 
     def __repr__(self) -> str:
         return (f"SpmmKernel({self._launch.name}, compile {self.compile_seconds:.3f}s, "

@@ -37,6 +37,14 @@ def _poisoned(shape, dtype: str) -> np.ndarray:
     return _encode(np.full(shape, np.nan), dtype)
 
 
+def assert_matches(got: np.ndarray, ref: np.ndarray, dtype: str) -> None:
+    """Every output written (the buffers start NaN-poisoned) and within the dtype's tolerance of float64
+    (an all-zero reference must be matched exactly)."""
+    assert np.isfinite(got).all(), "an output element was never written"
+    scale = max(np.linalg.norm(ref), 1e-30)
+    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+
+
 def run_plan(plan, b: np.ndarray) -> np.ndarray:
     """The kernel of `plan` on b ([batch,] kn: K x N; nk: N x K), as the runtime launches it; float64 out."""
     source = render(plan)
@@ -198,26 +206,27 @@ def test_random_kernels_match_float64_reference(problem):
     b = rng.standard_normal((k, n) if layout == "kn" else (n, k))
     got = run_plan(plan, b)
     ref = _reference(weight, b, layout, dtype, bias, relu)
-    assert np.isfinite(got).all(), "an output element was never written"
-    scale = max(np.linalg.norm(ref), 1e-30)
-    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+    assert_matches(got, ref, dtype)
 
 
 # -- the small-N kernel over padded CSR (codegen/csr.py) ---------------------------------------------------
-def run_csr(plan, b: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-    """The CSR kernel of `plan` on b, as the runtime launches it (W's values, indices and row ranges as data
-    arrays, then the bias, then the residual where the plan adds one); float64 out."""
+def run_data_kernel(plan, b: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """A kernel that reads W as data (CSR, csr-columns, bitmap) on b, as the runtime launches it: its
+    plan.weight_arrays() (values in the kernel's dtype), the bias, then the residual where the plan adds
+    one; float64 out."""
     from sparseforge.codegen import render
 
     batch = b.shape[:-2]
     out = _poisoned((*batch, *((plan.M, plan.N) if plan.layout == "kn" else (plan.N, plan.M))), plan.dtype)
+    arrays = [_encode(a.astype(np.float64), plan.dtype) if kind == "values" else a for a, kind in plan.weight_arrays()]
     bias = None if plan.bias is None else np.asarray(plan.bias, np.float32)
     extra = [_encode(residual, plan.dtype)] if plan.residual else []
-    source = render(plan)
-    launch(source.text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,
-           _encode(b, plan.dtype), out, _encode(plan.values.astype(np.float64), plan.dtype), plan.cols, plan.rows, bias,
-           *extra)
+    launch(render(plan).text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,
+           _encode(b, plan.dtype), out, *arrays, bias, *extra)
     return _decode(out, plan.dtype)
+
+
+run_csr = run_data_kernel
 
 
 @pytest.mark.parametrize("layout,config", [("kn", "small_n"), ("nk", "small_n"), ("kn", "columns")])
@@ -275,9 +284,7 @@ def test_random_small_n_kernels_match_float64_reference(problem):
     b = rng.standard_normal((batch, k, n) if layout == "kn" else (batch, n, k))
     got = run_csr(plan, b)
     ref = _reference(weight, b, layout, dtype, bias, relu)
-    assert np.isfinite(got).all(), "an output element was never written"
-    scale = max(np.linalg.norm(ref), 1e-30)
-    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+    assert_matches(got, ref, dtype)
 
 
 def test_small_n_kernel_never_multiplies_padding():
@@ -330,9 +337,7 @@ def test_random_csr_columns_kernels_match_float64_reference(problem):
     b = rng.standard_normal((batch, k, n))
     got = run_csr(plan, b)
     ref = _reference(weight, b, "kn", dtype, bias, relu)
-    assert np.isfinite(got).all(), "an output element was never written"
-    scale = max(np.linalg.norm(ref), 1e-30)
-    assert np.linalg.norm(got - ref) / scale <= TOLERANCE[dtype] or np.linalg.norm(ref) == np.linalg.norm(got) == 0
+    assert_matches(got, ref, dtype)
 
 
 @pytest.mark.parametrize("warps_per_row", [1, 2])
