@@ -3,7 +3,9 @@
 Layout: <cache_dir>/<sparseforge version>/sm_<arch>/<key[:2]>/<key>/{kernel.cubin, meta.json}
 - key = sha256 over everything that changes the binary: generated source, arch, toolchain, options;
 - writes go to a temporary folder first and are moved in with os.replace; meta.json, written last and
-  holding the cubin's sha256, marks an entry complete;
+  holding the cubin's length and CRC-32, marks an entry complete (CRC-32, not a cryptographic hash: it
+  guards against truncation and bit rot, not tampering, and costs ~0.2 ms per MB on every cache hit where
+  sha256 cost ~0.6, a third of a warm compile_spmm for a 3 MB cubin);
 - an entry whose cubin is missing, truncated or altered is removed and rebuilt, never trusted;
 - a file lock per key, with a second look after taking it, so parallel processes build a key once;
 - a file where a folder of the layout belongs (or a folder where a file does) is removed and rebuilt; a root
@@ -19,6 +21,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -99,8 +102,8 @@ class KernelCache:
         try:
             meta = json.loads(meta_path.read_text())
             cubin = cubin_path.read_bytes()
-            if hashlib.sha256(cubin).hexdigest() != meta["cubin_sha256"]:
-                raise ValueError("cubin does not match its recorded hash")
+            if len(cubin) != meta["cubin_bytes"] or zlib.crc32(cubin) != meta["cubin_crc32"]:
+                raise ValueError("cubin does not match its recorded length and CRC-32")
         except (OSError, ValueError, KeyError, TypeError):
             shutil.rmtree(folder, ignore_errors=True)
             return None
@@ -115,7 +118,7 @@ class KernelCache:
         staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
         try:
             (staging / "kernel.cubin").write_bytes(cubin)
-            record = dict(meta, cubin_sha256=hashlib.sha256(cubin).hexdigest(), key=key)
+            record = dict(meta, cubin_bytes=len(cubin), cubin_crc32=zlib.crc32(cubin), key=key)
             (staging / "meta.json").write_text(json.dumps(record, indent=1, sort_keys=True))
             _remove(folder)  # a damaged entry, or a file where the entry's folder belongs
             os.replace(staging, folder)

@@ -1,4 +1,4 @@
-
+import json
 import shutil
 import warnings
 
@@ -21,7 +21,7 @@ def test_miss_then_hit(tmp_path):
     assert hit and blob == b"\x7fELF-cubin" and meta["name"] == "k" and len(builds) == 1
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "delete_cubin", "bad_json"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete_cubin", "bad_json", "older_meta"])
 def test_damaged_entry_is_rebuilt(tmp_path, damage):
     cache = KernelCache(tmp_path, enabled=True)
     key = cache_key("source")
@@ -34,6 +34,9 @@ def test_damaged_entry_is_rebuilt(tmp_path, damage):
         cubin.write_bytes(b"X" + cubin.read_bytes()[1:])
     elif damage == "delete_cubin":
         cubin.unlink()
+    elif damage == "older_meta":  # an entry written before the CRC-32 check: no length or CRC to verify
+        record = json.loads(meta.read_text())
+        meta.write_text(json.dumps({k: v for k, v in record.items() if not k.startswith("cubin_")}))
     else:
         meta.write_text("{not json")
     assert cache.get(key, 90) is None
