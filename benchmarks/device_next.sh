@@ -5,6 +5,9 @@
 #   bash benchmarks/device_next.sh issue10      compile_time.py (cold + warm, 54 matrices), rn50 90% batch 8 and 32,
 #                                               Transformer N = 256 nk (both sparsities)
 #   bash benchmarks/device_next.sh new          bitmap decode designs (LLM shapes, fp16), conv benches vs cuDNN
+#   bash benchmarks/device_next.sh seventh      the seventh session's last call: GPU tests, compile_time.py, the conv
+#                                               benches (rn50 90%, fp32 / fp16), then the rn50 90% batch 8 layers the
+#                                               earlier run did not reach (.dlmc/rest_b8.txt; merge_results.py joins them)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-.out}; mkdir -p "$OUT" "$OUT/logs"
@@ -33,7 +36,17 @@ case "${1:-}" in
     done
     timeout 90 $SF bench conv:vgg16:0.9 --dtype fp16 --tune-budget 2 --out "$OUT/conv_vgg16_0.9.json" > "$L/conv_vgg.log" 2>&1; tail -2 "$L/conv_vgg.log"
     timeout 40 $SF bench conv:textcnn --dtype fp16 --tune-budget 2 --out "$OUT/conv_textcnn.json" > "$L/conv_text.log" 2>&1; tail -2 "$L/conv_text.log" ;;
-  *) echo "usage: $0 tests|issue10|new"; exit 2 ;;
+  seventh)
+    timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider > "$L/gpu_tests.log" 2>&1; tail -2 "$L/gpu_tests.log"
+    timeout 100 python3 benchmarks/compile_time.py $D/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json" > "$L/compile.log" 2>&1
+    tail -11 "$L/compile.log"
+    for dt in fp32 fp16; do
+      timeout 45 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype $dt --tune-budget 2 --out "$OUT/conv_rn50_0.9_$dt.json" > "$L/conv_rn50_$dt.log" 2>&1; tail -1 "$L/conv_rn50_$dt.log"
+    done
+    R=/tmp/rest/rn50/magnitude_pruning/0.9; mkdir -p $R && cp $D/rn50_batchsizes.txt /tmp/rest/
+    while read -r l; do [ -n "$l" ] && cp $D/rn50/magnitude_pruning/0.9/$l.smtx $R/; done < .dlmc/rest_b8.txt
+    timeout 180 $SF bench $R --batch 8 --dtype fp32 --out "$OUT/rn50_0.9_fp32_b8_rest.json" > "$L/b8_rest.log" 2>&1; tail -1 "$L/b8_rest.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"

@@ -173,7 +173,7 @@ def render_csr(plan: CsrPlan) -> KernelSource:
     decl = [f".reg .pred %pt, {preds};",
             f".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>;",
             f".reg .b32 %f, %w<{slots}>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
-            ".reg .b16 %ho, %hv0, %hv1;",
+            ".reg .b16 %ho, %hv0, %hv1, %hvn;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(slots)) + ";"]
     if es == 2:
         if width == 1:
@@ -267,17 +267,30 @@ def render_columns(plan, operand) -> KernelSource:
              "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;"])
     operand.setup(e, plan)
     e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(cols)])
+
+    def fetch(start: str, index: str, value: str, half: str, widen_now: bool) -> None:
+        """Each lane's (index, value) of the chunk at slot `start`; past the row's end, value 0 and the
+        operand's empty_slot (an index its loads treat as absent; 0 where the loads check %pj instead)."""
+        e.lines([f"add.u32 %t, {start}, %lane;", "setp.lt.u32 %pl, %t, %rend;",
+                 f"mov.u32 {index}, {getattr(operand, 'empty_slot', 0)};", f"mov.f32 {value}, 0f00000000;",
+                 "mad.wide.u32 %rdt, %t, 4, %rdi;", f"@%pl ld.global.nc.u32 {index}, [%rdt];",
+                 f"mad.wide.u32 %rdt, %t, {es}, %rdv;"])
+        if es == 4:
+            e.line(f"@%pl ld.global.nc.b32 {value}, [%rdt];")
+        else:
+            e.lines([f"mov.b16 {half}, 0;", f"@%pl ld.global.nc.b16 {half}, [%rdt];"])
+            if widen_now:
+                widen(e, plan.dtype, value, half)
+
+    # Software pipelining: a chunk fetches the next chunk's (index, value) before its own loads and FMAs, so
+    # the loop pays one memory round trip a chunk (the operand's loads), not two (slots, then operand). A
+    # half-precision value is widened at the chunk's end, when the load has long arrived.
+    e.comment("the first chunk's (index, value) per lane; each chunk then fetches the next one's first")
+    fetch("%rp", "%ci", "%wv", "%hv0", True)
     e.label("CHUNK")
-    e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;",
-             "sub.u32 %cnt, %rend, %rp;", "add.u32 %t, %rp, %lane;", "setp.lt.u32 %pl, %t, %rend;",
-             "mov.u32 %ci, 0;", "mov.f32 %wv, 0f00000000;",
-             "mad.wide.u32 %rdt, %t, 4, %rdi;", "@%pl ld.global.nc.u32 %ci, [%rdt];",
-             f"mad.wide.u32 %rdt, %t, {es}, %rdv;"])
-    if es == 4:
-        e.line("@%pl ld.global.nc.b32 %wv, [%rdt];")
-    else:
-        e.lines(["mov.b16 %hv0, 0;", "@%pl ld.global.nc.b16 %hv0, [%rdt];"])
-        widen(e, plan.dtype, "%wv", "%hv0")
+    e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;", "sub.u32 %cnt, %rend, %rp;",
+             f"add.u32 %t2, %rp, {S * WARP};"])
+    fetch("%t2", "%cin", "%wvn", "%hvn", False)
     e.comment("the chunk's nonzeros one by one: broadcast (index, value), load B's row segment, FMA")
     # Loads go a batch ahead of their FMAs: batch x columns B registers (ptxas hoists further where
     # registers allow). All 32 at 4 fp32 columns would want ~300 registers and spill.
@@ -296,7 +309,12 @@ def render_columns(plan, operand) -> KernelSource:
             for i in range(cols):
                 x = operand_value(e, plan.dtype, es, width, j, i)
                 e.line(f"@%pq{j}_{0 if width == cols else i} fma.rn.f32 %acc{i}, %wj{j}, {x}, %acc{i};")
-    e.lines([f"add.u32 %rp, %rp, {S * WARP};", "bra.uni CHUNK;"])
+    e.lines([f"add.u32 %rp, %rp, {S * WARP};", "mov.b32 %ci, %cin;"])
+    if es == 4:
+        e.line("mov.b32 %wv, %wvn;")
+    else:
+        widen(e, plan.dtype, "%wv", "%hvn")
+    e.line("bra.uni CHUNK;")
     e.label("REDUCE")
     shared = ""
     if S > 1:
@@ -360,12 +378,12 @@ def render_columns(plan, operand) -> KernelSource:
     preds = ", ".join([f"%pj{j}" for j in range(WARP)] + [f"%pn{v}" for v in range(n_loads)]
                       + [f"%pq{j}_{v}" for j in range(WARP) for v in range(n_loads)])
     decl = [f".reg .pred %pt, %pl, {preds};",
-            ".reg .b32 %rtid, %lane, %warp, %wr, %rrow, %rn0, %rp, %rend, %t, %t2, %cnt, %ci, "
+            ".reg .b32 %rtid, %lane, %warp, %wr, %rrow, %rn0, %rp, %rend, %t, %t2, %cnt, %ci, %cin, "
             + ", ".join(f"%cj{j}" for j in range(WARP)) + ";",
-            ".reg .b32 %f, %wv, " + ", ".join(f"%acc{i}" for i in range(cols)) + ", "
+            ".reg .b32 %f, %wv, %wvn, " + ", ".join(f"%acc{i}" for i in range(cols)) + ", "
             + ", ".join(f"%wj{j}" for j in range(WARP)) + ", "
             + ", ".join(f"%x{j}_{i}" for j in range(WARP) for i in range(cols)) + ";",
-            ".reg .b16 %ho, %hv0, %hv1;",
+            ".reg .b16 %ho, %hv0, %hv1, %hvn;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdc, %rds;", *operand.registers(plan)]
     if es == 2:
         if width == 1:

@@ -26,7 +26,8 @@ from .csr import CsrColumnsConfig, CsrPlan, make_csr_plan
 
 TAP_SHIFT = 26            # offset bits in a slot; the tap index above them
 MAX_OFFSET = 1 << TAP_SHIFT
-MAX_TAPS = 64             # a lane's tap mask is one 64-bit word
+MAX_TAPS = 63             # a lane's tap mask is one 64-bit word, its top bit never set:
+EMPTY_TAP = 63            # the tap of the slots past a row's end, in no pixel's mask (nothing loaded)
 CONV_COLUMNS = (1, 2)     # pixels a lane the direct convolution takes
 
 
@@ -83,7 +84,8 @@ class ConvGeometry:
                              f"({self.out_channels})")
         if self.taps > MAX_TAPS:
             raise ValueError(f"a {self.kernel[0]} x {self.kernel[1]} kernel has {self.taps} taps; the direct "
-                             f"convolution takes at most {MAX_TAPS} (one 64-bit mask of in-image taps a pixel)")
+                             f"convolution takes at most {MAX_TAPS} (one 64-bit mask of in-image taps a pixel, "
+                             "its top bit marking empty slots)")
         if self.out_height < 1 or self.out_width < 1:
             raise ValueError(f"the output would be {self.out_height} x {self.out_width}: the kernel "
                              f"{self.kernel} (dilation {self.dilation}) does not fit the padded input "
@@ -154,11 +156,12 @@ class ConvPlan(CsrPlan):
 
 
 def pack_taps(w: SparseMatrix, geometry: ConvGeometry, cols: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The slots' column indices k = (ci, r, s) of W as offset | tap << TAP_SHIFT (padding slots: 0)."""
+    """The slots' column indices k = (ci, r, s) of W as offset | tap << TAP_SHIFT (padding slots: the empty
+    tap, which no pixel's mask holds)."""
     g = geometry
     kh, kw = g.kernel
     per_group_in, per_group_out = g.channels // g.groups, g.out_channels // g.groups
-    packed = np.zeros(cols.size, np.int64)
+    packed = np.full(cols.size, EMPTY_TAP << TAP_SHIFT, np.int64)
     counts = (rows[:, 1] - rows[:, 0]).astype(np.int64)
     slot = np.repeat(rows[:, 0].astype(np.int64), counts) + (np.arange(counts.sum()) -
                                                            np.repeat(np.cumsum(counts) - counts, counts))

@@ -286,7 +286,7 @@ class Thread:
         if op == "cvt.u16.u32":
             r[args[0]] = v(args[1]) & 0xFFFF
             return
-        if op == "selp.u32":
+        if op in ("selp.u32", "selp.b32", "selp.u64", "selp.b64"):
             r[args[0]] = v(args[1]) if self.preds[args[3]] else v(args[2])
             return
         if op == "fma.rn.f32":
