@@ -41,6 +41,7 @@ def test_output_shape_is_torchs(args):
     (dict(input_shape=(1, 3, 8)), "batch, channels, height, width"),
     (dict(groups=2), "must divide channels"),
     (dict(kernel_size=(9, 9)), "81 taps"),
+    (dict(kernel_size=(8, 8), input_shape=(1, 4, 16, 16)), "64 taps; the direct convolution takes at most 63"),
     (dict(kernel_size=5, padding=0, input_shape=(1, 4, 3, 3)), "does not fit"),
     (dict(stride=0), "stride must be >= 1"),
     (dict(padding=-1), "padding must be >= 0"),
