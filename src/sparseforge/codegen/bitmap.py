@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..plan.bitmap import WORD, BitmapPlan
 from ..plan.config import WARP
 from .emitter import Emitter, load_operand, operand_value, widen
-from .ptx import PTX_VERSION, KernelSource
+from .ptx import KernelSource, data_kernel, half_registers
 
 
 def _bits(e: Emitter, plan: BitmapPlan) -> None:
@@ -131,17 +131,7 @@ def render_bitmap(plan: BitmapPlan) -> KernelSource:
             ".reg .b64 %rdz, %rdt, %rdk, %rdv, %rdb, %rdc, %rdm, %one, %mask, "
             + ", ".join([f"%rdx{i}" for i in range(u)] + [f"%rdw{i}" for i in range(u)]) + ";"]
     if es == 2:
-        if width == 1:
-            decl.append(".reg .b16 " + ", ".join(f"%hx{i}_{v}" for i in range(u) for v in range(loads)) + ";")
-        else:
-            decl.append(".reg .b32 " + ", ".join(f"%xw{i}_{j}" for i in range(u) for j in range(n // 2)) + ";")
-    text = "\n".join([
-        f"// sparseforge generated kernel: {plan.name}",
-        f"// decode SpMM over a bitmap + packed values (W as data), W {plan.M}x{plan.K}, N {plan.N}, "
-        f"layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
-        f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
-        f".visible .entry {plan.name}(", "    .param .u64 p_b,", "    .param .u64 p_c,", "    .param .u64 p_values,",
-        "    .param .u64 p_masks,", "    .param .u64 p_offsets,",
-        "    .param .u64 p_bias" + (",\n    .param .u64 p_residual" if plan.residual else ""), ")",
-        f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
-    return KernelSource(plan.name, (text,), 0)
+        decl += half_registers(width, u, loads if width == 1 else n)
+    return data_kernel(plan, "decode SpMM over a bitmap + packed values (W as data)",
+                       ("p_b", "p_c", "p_values", "p_masks", "p_offsets", "p_bias")
+                       + (("p_residual",) if plan.residual else ()), decl, e.text())

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..plan.config import WARP
 from ..plan.csr import NNZ_PER_STEP, CsrPlan
 from .emitter import Emitter, load_operand, operand_value, widen
-from .ptx import PTX_VERSION, KernelSource
+from .ptx import KernelSource, data_kernel, half_registers
 
 
 
@@ -173,24 +173,13 @@ def render_csr(plan: CsrPlan) -> KernelSource:
     decl = [f".reg .pred %pt, {preds};",
             f".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>;",
             f".reg .b32 %f, %w<{slots}>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
-            ".reg .b16 %ho, %hv0, %hv1, %hvn;",
+            ".reg .b16 %ho, %hv0, %hv1;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(slots)) + ";"]
     if es == 2:
-        if width == 1:
-            decl.append(".reg .b16 " + ", ".join(f"%hx{i}_{j}" for i in range(slots) for j in range(cols)) + ";")
-        else:
-            decl.append(".reg .b32 " + ", ".join(f"%xw{i}_{j}" for i in range(slots)
-                                                 for j in range(cols // 2)) + ";")
-    text = "\n".join([
-        f"// sparseforge generated kernel: {plan.name}",
-        f"// small-N SpMM over padded CSR (values and indices as data), W {plan.M}x{plan.K}, N {plan.N}, "
-        f"layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
-        f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
-        f".visible .entry {plan.name}(", "    .param .u64 p_b,", "    .param .u64 p_c,", "    .param .u64 p_values,",
-        "    .param .u64 p_cols,", "    .param .u64 p_rows,",
-        "    .param .u64 p_bias" + (",\n    .param .u64 p_residual" if plan.residual else ""), ")",
-        f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
-    return KernelSource(plan.name, (text,), 0)
+        decl += half_registers(width, slots, cols)
+    return data_kernel(plan, "small-N SpMM over padded CSR (values and indices as data)",
+                       ("p_b", "p_c", "p_values", "p_cols", "p_rows", "p_bias") + (("p_residual",) if plan.residual else ()),
+                       decl, e.text())
 
 
 # -- csr-columns: a warp per row, lanes across N, nonzeros broadcast by shuffle ------------------------------
@@ -346,15 +335,19 @@ def render_columns(plan, operand) -> KernelSource:
              f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdt, %rdt, %rdc;",
              f"mul.wide.u32 %rdc, %rn0, {es};", "add.s64 %rdc, %rdc, %rdt;",
              f"mad.wide.u32 %rdc, %rrow, {plan.N * es}, %rdc;"])
+
+    def output_slot(i: int, base: str) -> tuple[str, str]:
+        """(address from base, predicate) of the lane's output column i: the residual's and the output's."""
+        offset = (i if width == cols else i * WARP) * es
+        return (f"[{base}+{offset}]" if offset else f"[{base}]"), ("%pn0" if width == cols else f"%pn{i}")
+
     if getattr(plan, "residual", False):
         e.comment("the residual R, laid out as the output: at the same offset from its base")
         e.lines(["ld.param.u64 %rdt, [p_residual];", "cvta.to.global.u64 %rdt, %rdt;",
                  "ld.param.u64 %rds, [p_c];", "cvta.to.global.u64 %rds, %rds;", "sub.s64 %rds, %rdc, %rds;",
                  "add.s64 %rdt, %rdt, %rds;"])
         for i in range(cols):
-            offset = (i if width == cols else i * WARP) * es
-            address = f"[%rdt+{offset}]" if offset else "[%rdt]"
-            guard = "%pn0" if width == cols else f"%pn{i}"
+            address, guard = output_slot(i, "%rdt")
             if es == 4:
                 e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
             else:
@@ -365,9 +358,7 @@ def render_columns(plan, operand) -> KernelSource:
         e.lines([f"max.NaN.f32 %acc{i}, %acc{i}, 0f00000000;" for i in range(cols)])
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     for i in range(cols):
-        offset = (i if width == cols else i * WARP) * es
-        address = f"[%rdc+{offset}]" if offset else "[%rdc]"
-        guard = "%pn0" if width == cols else f"%pn{i}"
+        address, guard = output_slot(i, "%rdc")
         if es == 4:
             e.line(f"@{guard} st.global.b32 {address}, %acc{i};")
         else:
@@ -386,17 +377,6 @@ def render_columns(plan, operand) -> KernelSource:
             ".reg .b16 %ho, %hv0, %hv1, %hvn;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdc, %rds;", *operand.registers(plan)]
     if es == 2:
-        if width == 1:
-            decl.append(".reg .b16 " + ", ".join(f"%hx{j}_{v}" for j in range(WARP) for v in range(cols)) + ";")
-        else:
-            decl.append(".reg .b32 " + ", ".join(f"%xw{j}_{i}" for j in range(WARP) for i in range(cols // 2)) + ";")
+        decl += half_registers(width, WARP, cols)
     params = operand.params + (("p_residual",) if getattr(plan, "residual", False) else ())
-    text = "\n".join([
-        f"// sparseforge generated kernel: {plan.name}",
-        f"// {operand.title}, W {plan.M}x{plan.K}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, "
-        "fp32 accumulate",
-        f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
-        *([shared, ""] if shared else []),
-        f".visible .entry {plan.name}(", ",\n".join(f"    .param .u64 {p}" for p in params), ")",
-        f".maxntid {c.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
-    return KernelSource(plan.name, (text,), R * (S - 1) * WARP * cols * 4)
+    return data_kernel(plan, operand.title, params, decl, e.text(), R * (S - 1) * WARP * cols * 4, shared)

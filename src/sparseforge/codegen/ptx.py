@@ -38,6 +38,28 @@ class KernelSource:
         return "\n// ---- module boundary ----\n".join(self.modules)
 
 
+def data_kernel(plan, title: str, params, decl: list[str], body: str, shared_bytes: int = 0,
+                shared: str = "") -> KernelSource:
+    """A one-module kernel that reads W as data (small-N CSR, csr-columns, conv, bitmap decode): the
+    header, the entry with its .u64 parameters, .maxntid, the register declarations and the body."""
+    text = "\n".join([
+        f"// sparseforge generated kernel: {plan.name}",
+        f"// {title}, W {plan.M}x{plan.K}, N {plan.N}, layout {plan.layout}, {plan.dtype} in, fp32 accumulate",
+        f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
+        *([shared, ""] if shared else []),
+        f".visible .entry {plan.name}(", ",\n".join(f"    .param .u64 {p}" for p in params), ")",
+        f".maxntid {plan.config.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [body, "}", ""])
+    return KernelSource(plan.name, (text,), shared_bytes)
+
+
+def half_registers(width: int, slots: int, columns: int) -> list[str]:
+    """16-bit operand registers of the data kernels: per (slot, column) b16 values for scalar loads, or
+    b32 pairs for vector loads; none in fp32."""
+    if width == 1:
+        return [".reg .b16 " + ", ".join(f"%hx{i}_{j}" for i in range(slots) for j in range(columns)) + ";"]
+    return [".reg .b32 " + ", ".join(f"%xw{i}_{j}" for i in range(slots) for j in range(columns // 2)) + ";"]
+
+
 def _vec(plan: Plan) -> int:
     return plan.config.vec if plan.layout == "kn" else 1
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import WARP, epilogue_tag, require_ints
-from .plan import ELEMENT_BYTES, check_launch, check_problem, fp32_bias
+from .config import WARP, require_ints
+from .plan import WeightAsData, check_launch, check_problem, fp32_bias
 
 WORD = 64                  # columns a mask word covers
 STEP_COLUMNS = WORD * WARP  # columns one step of a warp covers (one word a lane)
@@ -58,7 +58,7 @@ class BitmapConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class BitmapPlan:
+class BitmapPlan(WeightAsData):
     """What the bitmap decode kernel needs: the problem, the config and W as bitmap + packed values."""
     M: int
     K: int
@@ -79,11 +79,6 @@ class BitmapPlan:
     mapping = "bitmap"
     partial_rows: tuple[int, ...] = ()
     residual: bool = False  # the epilogue adds R (laid out as the output, parameter p_residual) before ReLU
-    transposes_input = False
-
-    @property
-    def element_bytes(self) -> int:
-        return ELEMENT_BYTES[self.dtype]
 
     @property
     def words(self) -> int:
@@ -99,14 +94,6 @@ class BitmapPlan:
         return 1, math.ceil(self.M / self.config.warps_per_block)
 
     @property
-    def threads(self) -> int:
-        return self.config.threads
-
-    @property
-    def output_alignment(self) -> int:
-        return self.element_bytes  # lane 0 stores one element at a time
-
-    @property
     def load_width(self) -> int:
         """Elements of B[k, :] one load brings: the widest of 8/4/2/1 dividing N within 16 bytes."""
         for width in (8, 4, 2, 1):
@@ -118,16 +105,6 @@ class BitmapPlan:
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
         uploaded as ("values": the kernel's dtype)."""
         return (self.values, "values"), (self.masks, "uint64"), (self.offsets, "int32")
-
-    @property
-    def name(self) -> str:
-        """Depends on the shape and options, not the pattern (W is data): one compile serves every weight."""
-        epi = epilogue_tag(self.bias, self.relu, self.residual)
-        return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
-
-    @property
-    def source_key(self) -> str:
-        return f"{self.name}|{self.arch}"
 
     def bytes_read(self) -> int:
         """W's bytes the kernel streams once: masks, values (with row padding), offsets."""

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import WARP, epilogue_tag, require_ints
-from .plan import ELEMENT_BYTES, check_launch, check_problem, fp32_bias
+from .config import WARP, require_ints
+from .plan import ELEMENT_BYTES, WeightAsData, check_launch, check_problem, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
 
@@ -102,7 +102,7 @@ class CsrColumnsConfig:
 
 
 @dataclass(frozen=True, eq=False)
-class CsrPlan:
+class CsrPlan(WeightAsData):
     """What the small-N kernel needs: the problem, the config and the weight as padded-CSR arrays."""
     M: int
     K: int
@@ -133,25 +133,11 @@ class CsrPlan:
         return (self.values, "values"), (self.cols, "int32"), (self.rows, "int32")
 
     @property
-    def element_bytes(self) -> int:
-        return ELEMENT_BYTES[self.dtype]
-
-    @property
     def grid(self) -> tuple[int, int]:
         """(column tiles, row blocks) of one batch entry."""
         if isinstance(self.config, CsrColumnsConfig):
             return math.ceil(self.N / self.config.tile_columns), math.ceil(self.M / self.config.rows_per_block)
         return math.ceil(self.N / self.config.columns), math.ceil(self.M / self.config.rows_per_block)
-
-    @property
-    def threads(self) -> int:
-        return self.config.threads
-
-    transposes_input = False  # nk reads X as it is (one element per load)
-
-    @property
-    def output_alignment(self) -> int:
-        return self.element_bytes  # one element per store
 
     @property
     def load_width(self) -> int:
@@ -168,17 +154,6 @@ class CsrPlan:
             if width * self.element_bytes <= 16 and self.config.columns % width == 0 and self.N % width == 0:
                 return width
         return 1
-
-    @property
-    def name(self) -> str:
-        """The kernel depends on the shape, not the pattern: one compile serves every weight of this shape."""
-        epi = epilogue_tag(self.bias, self.relu, self.residual)
-        return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
-
-    @property
-    def source_key(self) -> str:
-        """What the generated text depends on (the weight's values are data, not code)."""
-        return f"{self.name}|{self.arch}"
 
     def describe(self) -> str:
         slots = int(self.cols.size)

@@ -21,6 +21,35 @@ DTYPES = ("float32", "float16", "bfloat16")
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+class WeightAsData:
+    """What every plan whose kernel reads W as data (CsrPlan, BitmapPlan) shares: the binary depends on the
+    shape and options, not the pattern, so one compile serves every weight of the shape; one element a
+    store; X read as it is."""
+    transposes_input = False
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+    @property
+    def output_alignment(self) -> int:
+        return self.element_bytes
+
+    @property
+    def name(self) -> str:
+        epi = epilogue_tag(self.bias, self.relu, self.residual)
+        return f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}{epi}"
+
+    @property
+    def source_key(self) -> str:
+        """What the generated text depends on (the weight's values are data, not code)."""
+        return f"{self.name}|{self.arch}"
+
+
 @dataclass(frozen=True)
 class ColumnUse:
     k: int                                   # column of W = row of B (kn) / column of X (nk)

@@ -5,8 +5,6 @@ it and uploads W's arrays the way every kernel that reads W as data does).
 """
 from __future__ import annotations
 
-import ctypes
-
 from .kernel import Built, LoadedPlanKernel, compile_plan
 
 
@@ -88,9 +86,7 @@ class ConvKernel(LoadedPlanKernel):
     def launch(self, x_ptr: int, y_ptr: int, batch: int, stream: int, *residual_ptr: int) -> None:
         """The raw launch (no checks): device pointers, the batch and a stream handle."""
         tiles, blocks = self.plan.grid
-        args = (x_ptr, y_ptr, *self._data, *residual_ptr)
-        self._loaded.launch_args((tiles, blocks, batch), self.plan.threads, stream, args,
-                                 (ctypes.c_void_p,) * len(args))
+        self._launch_with_data((tiles, blocks, batch), self.plan.threads, stream, x_ptr, y_ptr, *residual_ptr)
 
     def __repr__(self) -> str:
         return (f"ConvKernel({self.plan.name}, compile {self.compile_seconds:.3f}s, "

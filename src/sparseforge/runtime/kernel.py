@@ -55,6 +55,12 @@ class LoadedPlanKernel:
     def registers(self) -> int:
         return self._loaded.registers
 
+    def _launch_with_data(self, grid: tuple[int, int, int], threads: int, stream: int, input_ptr: int,
+                          output_ptr: int, *residual_ptr: int) -> None:
+        """Launch a kernel that reads W as data: input, output, W's device arrays, then the residual."""
+        args = (input_ptr, output_ptr, *self._data, *residual_ptr)
+        self._loaded.launch_args(grid, threads, stream, args, (ctypes.c_void_p,) * len(args))
+
 
 class SpmmKernel(LoadedPlanKernel):
     """C = W @ B (layout "kn": B [batch,] K x N -> C [batch,] M x N) or Y = X @ W^T (layout "nk":
@@ -245,9 +251,7 @@ class SpmmKernel(LoadedPlanKernel):
         if self._data is None:
             self._loaded.launch((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr)
             return
-        args = (b_ptr, c_ptr, *self._data, *residual_ptr)
-        self._loaded.launch_args((tiles, blocks, batch), self._launch.threads, stream, args,
-                                 (ctypes.c_void_p,) * len(args))
+        self._launch_with_data((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr, *residual_ptr)
 
     def __repr__(self) -> str:
         return (f"SpmmKernel({self._launch.name}, compile {self.compile_seconds:.3f}s, "

@@ -12,7 +12,8 @@ from sparseforge.codegen import render
 from sparseforge.plan.bitmap import BitmapConfig, make_bitmap_plan
 from sparseforge.tune.space import decode
 
-from .test_interpreted import TOLERANCE, _decode, _encode, _reference, assert_matches, run_data_kernel
+from .test_interpreted import (TOLERANCE, _decode, _encode, _reference, assert_matches,
+                               random_weight_and_epilogue, run_data_kernel)
 from .test_ptx import _assemble_without_spills_and_link
 
 
@@ -53,15 +54,7 @@ def bitmap_kernels(draw):
 def test_random_bitmap_kernels_match_float64_reference(problem):
     layout, config, m, k, n, density, seed, dtype, batch = problem
     rng = np.random.default_rng(seed)
-    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
-    if seed % 5 == 0:
-        dense[:, :] = 0
-        dense[m // 2, k // 2] = 1.5  # one nonzero
-    if seed % 7 == 0:
-        dense[0] = rng.standard_normal(k)  # one dense row
-    weight = SparseMatrix.from_dense(dense)
-    bias = rng.standard_normal(m) if seed % 2 else None
-    relu = seed % 3 == 0
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, density, seed, dense_row=True)
     plan = make_bitmap_plan(weight, n, dtype, layout, config, bias=bias, relu=relu)
     b = rng.standard_normal((batch, k, n) if layout == "kn" else (batch, n, k))
     got = run_bitmap(plan, b)

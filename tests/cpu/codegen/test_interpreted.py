@@ -63,6 +63,18 @@ def run_plan(plan, b: np.ndarray) -> np.ndarray:
     return _decode(out, plan.dtype)
 
 
+def random_weight_and_epilogue(rng, m: int, k: int, density: float, seed: int, dense_row: bool = False):
+    """(W, bias, relu) of a random data-kernel problem: W at `density`, every 5th seed all zero but one
+    nonzero, with dense_row every 7th a fully dense first row; a bias on odd seeds, ReLU on every 3rd."""
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    if seed % 5 == 0:
+        dense[:, :] = 0
+        dense[m // 2, k // 2] = 1.5  # one nonzero
+    if dense_row and seed % 7 == 0:
+        dense[0] = rng.standard_normal(k)  # one dense row
+    return SparseMatrix.from_dense(dense), (rng.standard_normal(m) if seed % 2 else None), seed % 3 == 0
+
+
 def _reference(weight: SparseMatrix, b: np.ndarray, layout: str, dtype: str, bias, relu) -> np.ndarray:
     w = _decode(_encode(weight.to_dense(), dtype), dtype)
     b = _decode(_encode(b, dtype), dtype)
@@ -273,13 +285,7 @@ def test_random_small_n_kernels_match_float64_reference(problem):
 
     layout, config, m, k, n, density, seed, dtype, batch = problem
     rng = np.random.default_rng(seed)
-    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
-    if seed % 5 == 0:
-        dense[:, :] = 0
-        dense[m // 2, k // 2] = 1.5  # one nonzero
-    weight = SparseMatrix.from_dense(dense)
-    bias = rng.standard_normal(m) if seed % 2 else None
-    relu = seed % 3 == 0
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, density, seed)
     plan = make_csr_plan(weight, n, dtype, layout, config, bias=bias, relu=relu)
     b = rng.standard_normal((batch, k, n) if layout == "kn" else (batch, n, k))
     got = run_csr(plan, b)
@@ -326,13 +332,7 @@ def test_random_csr_columns_kernels_match_float64_reference(problem):
 
     config, m, k, n, density, seed, dtype, batch = problem
     rng = np.random.default_rng(seed)
-    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
-    if seed % 5 == 0:
-        dense[:, :] = 0
-        dense[m // 2, k // 2] = 1.5  # one nonzero
-    weight = SparseMatrix.from_dense(dense)
-    bias = rng.standard_normal(m) if seed % 2 else None
-    relu = seed % 3 == 0
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, density, seed)
     plan = make_csr_plan(weight, n, dtype, "kn", config, bias=bias, relu=relu)
     b = rng.standard_normal((batch, k, n))
     got = run_csr(plan, b)

@@ -210,3 +210,28 @@ def test_misaligned_out_is_written_through_an_aligned_copy():
     assert kernel(torch.ones(KN), out=out) is out
     c_ptr = kernel.launches[0][1]
     assert c_ptr != out.data_ptr() and c_ptr % 16 == 0
+
+
+def test_raw_launches_pass_input_output_weight_arrays_then_residual():
+    """SpmmKernel.launch and ConvKernel.launch over W as data: the driver gets (input, output, W's arrays,
+    residual) as pointers, with the plan's grid (batch as z) and threads."""
+    from sparseforge.plan.conv import ConvGeometry, make_conv_plan
+    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+    from sparseforge.runtime.conv import ConvKernel
+
+    calls = []
+    loaded = types.SimpleNamespace(launch_args=lambda grid, threads, stream, args, types_: calls.append(
+        (grid, threads, stream, args, len(types_))))
+    spmm = SpmmKernel.__new__(SpmmKernel)
+    plan = make_csr_plan(weight(), N, "float32", "kn", CsrConfig(8, 4, 1), residual=True)
+    spmm._launch, spmm._loaded, spmm._data = plan, loaded, (11, 12, 13, 14)
+    spmm.launch(1, 2, 3, 99, 7)
+    assert calls[-1] == ((*plan.grid, 3), plan.threads, 99, (1, 2, 11, 12, 13, 14, 7), 7)
+
+    g = ConvGeometry.of((1, 2, 5, 5), 3, 3, padding=1)
+    conv_plan = make_conv_plan(SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32)), g,
+                               config=CsrColumnsConfig(1, 1, 4))
+    conv = ConvKernel.__new__(ConvKernel)
+    conv.plan, conv._loaded, conv._data = conv_plan, loaded, (21, 22, 23, 24)
+    conv.launch(5, 6, 2, 98)
+    assert calls[-1] == ((*conv_plan.grid, 2), conv_plan.threads, 98, (5, 6, 21, 22, 23, 24), 6)
