@@ -44,3 +44,48 @@ def test_nan_in_b_reaches_only_rows_that_use_its_column():
     uses = torch.from_numpy(w.to_dense()[:, 100] != 0).cuda()
     assert torch.isnan(out[uses, 2]).all() and torch.isfinite(out[~uses, 2]).all()
     assert torch.isfinite(out[:, [0, 1, 3]]).all()
+
+
+@pytest.mark.parametrize("k", [4096, 65536, 65600])
+def test_small_n_csr_reads_16_bit_indices_to_k_65536_and_32_bit_past_it(k):
+    """The small-N CSR kernel stores indices in 16 bits where K <= 65536: the last column must still be
+    read from its own B row."""
+    from sparseforge.plan.csr import CsrConfig
+
+    w = magnitude_prune(seeded_weight(64, k, seed=3), 0.99)
+    kernel = compile_spmm(w, 1, torch.float16, "kn", config=CsrConfig(lanes_per_row=32, columns=1, warps_per_block=4, unroll=2), tune_budget=None)
+    assert kernel.plan.index_bytes == (2 if k <= 65536 else 4)
+    b = torch.randn(k, 1, device="cuda").half()
+    b[-1] = 1000.0  # the last column dominates every row that uses it
+    out = torch.full(kernel.out_shape, float("nan"), device="cuda", dtype=torch.float16)
+    kernel(b, out=out)
+    wd = torch.from_numpy(w.astype("float16").to_dense().astype(np.float64)).cuda()
+    ref = wd @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[torch.float16]
+
+
+def test_a_kernel_with_its_own_weights_computes_the_same_and_owns_new_arrays():
+    from sparseforge.plan.csr import CsrConfig
+
+    w = magnitude_prune(seeded_weight(512, 2048, seed=4), 0.7)
+    kernel = compile_spmm(w, 1, torch.float16, "kn", config=CsrConfig(lanes_per_row=32, columns=1, warps_per_block=4, unroll=2), tune_budget=None)
+    twin = kernel.with_own_weights()
+    assert twin.weight_bytes == kernel.weight_bytes > 0
+    assert {t.data_ptr() for t in twin._weight_tensors if t is not None}.isdisjoint(
+        t.data_ptr() for t in kernel._weight_tensors if t is not None)
+    b = torch.randn(2048, 1, device="cuda").half()
+    assert torch.equal(twin(b), kernel(b))
+
+
+def test_bench_times_llm_cases_with_weights_rotated_through_hbm():
+    from sparseforge.bench.gpu import run_case
+    from sparseforge.suite.llm import discover_llm
+
+    case = discover_llm("llm:0.9:llama_1024x4096", n=1)[0]
+    record = run_case(case, "float16", "kn", 1, None, with_cusparse=False, rotate_weights=True)
+    assert record["error_ok"]
+    assert record["weight_copies"] * record["sparse_weight_bytes"] >= 2 * record["l2_bytes"] or \
+        record["weight_copies"] == 256
+    assert record["dense_weight_copies"] * 1024 * 4096 * 2 >= 2 * record["l2_bytes"]
+    assert record["sparseforge_rotating_us"] > 0 and record["cublas_rotating_us"] > 0
+    assert record["speedup_vs_cublas_rotating"] == record["cublas_rotating_us"] / record["sparseforge_rotating_us"]

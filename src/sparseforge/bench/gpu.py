@@ -28,10 +28,13 @@ def _inputs(shape, dtype, count: int, seed: int):
 
 
 def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0,
-             config=None, with_cusparse: bool = True) -> dict:
+             config=None, with_cusparse: bool = True, rotate_weights: bool = False) -> dict:
     """config: a fixed TileConfig (no tuning); else chosen with tune_budget seconds of timing (None: the
     cost model's pick, nothing timed).
-    with_cusparse=False skips the cuSPARSE baseline (design comparisons need only cuBLAS)."""
+    with_cusparse=False skips the cuSPARSE baseline (design comparisons need only cuBLAS).
+    rotate_weights: also time both sides with W rotated through copies that together exceed the L2 twice
+    (`*_rotating_*` keys), as a many-layer decoder streams its weights from HBM; the plain keys keep W
+    resident in L2 (one copy)."""
     import torch
 
     from ..spmm import compile_spmm
@@ -65,7 +68,50 @@ def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: floa
         record.update(_cusparse_time(dense, inputs, layout))
     _add_ratios_and_roofline(record, case, n, dtype_name)
     _add_traffic(record, kernel.plan)
+    if rotate_weights:
+        record.update(_rotating_times(kernel, dense, layout, dtype, shape, seed))
     return record
+
+
+def _rotating_times(kernel, dense, layout: str, dtype, shape, seed: int) -> dict:
+    """Both sides timed with W rotated through copies (runtime.timing.weight_copies), each call on its
+    own copy and input, with the bytes each side streams per call and the rate that makes (TB/s)."""
+    import torch
+
+    from ..runtime.timing import l2_bytes, rotating_graph_time_us, weight_copies
+
+    l2 = l2_bytes()
+    in_bytes = math.prod(shape) * dense.element_size()
+    out_bytes = math.prod(kernel.out_shape) * dense.element_size()
+    sparse_bytes = kernel.weight_bytes
+    sparse_copies = weight_copies(sparse_bytes + in_bytes, l2)
+    kernels = [kernel] + [kernel.with_own_weights() for _ in range(sparse_copies - 1)]
+    inputs = _inputs(shape, dtype, sparse_copies, seed + 7)
+    out = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
+    sparse_us = rotating_graph_time_us(lambda p: p[0](p[1], out=out), list(zip(kernels, inputs)))
+    del kernels
+    dense_bytes = dense.numel() * dense.element_size()
+    dense_copies = weight_copies(dense_bytes + in_bytes, l2)
+    weights = [dense] + [dense.clone() for _ in range(dense_copies - 1)]
+    inputs = _inputs(shape, dtype, dense_copies, seed + 8)
+    if layout == "kn":
+        fn = lambda p: torch.mm(p[0], p[1], out=out)  # noqa: E731
+    else:
+        fn = lambda p: torch.mm(p[1], p[0].t(), out=out)  # noqa: E731
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        dense_us = rotating_graph_time_us(fn, list(zip(weights, inputs)))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    del weights
+    # a code kernel's W is its instruction stream (not counted: weight_bytes 0)
+    moved_sparse, moved_dense = sparse_bytes + in_bytes + out_bytes, dense_bytes + in_bytes + out_bytes
+    return {"sparseforge_rotating_us": sparse_us, "cublas_rotating_us": dense_us,
+            "speedup_vs_cublas_rotating": dense_us / sparse_us, "weight_copies": sparse_copies,
+            "dense_weight_copies": dense_copies, "l2_bytes": l2, "sparse_weight_bytes": sparse_bytes,
+            "sparseforge_rotating_tbs": moved_sparse / (sparse_us * 1e-6) / 1e12,
+            "cublas_rotating_tbs": moved_dense / (dense_us * 1e-6) / 1e12}
 
 
 def _add_traffic(record: dict, plan) -> None:

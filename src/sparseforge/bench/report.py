@@ -49,6 +49,8 @@ def summarize(records: list[dict]) -> list[dict]:
         # SpMM cases against cuBLAS / cuSPARSE; convolutions (bench/conv.py) against cuDNN
         baselines = ("speedup_vs_cudnn",) if "cudnn_us" in items[0] else \
             ("speedup_vs_cublas", "speedup_vs_cublas_tf32", "speedup_vs_cusparse")
+        if "speedup_vs_cublas_rotating" in items[0]:  # weights streamed from HBM (bench's rotating protocol)
+            baselines += ("speedup_vs_cublas_rotating",)
         for key in baselines:
             row[f"geomean_{key}"] = geomean(r.get(key) for r in items)
         # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it

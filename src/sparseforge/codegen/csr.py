@@ -1,7 +1,8 @@
 """Lowering target: the small-N kernel over padded CSR (plan/csr.py). Pure: render_csr(plan) -> PTX.
 
 Parameters: B (kn: [batch,] K x N; nk: [batch,] N x K), C (kn: M x N; nk: N x M), values (the kernel's
-dtype), column indices (int32), rows (int32 pairs: first slot, real end), bias (fp32, or null).
+dtype), column indices (uint16 where K <= 65536, else int32), rows (int32 pairs: first slot, real end),
+bias (fp32, or null).
 A block holds warps_per_block warps; a warp holds 32 / lanes_per_row rows, each row's lanes taking its
 nonzeros 4 at a time (one vector load of 4 indices, one of 4 values), and `columns` output columns from
 column tile ctaid.x. Each nonzero's B values sit at constant offsets from one address computed from its
@@ -25,6 +26,26 @@ def _load_values(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str) -> 
         e.line(f"{guard}ld.global.nc.v4.b32 {{{', '.join(w)}}}, {address};")
     else:
         e.line(f"{guard}ld.global.nc.v2.b32 {{%vw{2 * u}, %vw{2 * u + 1}}}, {address};")
+
+
+def _load_indices(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str) -> None:
+    """Issue sub-step u's load of 4 column indices: 32-bit straight into %c{4u}.., 16-bit (K <= 65536) as
+    two words %ci{2u}, %ci{2u+1}."""
+    address = f"[%rdi+{offset}]" if offset else "[%rdi]"
+    if plan.index_bytes == 4:
+        c = [f"%c{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
+        e.line(f"{guard}ld.global.nc.v4.u32 {{{', '.join(c)}}}, {address};")
+    else:
+        e.line(f"{guard}ld.global.nc.v2.u32 {{%ci{2 * u}, %ci{2 * u + 1}}}, {address};")
+
+
+def _unpack_indices(e: Emitter, plan: CsrPlan, u: int) -> None:
+    """16-bit indices of sub-step u to %c{4u}..%c{4u+3} (little-endian: the first index is the low half)."""
+    if plan.index_bytes == 4:
+        return
+    for i in range(NNZ_PER_STEP):
+        c, word = f"%c{NNZ_PER_STEP * u + i}", f"%ci{2 * u + i // 2}"
+        e.line(f"and.b32 {c}, {word}, 65535;" if i % 2 == 0 else f"shr.u32 {c}, {word}, 16;")
 
 
 def _unpack_values(e: Emitter, plan: CsrPlan, u: int) -> None:
@@ -59,8 +80,10 @@ def _step(e: Emitter, plan: CsrPlan) -> None:
         if u:  # later steps may lie past the row's padded slots (past the arrays, on the last row)
             e.lines([f"add.u32 %t, %rp, {offset};", f"setp.lt.u32 %pu{u}, %t, %rend;"])
             guard = f"@%pu{u} "
-        e.line(f"{guard}ld.global.nc.v4.u32 {{{', '.join(c)}}}, [%rdi{'+' + str(offset * 4) if offset else ''}];")
+        _load_indices(e, plan, u, offset * plan.index_bytes, guard)
         _load_values(e, plan, u, offset * es, guard)
+    for u in range(unroll):
+        _unpack_indices(e, plan, u)
     for s in range(slots):
         offset = (s // NNZ_PER_STEP) * lanes * NNZ_PER_STEP + s % NNZ_PER_STEP
         e.lines([f"add.u32 %t, %rp, {offset};", f"setp.lt.u32 %pz{s}, %t, %rend;",
@@ -140,7 +163,8 @@ def render_csr(plan: CsrPlan) -> KernelSource:
              "mad.wide.u32 %rdt, %rrow, 8, %rdt;", "ld.global.nc.v2.u32 {%rp, %rend}, [%rdt];"])
     e.label("RANGE_DONE")
     e.lines([f"mad.lo.u32 %rp, %rsub, {NNZ_PER_STEP}, %rp;",
-             "ld.param.u64 %rdi, [p_cols];", "cvta.to.global.u64 %rdi, %rdi;", "mad.wide.u32 %rdi, %rp, 4, %rdi;",
+             "ld.param.u64 %rdi, [p_cols];", "cvta.to.global.u64 %rdi, %rdi;",
+             f"mad.wide.u32 %rdi, %rp, {plan.index_bytes}, %rdi;",
              "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
              f"mad.wide.u32 %rdv, %rp, {es}, %rdv;"])
     k_stride, n_stride = _operand_offsets(plan)
@@ -153,7 +177,7 @@ def render_csr(plan: CsrPlan) -> KernelSource:
     e.label("STEP")
     e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;"])
     _step(e, plan)
-    e.lines([f"add.u32 %rp, %rp, {step};", f"add.s64 %rdi, %rdi, {step * 4};", f"add.s64 %rdv, %rdv, {step * es};",
+    e.lines([f"add.u32 %rp, %rp, {step};", f"add.s64 %rdi, %rdi, {step * plan.index_bytes};", f"add.s64 %rdv, %rdv, {step * es};",
              "bra.uni STEP;"])
     e.label("REDUCE")
     e.comment("butterfly over the row's lanes: a fixed order of additions, the same result every run")
@@ -171,7 +195,7 @@ def render_csr(plan: CsrPlan) -> KernelSource:
                       + [f"%pu{u}" for u in range(1, c.unroll)]
                       + [f"%pq{i}_{v}" for i in range(slots) for v in range(cols // width)])
     decl = [f".reg .pred %pt, {preds};",
-            f".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>;",
+            f".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>, %ci<{2 * c.unroll}>;",
             f".reg .b32 %f, %w<{slots}>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
             ".reg .b16 %ho, %hv0, %hv1;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(slots)) + ";"]

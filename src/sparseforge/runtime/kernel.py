@@ -5,6 +5,7 @@ W as data: CSR, csr-columns, bitmap).
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import time
 from dataclasses import dataclass
@@ -44,6 +45,20 @@ class LoadedPlanKernel:
     def mapping(self) -> str:
         """Which mapping of the work this kernel is: see plan.mapping."""
         return self.plan.mapping
+
+    @property
+    def weight_bytes(self) -> int:
+        """Device bytes of W the kernel reads as data (0 where W is compiled into the code)."""
+        return sum(t.numel() * t.element_size() for t in self._weight_tensors if t is not None)
+
+    def with_own_weights(self):
+        """The same loaded kernel over a fresh device copy of W's arrays (the module is shared). A many-layer
+        model streams every layer's weight from HBM; timing copies in turn measures that, where one copy
+        would sit in the 50-60 MB L2 (bench's rotating-weights protocol)."""
+        twin = copy.copy(self)
+        twin._weight_tensors, twin._data = _weight_data(self._launch if hasattr(self, "_launch") else self.plan,
+                                                        self._device)
+        return twin
 
     @property
     def source(self) -> str:
@@ -268,8 +283,8 @@ def _weight_data(plan, device) -> tuple[tuple, tuple | None]:
     owners = []
     for array, kind in plan.weight_arrays():
         dtype = getattr(torch, plan.dtype) if kind == "values" else getattr(torch, kind)
-        if kind == "uint64":  # torch has no unsigned 64-bit tensors: the same bits as int64
-            owners.append(torch.from_numpy(array.view(np.int64)).to(device))
+        if kind in ("uint64", "uint16"):  # uploaded as the signed type of that width: the same bits
+            owners.append(torch.from_numpy(array.view(kind[1:])).to(device))
         else:
             owners.append(torch.from_numpy(array).to(device=device, dtype=dtype))
     owners.append(None if plan.bias is None else torch.tensor(plan.bias, dtype=torch.float32, device=device))

@@ -24,6 +24,34 @@ def graph_time_us(fn, inputs: list, calls_per_graph: int = 20, repeats: int = 25
     return _median_of(lambda: graph.replay(), repeats) / calls_per_graph
 
 
+ROTATE_L2_MULTIPLE = 2    # copies of a weight together hold at least this many L2s (issue 11's protocol)
+MAX_WEIGHT_COPIES = 256
+
+
+def l2_bytes(device=None) -> int:
+    """The GPU's L2 cache in bytes (torch reports it; H200: 60 MiB)."""
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(device or torch.cuda.current_device()), "L2_cache_size",
+                       0) or 60 << 20)
+
+
+def weight_copies(weight_bytes: int, l2: int) -> int:
+    """How many copies of a weight a timing loop rotates through so that every call streams it from HBM:
+    together at least ROTATE_L2_MULTIPLE L2s, and at least 2 (the previous call's copy is never reused)."""
+    if weight_bytes <= 0:
+        return 2
+    return max(2, min(MAX_WEIGHT_COPIES, -(-ROTATE_L2_MULTIPLE * l2 // weight_bytes)))
+
+
+def rotating_graph_time_us(fn, operands: list, repeats: int = 25) -> float:
+    """graph_time_us over `operands` (each call's (weight copy, input)), every operand once per replay at
+    least: with enough copies (weight_copies) nothing the call reads is still in L2 from an earlier call."""
+    calls = max(20, len(operands))
+    calls -= calls % len(operands)
+    return graph_time_us(fn, operands, calls_per_graph=calls, repeats=repeats)
+
+
 def eager_time_us(fn, inputs: list, repeats: int = 25) -> float:
     """Median microseconds per call without a graph (host overhead included), for code graphs refuse."""
     import torch

@@ -118,11 +118,12 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     padded = np.concatenate([steps, np.zeros((-len(steps)) % rows_per_warp, np.int64)])
     warp_steps = padded.reshape(-1, rows_per_warp).max(axis=1)
     loads = c.columns // plan.load_width
-    per_step = c.unroll * (12 + NNZ_PER_STEP * (4 + loads + c.columns * (2 if es == 2 else 1)))
+    unpack = 1 if plan.index_bytes == 2 else 0  # a 16-bit index is one AND or shift out of its word
+    per_step = c.unroll * (12 + NNZ_PER_STEP * (4 + unpack + loads + c.columns * (2 if es == 2 else 1)))
     reduce = c.columns * 2 * int(math.log2(c.lanes_per_row)) + 2 * c.columns + 30
     warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * tiles * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    data = plan.cols.size * (4 + es) * tiles * batch
+    data = plan.cols.size * (plan.index_bytes + es) * tiles * batch
     gathers = plan.nnz * tiles * batch * min(32, c.columns * es) if plan.layout == "kn" else \
         plan.nnz * tiles * batch * c.columns * 32
     written = plan.M * plan.N * es * batch
@@ -150,7 +151,7 @@ def _csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     reduce = (c.warps_per_row > 1) * (c.columns * 2 * c.warps_per_row + 20) + 3 * c.columns + 25
     warp_instr = (chunks.sum() * per_chunk + len(counts) * c.warps_per_row * reduce) * tiles * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    data = plan.cols.size * (4 + es) * tiles * batch
+    data = plan.cols.size * (plan.index_bytes + es) * tiles * batch
     segment = -(-min(c.tile_columns, plan.N) * es // 32) * 32
     gathers = plan.nnz * tiles * batch * segment
     written = plan.M * plan.N * es * batch

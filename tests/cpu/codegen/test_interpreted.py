@@ -309,6 +309,25 @@ def test_small_n_kernel_never_multiplies_padding():
     assert np.allclose(got, dense.astype(np.float64) @ np.where(np.isinf(b), 0, b), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("k, index_bytes", [(65536, 2), (65537, 4)])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_small_n_kernel_reads_16_bit_indices_up_to_k_65536_and_32_bit_past_it(k, index_bytes, layout):
+    """The last columns of K (65535 is the largest 16-bit index) must be read from the right B rows: a
+    truncated or sign-extended index would read column 0's or fault."""
+    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+
+    rng = np.random.default_rng(k)
+    dense = np.zeros((5, k), np.float32)
+    for r in range(5):
+        dense[r, rng.choice(k, 7, replace=False)] = rng.standard_normal(7)
+    dense[1, [0, 65535, k - 1]] = [1.5, -2.0, 3.0]
+    weight = SparseMatrix.from_dense(dense)
+    plan = make_csr_plan(weight, 2, "float16", layout, CsrConfig(lanes_per_row=4, columns=2, unroll=2))
+    assert plan.index_bytes == index_bytes
+    b = rng.standard_normal((k, 2) if layout == "kn" else (2, k))
+    assert_matches(run_csr(plan, b), _reference(weight, b, layout, "float16", None, False), "float16")
+
+
 @st.composite
 def csr_columns_kernels(draw):
     """A random small problem and any csr-columns config: rows longer than a chunk of 32 and than the warps

@@ -92,3 +92,18 @@ def test_csr_columns_vector_only_where_n_allows():
     assert make_csr_plan(w, 64, "float32", "kn", CsrColumnsConfig(4)).load_width == 4
     assert make_csr_plan(w, 49, "float32", "kn", CsrColumnsConfig(2)).load_width == 1
     assert make_csr_plan(w, 64, "float16", "kn", CsrColumnsConfig(8)).load_width == 8
+
+
+def test_small_n_plans_store_16_bit_indices_where_k_allows_and_others_32():
+    """Decode is bound by W's bytes: a 16-bit index saves a third of an fp16 nonzero's. csr-columns and the
+    convolution (taps packed in the top bits) keep 32-bit indices."""
+    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, csr_bytes
+
+    w = SparseMatrix.from_dense(np.eye(8, dtype=np.float32))
+    short = make_csr_plan(w, 4, "float16", "kn", CsrConfig(lanes_per_row=4, columns=4))
+    wide = make_csr_plan(w, 4, "float16", "kn", CsrColumnsConfig())
+    assert short.cols.dtype == np.uint16 and short.index_bytes == 2
+    assert wide.cols.dtype == np.int32 and wide.index_bytes == 4
+    assert short.weight_arrays()[1][1] == "uint16" and wide.weight_arrays()[1][1] == "int32"
+    tiles = short.grid[0]
+    assert csr_bytes(short)["fetched"] - short.nnz * tiles * 8 == short.cols.size * (2 + 2) * tiles
