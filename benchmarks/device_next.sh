@@ -46,7 +46,15 @@ case "${1:-}" in
     R=/tmp/rest/rn50/magnitude_pruning/0.9; mkdir -p $R && cp $D/rn50_batchsizes.txt /tmp/rest/
     while read -r l; do [ -n "$l" ] && cp $D/rn50/magnitude_pruning/0.9/$l.smtx $R/; done < .dlmc/rest_b8.txt
     timeout 180 $SF bench $R --batch 8 --dtype fp32 --out "$OUT/rn50_0.9_fp32_b8_rest.json" > "$L/b8_rest.log" 2>&1; tail -1 "$L/b8_rest.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh"; exit 2 ;;
+  decode)  # the eighth session's first measurement: 16-bit CSR indices, both timing protocols (issue 11)
+    timeout 120 python3 -m pytest tests/gpu/test_bitmap_gpu.py -q -p no:cacheprovider > "$L/gpu_bitmap.log" 2>&1; tail -2 "$L/gpu_bitmap.log"
+    timeout 200 $SF bench llm:0.5,0.7,0.9:llama_4096x4096,llama_1024x4096 --n 1 --dtype fp16 --tune-budget 3 \
+      --out "$OUT/decode_n1_fp16.json" > "$L/decode_n1.log" 2>&1; tail -4 "$L/decode_n1.log"
+    timeout 110 $SF bench llm:0.5,0.7,0.9:llama_4096x4096 --n 16 --dtype fp16 --tune-budget 3 \
+      --out "$OUT/decode_n16_fp16.json" > "$L/decode_n16.log" 2>&1; tail -4 "$L/decode_n16.log"
+    timeout 110 $SF bench llm:0.7,0.9:llama_14336x4096,llama_4096x14336 --n 1 --dtype fp16 --tune-budget 3 \
+      --out "$OUT/decode_n1_fp16_large.json" > "$L/decode_large.log" 2>&1; tail -4 "$L/decode_large.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"
