@@ -37,8 +37,8 @@ def parse_config(short: str):
         m = re.fullmatch(r"csrc_c(\d+)s(\d+)r(\d+)", short)
         return CsrColumnsConfig(int(m[1]), int(m[2]), int(m[3]))
     if short.startswith("bmp_"):
-        m = re.fullmatch(r"bmp_w(\d+)u(\d+)", short)
-        return BitmapConfig(int(m[1]), int(m[2]))
+        m = re.fullmatch(r"bmp_w(\d+)r(\d+)u(\d+)", short)
+        return BitmapConfig(warps_per_block=int(m[1]), rows_per_warp=int(m[2]), unroll=int(m[3]))
     if short.startswith("csr_"):
         m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)(?:u(\d+))?", short)
         return CsrConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1))

@@ -107,7 +107,7 @@ def test_every_config_family_round_trips_through_the_cached_choice_record():
     from sparseforge.spmm import _config_from_record, _config_record
 
     for config in (TileConfig(2, 4, 2, 16, cluster_rows=True), CsrConfig(8, 4, 2, 2), CsrColumnsConfig(2, 4, 1),
-                   BitmapConfig(8, 4)):
+                   BitmapConfig(warps_per_block=8, rows_per_warp=4, unroll=1)):
         assert _config_from_record(_config_record(config)) == config
     assert _config_from_record({"family": "nope", "config": {}}) is None
     assert _config_from_record({"family": "bitmap", "config": {"unroll": 3}}) is None

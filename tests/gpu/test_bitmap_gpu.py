@@ -1,6 +1,7 @@
 """The bitmap decode kernel on the GPU (plan/bitmap.py, codegen/bitmap.py): LLM-shaped weights magnitude-
-pruned to 50-90%, N = 1..16 (kn; nk at N = 1), fp16 / bf16 / fp32, through compile_spmm with a fixed
-BitmapConfig, several fresh inputs each into NaN-poisoned outputs against float64."""
+pruned to 50-90%, N = 1 (kn and nk), fp16 / bf16 / fp32, through compile_spmm with a fixed BitmapConfig,
+several fresh inputs each into NaN-poisoned outputs against float64; the small-N CSR kernel's 16-bit
+indices; the rotating-weights timing protocol."""
 import numpy as np
 import pytest
 import torch
@@ -15,11 +16,17 @@ TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 @pytest.mark.parametrize("sparsity", [0.5, 0.9])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n,layout", [(1, "kn"), (1, "nk"), (5, "kn"), (16, "kn")])
-def test_llm_shaped_decode_matches_float64(sparsity, dtype, n, layout):
-    w = magnitude_prune(seeded_weight(1024, 4096 + 40, seed=1), sparsity)  # K not a multiple of 64 or 2048
-    bias = np.linspace(-1, 1, 1024)
-    kernel = compile_spmm(w, n, dtype, layout, bias=bias, config=BitmapConfig(4, 2), tune_budget=None)
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("config", [BitmapConfig(warps_per_block=4, rows_per_warp=2, unroll=2),
+                                    BitmapConfig(warps_per_block=8, rows_per_warp=4, unroll=4)])
+def test_llm_shaped_decode_matches_float64(sparsity, dtype, layout, config):
+    n = 1
+    k = 4096 + 40 if dtype == torch.float32 else 14336 + 40  # K not a multiple of 1024; a dense row below
+    w = magnitude_prune(seeded_weight(1000, k, seed=1), sparsity)
+    if dtype == torch.float32 and config.warps_per_block == 8:
+        config = BitmapConfig(warps_per_block=4, rows_per_warp=4, unroll=4)  # fp32 buffers: 8 warps exceed 48 KB
+    bias = np.linspace(-1, 1, 1000)
+    kernel = compile_spmm(w, n, dtype, layout, bias=bias, config=config, tune_budget=None)
     assert kernel.mapping == "bitmap"
     wd = torch.from_numpy(w.astype(str(dtype).replace("torch.", "")).to_dense().astype(np.float64)).cuda()
     gen = torch.Generator(device="cuda").manual_seed(n)
@@ -37,13 +44,14 @@ def test_llm_shaped_decode_matches_float64(sparsity, dtype, n, layout):
 
 def test_nan_in_b_reaches_only_rows_that_use_its_column():
     w = magnitude_prune(seeded_weight(256, 2048, seed=2), 0.9)
-    kernel = compile_spmm(w, 4, torch.float16, config=BitmapConfig(4, 4), tune_budget=None)
-    b = torch.randn(2048, 4, device="cuda").half()
-    b[100, 2] = float("nan")
-    out = kernel(b)
+    kernel = compile_spmm(w, 1, torch.float16, config=BitmapConfig(warps_per_block=4, rows_per_warp=2, unroll=4),
+                          tune_budget=None)
+    b = torch.randn(3, 2048, 1, device="cuda").half()  # a batch: the NaN in entry 1 only
+    b[1, 100, 0] = float("nan")
+    out = kernel(b)[..., 0]
     uses = torch.from_numpy(w.to_dense()[:, 100] != 0).cuda()
-    assert torch.isnan(out[uses, 2]).all() and torch.isfinite(out[~uses, 2]).all()
-    assert torch.isfinite(out[:, [0, 1, 3]]).all()
+    assert uses.any() and torch.isnan(out[1, uses]).all() and torch.isfinite(out[1, ~uses]).all()
+    assert torch.isfinite(out[[0, 2]]).all()
 
 
 @pytest.mark.parametrize("k", [4096, 65536, 65600])
@@ -84,8 +92,8 @@ def test_bench_times_llm_cases_with_weights_rotated_through_hbm():
     case = discover_llm("llm:0.9:llama_1024x4096", n=1)[0]
     record = run_case(case, "float16", "kn", 1, None, with_cusparse=False, rotate_weights=True)
     assert record["error_ok"]
-    assert record["weight_copies"] * record["sparse_weight_bytes"] >= 2 * record["l2_bytes"] or \
+    assert record["weight_copies"] * (record["sparse_weight_bytes"] + 4096 * 2) >= 2 * record["l2_bytes"] or \
         record["weight_copies"] == 256
-    assert record["dense_weight_copies"] * 1024 * 4096 * 2 >= 2 * record["l2_bytes"]
+    assert record["dense_weight_copies"] * (1024 * 4096 * 2 + 4096 * 2) >= 2 * record["l2_bytes"]
     assert record["sparseforge_rotating_us"] > 0 and record["cublas_rotating_us"] > 0
     assert record["speedup_vs_cublas_rotating"] == record["cublas_rotating_us"] / record["sparseforge_rotating_us"]

@@ -21,8 +21,9 @@ TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
 
 def _config(rng, layout: str, relu: bool, eight_columns: bool, decode: bool):
     kind = int(rng.integers(0, 8))
-    if kind in (6, 7) and decode:  # W as a bitmap + packed values (N <= 16; nk at N = 1)
-        return BitmapConfig(int(rng.choice([1, 2, 4, 8])), int(rng.choice([1, 2, 4])))
+    if kind in (6, 7) and decode:  # W as a bitmap + packed values (N = 1)
+        return BitmapConfig(warps_per_block=int(rng.choice([1, 2, 4])), rows_per_warp=int(rng.choice([1, 2, 4, 8])),
+                            unroll=int(rng.choice([1, 2, 4])))
     if kind == 5 and layout == "kn":  # W as data, a warp per row (or several) with lanes across N
         columns = int(rng.choice([1, 2, 4, 8] if eight_columns else [1, 2, 4]))  # 8: one 16-byte vector only
         warps = int(rng.choice([1, 2, 4, 8]))
@@ -42,7 +43,7 @@ def _config(rng, layout: str, relu: bool, eight_columns: bool, decode: bool):
 
 def _problem(seed: int):
     rng = np.random.default_rng(seed)
-    m, k, n = int(rng.integers(1, 90)), int(rng.integers(1, 200)), int(rng.choice([1, 2, 3, 8, 17, 31, 33, 64, 100, 130]))
+    m, k, n = int(rng.integers(1, 90)), int(rng.integers(1, 200)), int(rng.choice([1, 1, 2, 3, 8, 17, 31, 33, 64, 100, 130]))
     density = float(rng.choice([0.0, 0.01, 0.05, 0.2, 0.5, 1.0]))
     dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
     if seed % 7 == 0:
@@ -51,7 +52,7 @@ def _problem(seed: int):
     layout = str(rng.choice(["kn", "nk"]))
     bias = rng.standard_normal(m) if rng.integers(0, 2) else None
     relu = bool(rng.integers(0, 2))
-    config = _config(rng, layout, relu, dtype != "float32" and n % 8 == 0, n <= 16 and (layout == "kn" or n == 1))
+    config = _config(rng, layout, relu, dtype != "float32" and n % 8 == 0, n == 1)
     w = SparseMatrix.from_dense(dense).astype(dtype)
     make = (make_bitmap_plan if isinstance(config, BitmapConfig) else
             make_csr_plan if isinstance(config, (CsrConfig, CsrColumnsConfig)) else make_plan)

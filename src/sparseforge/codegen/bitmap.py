@@ -1,137 +1,192 @@
 """Lowering target: the bitmap decode kernel (plan/bitmap.py). Pure: render_bitmap(plan) -> PTX.
 
-Parameters: B (kn: [batch,] K x N; nk with N = 1: [batch,] 1 x K), C ([batch,] M x N; nk: N x M), values
-(the kernel's dtype), masks (uint64 [M, words]), offsets (int32 [M, steps]), bias (fp32, or null).
-A warp per row. Lane s keeps offsets[row, s]; per step (32 mask words, 2048 columns) each lane loads its
-word, the warp turns the words' bit counts into prefix sums by shuffle, and each lane walks its set bits
-from the highest: bit b of word w is column 64 w + b, and its value sits at offset + prefix + rank, so the
-values are read in order with no index stored. `unroll` bits a lane per iteration: their value and B
-loads go out together, each predicated on the word still holding a bit. Sums stay in fp32 per column of N;
-a fixed-order butterfly adds the lanes, lane 0 adds bias and the residual (where the plan has one),
-applies ReLU (max.NaN) and stores.
+Parameters: x (kn: [batch,] K x 1; nk: [batch,] 1 x K: the same vector), C ([batch,] M x 1 or 1 x M),
+values (the kernel's dtype), masks (uint32 [M, words, 32]), row_starts (int32 [M]), bias (fp32, or null),
+then the residual where the plan adds one.
+
+Shared memory: x (K values, staged once per block by every thread with 16-byte loads), then one value
+buffer per warp (the largest block: 1024 values). Per row a warp loads its lanes' mask words (one
+coalesced 128-byte load a word), and per word t:
+1. scans the lanes' bit counts by shuffle: a lane's first value in the block, and the block's size;
+2. copies the block from global memory into its buffer (16-byte loads, lanes side by side), between two
+   warp barriers (the previous word's walk has finished reading the buffer; the copy is complete);
+3. each lane walks its word's set bits from the highest (bfind, clear): bit b is column 1024 t + 32 b +
+   lane, whose x sits in shared bank `lane` for every b (no conflicts), and its value is the lane's next one
+   in the buffer. `unroll` bits an iteration, each predicated on the word still holding a bit.
+Sums are fp32; a fixed-order butterfly adds the lanes; lane 0 adds bias and the residual, applies ReLU
+(max.NaN) and stores.
 """
 from __future__ import annotations
 
-from ..plan.bitmap import WORD, BitmapPlan
+from ..plan.bitmap import VALUE_ALIGN, WORD_COLUMNS, BitmapPlan
 from ..plan.config import WARP
-from .emitter import Emitter, load_operand, operand_value, widen
-from .ptx import KernelSource, data_kernel, half_registers
+from .emitter import Emitter, widen
+from .ptx import KernelSource, data_kernel
+
+CHUNK = 16          # bytes of one copy load
+STAGE_BATCH = 4     # staging loads a thread issues before their stores
 
 
-def _bits(e: Emitter, plan: BitmapPlan) -> None:
-    """One iteration of a lane's walk over its word: up to `unroll` set bits, highest first."""
-    es, n, width, u = plan.element_bytes, plan.N, plan.load_width, plan.config.unroll
-    for i in range(u):
-        guard = "" if i == 0 else f"@%pb{i} "
-        if i:
-            e.line(f"setp.ne.u64 %pb{i}, %mask, 0;")
-        e.lines([f"{guard}bfind.u64 %bit{i}, %mask;", f"{guard}shl.b64 %rdm, %one, %bit{i};",
-                 f"{guard}xor.b64 %mask, %mask, %rdm;",
-                 f"add.u32 %t, %colbase, %bit{i};", f"mad.wide.u32 %rdx{i}, %t, {n * es}, %rdb;",
-                 f"sub.u32 %t, %p, {i};", f"mad.wide.u32 %rdw{i}, %t, {es}, %rdv;"])
-        if es == 4:
-            e.line(f"{guard}ld.global.nc.b32 %w{i}, [%rdw{i}];")
-        else:
-            e.line(f"{guard}ld.global.nc.b16 %hw{i}, [%rdw{i}];")
-        for v in range(n // width):
-            address = f"[%rdx{i}+{v * width * es}]" if v else f"[%rdx{i}]"
-            load_operand(e, es, width, i, v * width, guard[1:-1] if guard else "", address)
-    for i in range(u):
-        guard = "" if i == 0 else f"@%pb{i} "
-        if es == 2:
-            widen(e, plan.dtype, f"%w{i}", f"%hw{i}")
-        for j in range(n):
-            x = operand_value(e, plan.dtype, es, width, i, j)
-            e.line(f"{guard}fma.rn.f32 %acc{j}, %w{i}, {x}, %acc{j};")
-    e.line(f"sub.u32 %p, %p, {u};")
+def _stage_x(e: Emitter, plan: BitmapPlan) -> None:
+    """Every thread copies pieces tid, tid + threads, ... of x into shared memory: 16-byte pieces where
+    K es allows (each batch entry's x then starts 16-byte aligned too), else the widest that divides it."""
+    es, threads = plan.element_bytes, plan.config.threads
+    width = next(w for w in (16, 8, 4, 2) if (plan.K * es) % w == 0)
+    kind, regs = {16: ("v4.b32", 4), 8: ("v2.b32", 2), 4: ("b32", 1), 2: ("b16", 1)}[width]
+    pieces = plan.K * es // width
+    passes = -(-pieces // threads)
+    e.comment(f"stage x: {pieces} pieces of {width} bytes over {threads} threads")
+    e.lines([f"mul.wide.u32 %rdt, %rtid, {width};", "add.s64 %rdq, %rdb, %rdt;",
+             f"mad.lo.u32 %rsq, %rtid, {width}, %rsx;"])
+    for start in range(0, passes, STAGE_BATCH):
+        batch = range(start, min(passes, start + STAGE_BATCH))
+        for i in batch:
+            j = i % STAGE_BATCH
+            target = "%hx" if width == 2 else _regs("%st", j, regs)
+            e.lines([f"add.u32 %t, %rtid, {i * threads};", f"setp.lt.u32 %ps{j}, %t, {pieces};",
+                     f"@%ps{j} ld.global.nc.{kind} {target}, [%rdq+{i * threads * width}];"])
+            if width == 2:  # one 16-bit register: store before the next load
+                e.line(f"@%ps{j} st.shared.b16 [%rsq+{i * threads * width}], %hx;")
+        if width == 2:
+            continue
+        for i in batch:
+            j = i % STAGE_BATCH
+            e.line(f"@%ps{j} st.shared.{kind} [%rsq+{i * threads * width}], {_regs('%st', j, regs)};")
+    e.line("bar.sync 0;")
 
 
-def render_bitmap(plan: BitmapPlan) -> KernelSource:
-    c, es, n = plan.config, plan.element_bytes, plan.N
-    u, width = c.unroll, plan.load_width
-    e = Emitter()
-    e.comment(f"a warp per row, {c.warps_per_block} rows a block, {u} set bits a lane per iteration, N = {n}")
-    e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %t, %rtid, 5;",
-             "mov.u32 %row, %ctaid.y;", f"mad.lo.u32 %row, %row, {c.warps_per_block}, %t;",
-             f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;",  # the whole warp leaves: no shuffle waits
-             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;", "mov.b64 %one, 1;"])
-    e.comment("lane s < steps: offsets[row, s], the first value of step s")
-    e.lines(["mov.u32 %off, 0;", f"setp.lt.u32 %pt, %lane, {plan.steps};",
-             "ld.param.u64 %rdt, [p_offsets];", "cvta.to.global.u64 %rdt, %rdt;",
-             f"mad.lo.u32 %t, %row, {plan.steps}, %lane;", "mad.wide.u32 %rdt, %t, 4, %rdt;",
-             "@%pt ld.global.nc.u32 %off, [%rdt];",
-             "ld.param.u64 %rdk, [p_masks];", "cvta.to.global.u64 %rdk, %rdk;",
-             f"mul.lo.u32 %t, %row, {plan.words};", "mad.wide.u32 %rdk, %t, 8, %rdk;",
-             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
-             "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.K * n * es};", "add.s64 %rdb, %rdb, %rdt;"])
-    e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(n)])
-    e.line("mov.u32 %s, 0;")
-    e.label("STEP")
-    e.lines(["shfl.sync.idx.b32 %vbase, %off, %s, 31, -1;",
-             f"mad.lo.u32 %wd, %s, {WARP}, %lane;", "mov.b64 %mask, 0;",
-             f"setp.lt.u32 %pt, %wd, {plan.words};", "mad.wide.u32 %rdt, %wd, 8, %rdk;",
-             "@%pt ld.global.nc.u64 %mask, [%rdt];", "popc.b64 %cnt, %mask;", "mov.u32 %incl, %cnt;"])
-    e.comment("inclusive prefix sum of the words' bit counts over the lanes")
+def _regs(prefix: str, i: int, count: int) -> str:
+    names = [f"{prefix}{4 * i + j}" for j in range(count)]
+    return names[0] if count == 1 else "{" + ", ".join(names) + "}"
+
+
+def _quad(prefix: str, i: int) -> str:
+    return ", ".join(f"{prefix}{4 * i + j}" for j in range(4))
+
+
+def _word(e: Emitter, plan: BitmapPlan, t: int) -> None:
+    """Word t of the row: scan, copy the block into the warp's buffer, walk the lane's set bits."""
+    es, u = plan.element_bytes, plan.config.unroll
+    copies = WORD_COLUMNS * es // CHUNK // WARP  # a lane's chunks of the largest block
+    e.comment(f"word {t}: columns {t * WORD_COLUMNS}..{(t + 1) * WORD_COLUMNS - 1}")
+    e.lines([f"popc.b32 %cnt, %w{t};", "mov.u32 %incl, %cnt;"])
     offset = 1
     while offset < WARP:
         e.lines([f"shfl.sync.up.b32 %t|%pu, %incl, {offset}, 0, -1;", "@%pu add.u32 %incl, %incl, %t;"])
         offset *= 2
-    e.comment("the value of the word's highest set bit: offset + exclusive prefix + count - 1")
-    e.lines(["add.u32 %p, %vbase, %incl;", "sub.u32 %p, %p, 1;", f"mul.lo.u32 %colbase, %wd, {WORD};"])
-    e.label("BITS")
-    e.lines(["setp.eq.u64 %pt, %mask, 0;", "@%pt bra BITS_DONE;"])
-    _bits(e, plan)
-    e.line("bra BITS;")
-    e.label("BITS_DONE")
-    e.lines(["add.u32 %s, %s, 1;", f"setp.lt.u32 %pt, %s, {plan.steps};", "@%pt bra STEP;"])
+    e.lines(["shfl.sync.idx.b32 %total, %incl, 31, 31, -1;", "sub.u32 %off, %incl, %cnt;",
+             f"add.u32 %total, %total, {VALUE_ALIGN - 1};", f"and.b32 %total, %total, {-VALUE_ALIGN};",
+             f"shr.u32 %nch, %total, {(CHUNK // es).bit_length() - 1};",  # 16-byte chunks of the block
+             f"mul.wide.u32 %rdt, %vstart, {es};", "add.s64 %rdt, %rdv, %rdt;", "mad.wide.u32 %rdt, %lane, 16, %rdt;"])
+    for i in range(copies):
+        e.lines([f"add.u32 %t, %lane, {i * WARP};", f"setp.lt.u32 %pc{i}, %t, %nch;",
+                 f"@%pc{i} ld.global.nc.v4.b32 {{{_quad('%cp', i)}}}, [%rdt+{i * WARP * CHUNK}];"])
+    e.line("bar.warp.sync -1;")  # every lane has finished reading the previous block
+    for i in range(copies):
+        e.line(f"@%pc{i} st.shared.v4.b32 [%rbl+{i * WARP * CHUNK}], {{{_quad('%cp', i)}}};")
+    e.lines(["bar.warp.sync -1;", "add.u32 %vstart, %vstart, %total;",
+             f"mad.lo.u32 %rva, %off, {es}, %rbuf;", f"mov.u32 %wk, %w{t};"])
+    kind = "b32" if es == 4 else "b16"
+    e.label(f"WALK{t}")
+    e.lines(["setp.eq.u32 %pt, %wk, 0;", f"@%pt bra WALKED{t};"])
+    for i in range(u):
+        guard = "" if i == 0 else f"@%pb{i} "
+        if i:
+            e.line(f"setp.ne.u32 %pb{i}, %wk, 0;")
+        e.lines([f"{guard}bfind.u32 %bit{i}, %wk;", f"{guard}shl.b32 %t, 1, %bit{i};", f"{guard}xor.b32 %wk, %wk, %t;",
+                 f"mad.lo.u32 %rxa{i}, %bit{i}, {WARP * es}, %rxw;"])
+        if es == 4:
+            e.lines([f"{guard}ld.shared.b32 %xf{i}, [%rxa{i}];", f"{guard}ld.shared.b32 %vf{i}, [%rva+{i * es}];"])
+        else:
+            e.lines([f"{guard}ld.shared.b16 %xh{i}, [%rxa{i}];", f"{guard}ld.shared.b16 %vh{i}, [%rva+{i * es}];"])
+    for i in range(u):
+        guard = "" if i == 0 else f"@%pb{i} "
+        if es == 2:
+            widen(e, plan.dtype, f"%xf{i}", f"%xh{i}")
+            widen(e, plan.dtype, f"%vf{i}", f"%vh{i}")
+        e.line(f"{guard}fma.rn.f32 %acc, %vf{i}, %xf{i}, %acc;")
+    e.lines([f"add.u32 %rva, %rva, {u * es};", f"bra WALK{t};"])
+    e.label(f"WALKED{t}")
+    e.line(f"add.u32 %rxw, %rxw, {WORD_COLUMNS * es};")
+
+
+def _epilogue(e: Emitter, plan: BitmapPlan) -> None:
+    es = plan.element_bytes
     e.comment("butterfly over the warp: a fixed order of additions, the same result every run")
     offset = WARP // 2
     while offset:
-        for j in range(n):
-            e.lines([f"shfl.sync.bfly.b32 %f, %acc{j}, {offset}, 31, -1;", f"add.f32 %acc{j}, %acc{j}, %f;"])
+        e.lines([f"shfl.sync.bfly.b32 %f, %acc, {offset}, 31, -1;", "add.f32 %acc, %acc, %f;"])
         offset //= 2
-    e.lines(["setp.ne.u32 %pt, %lane, 0;", "@%pt bra DONE;"])
+    e.lines(["setp.ne.u32 %pt, %lane, 0;", "@%pt bra STORED;"])
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
-                 "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
-        e.lines([f"add.f32 %acc{j}, %acc{j}, %f;" for j in range(n)])
-    # kn: C[row, j] at (row * N + j); nk (N = 1): Y[0, row], the same address (the residual's alike)
-    e.lines([f"mul.lo.u64 %rdt, %rdz, {plan.M * n * es};", f"mad.wide.u32 %rdt, %row, {n * es}, %rdt;"])
+                 "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];", "add.f32 %acc, %acc, %f;"])
+    # C[row] of this batch entry (kn: M x 1; nk: 1 x M: the same address); the residual's alike
+    e.lines([f"mul.lo.u64 %rdt, %rdz, {plan.M * es};", f"mad.wide.u32 %rdt, %row, {es}, %rdt;"])
     if plan.residual:
         e.lines(["ld.param.u64 %rdc, [p_residual];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
-        for j in range(n):
-            address = f"[%rdc+{j * es}]" if j else "[%rdc]"
-            if es == 4:
-                e.line(f"ld.global.nc.b32 %f, {address};")
-            else:
-                e.line(f"ld.global.nc.b16 %ho, {address};")
-                widen(e, plan.dtype, "%f", "%ho")
-            e.line(f"add.f32 %acc{j}, %acc{j}, %f;")
-    if plan.relu:
-        e.lines([f"max.NaN.f32 %acc{j}, %acc{j}, 0f00000000;" for j in range(n)])
-    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
-    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
-    for j in range(n):
-        address = f"[%rdc+{j * es}]" if j else "[%rdc]"
         if es == 4:
-            e.line(f"st.global.b32 {address}, %acc{j};")
+            e.line("ld.global.nc.b32 %f, [%rdc];")
         else:
-            e.lines([f"{cvt} %ho, %acc{j};", f"st.global.b16 {address}, %ho;"])
+            e.line("ld.global.nc.b16 %hx, [%rdc];")
+            widen(e, plan.dtype, "%f", "%hx")
+        e.line("add.f32 %acc, %acc, %f;")
+    if plan.relu:
+        e.line("max.NaN.f32 %acc, %acc, 0f00000000;")
+    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
+    if es == 4:
+        e.line("st.global.b32 [%rdc], %acc;")
+    else:
+        cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+        e.lines([f"{cvt} %hx, %acc;", "st.global.b16 [%rdc], %hx;"])
+    e.label("STORED")
+
+
+def render_bitmap(plan: BitmapPlan) -> KernelSource:
+    c, es, words = plan.config, plan.element_bytes, plan.words
+    u = c.unroll
+    copies = WORD_COLUMNS * es // CHUNK // WARP
+    e = Emitter()
+    e.comment(f"lane l owns columns 32 j + l; {c.warps_per_block} warps a block, {c.rows_per_warp} rows a warp, "
+              f"{words} mask words a lane, {u} set bits per iteration")
+    e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
+             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
+             "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * es};", "add.s64 %rdb, %rdb, %rdt;", "mov.u32 %rsx, smem;"])
+    _stage_x(e, plan)
+    e.comment("this warp's rows, its value buffer, its lane's x column")
+    e.lines(["mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %t, %t, {c.warps_per_block}, %warp;",
+             f"mul.lo.u32 %row, %t, {c.rows_per_warp};", f"add.u32 %rowend, %row, {c.rows_per_warp};",
+             f"mad.lo.u32 %rbuf, %warp, {plan.buffer_bytes}, %rsx;", f"add.u32 %rbuf, %rbuf, {plan.x_bytes};",
+             "mad.lo.u32 %rbl, %lane, 16, %rbuf;",
+             "ld.param.u64 %rdm, [p_masks];", "cvta.to.global.u64 %rdm, %rdm;",
+             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+             "ld.param.u64 %rdr, [p_row_starts];", "cvta.to.global.u64 %rdr, %rdr;"])
+    e.label("ROW")
+    e.lines([f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;",  # rows ascend: the whole warp is done
+             "setp.ge.u32 %pt, %row, %rowend;", "@%pt bra DONE;",
+             f"mad.lo.u32 %t, %row, {words * WARP}, %lane;", "mad.wide.u32 %rdt, %t, 4, %rdm;"])
+    for t in range(words):
+        e.line(f"ld.global.nc.u32 %w{t}, [%rdt+{t * WARP * 4}];" if t else f"ld.global.nc.u32 %w{t}, [%rdt];")
+    e.lines(["mad.wide.u32 %rdt, %row, 4, %rdr;", "ld.global.nc.u32 %vstart, [%rdt];",
+             "mov.f32 %acc, 0f00000000;", f"mad.lo.u32 %rxw, %lane, {es}, %rsx;"])
+    for t in range(words):
+        _word(e, plan, t)
+    _epilogue(e, plan)
+    e.lines(["add.u32 %row, %row, 1;", "bra ROW;"])
     e.label("DONE")
     e.line("ret;")
-    loads = n // width
-    decl = [".reg .pred %pt, %pu" + "".join(f", %pb{i}" for i in range(1, u)) + ";",
-            ".reg .b32 %rtid, %lane, %row, %t, %off, %s, %vbase, %wd, %cnt, %incl, %p, %colbase, "
-            + ", ".join(f"%bit{i}" for i in range(u)) + ";",
-            ".reg .b32 %f, " + ", ".join(f"%acc{j}" for j in range(n)) + ", "
-            + ", ".join(f"%w{i}" for i in range(u)) + ", "
-            + ", ".join(f"%x{i}_{j}" for i in range(u) for j in range(n)) + ";",
-            ".reg .b16 %ho, %hv0, %hv1" + "".join(f", %hw{i}" for i in range(u)) + ";",
-            ".reg .b64 %rdz, %rdt, %rdk, %rdv, %rdb, %rdc, %rdm, %one, %mask, "
-            + ", ".join([f"%rdx{i}" for i in range(u)] + [f"%rdw{i}" for i in range(u)]) + ";"]
-    if es == 2:
-        decl += half_registers(width, u, loads if width == 1 else n)
-    return data_kernel(plan, "decode SpMM over a bitmap + packed values (W as data)",
-                       ("p_b", "p_c", "p_values", "p_masks", "p_offsets", "p_bias")
-                       + (("p_residual",) if plan.residual else ()), decl, e.text())
+    decl = [".reg .pred %pt, %pu" + "".join(f", %pb{i}" for i in range(1, u))
+            + "".join(f", %ps{i}" for i in range(STAGE_BATCH)) + "".join(f", %pc{i}" for i in range(copies)) + ";",
+            ".reg .b32 %rtid, %lane, %warp, %t, %row, %rowend, %rsx, %rsq, %rbuf, %rbl, %rva, %rxw, %vstart, "
+            "%cnt, %incl, %total, %off, %nch, %wk, %f, %acc, "
+            + ", ".join([f"%w{t}" for t in range(words)] + [f"%bit{i}" for i in range(u)]
+                        + [f"%rxa{i}" for i in range(u)] + [f"%xf{i}" for i in range(u)]
+                        + [f"%vf{i}" for i in range(u)] + [f"%st{i}" for i in range(4 * STAGE_BATCH)]
+                        + [f"%cp{i}" for i in range(4 * copies)]) + ";",
+            ".reg .b16 %hx" + "".join(f", %xh{i}, %vh{i}" for i in range(u)) + ";",
+            ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdm, %rdv, %rdr;"]
+    shared = f".shared .align 16 .b8 smem[{plan.shared_bytes}];"
+    return data_kernel(plan, "decode GEMV over a bitmap + packed values (W as data)",
+                       ("p_b", "p_c", "p_values", "p_masks", "p_row_starts", "p_bias")
+                       + (("p_residual",) if plan.residual else ()), decl, e.text(), plan.shared_bytes, shared)

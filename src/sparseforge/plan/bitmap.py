@@ -1,21 +1,31 @@
-"""The bitmap mapping for decode widths (N = 1..16): W as one bit per position plus its nonzero values packed.
+"""The bitmap mapping for decode (N = 1): W as one bit per position plus its nonzero values packed.
 
-Why a third data layout: at the token counts of LLM decoding the product is bound by the weight's bytes,
-not by math. Dense fp16 moves 2 bytes a position; padded CSR (plan/csr.py) 6 bytes a nonzero (4 of them
-the index); a bitmap 1/8 byte a position plus 2 a nonzero: 6.2x fewer bytes than dense fp16 at 90%, 2.8x at
-70%, 1.8x at 50% (issue 11's bounds), and the index of a nonzero costs no load at all: it is the bit's
-position.
+Why a third data layout: at N = 1 (LLM token generation) the product is bound by the weight's bytes, not by
+math. Dense fp16 moves 2 bytes a position; padded CSR with 16-bit indices (plan/csr.py) 4 bytes a nonzero;
+a bitmap 1/8 byte a position plus 2 a nonzero: 6.2x fewer bytes than dense fp16 at 90%, 2.8x at 70%, 1.8x
+at 50% (issue 11's bounds), and a nonzero's index costs no load: it is the bit's position.
 
-Layout (BitmapPlan), per row r of W (M x K):
-- masks[r, w]: uint64, bit b set where W[r, 64 w + b] != 0 (words past K are absent: W = ceil(K / 64));
-- values: the row's nonzeros in column order, each row starting at a multiple of 8 (16 bytes);
-- offsets[r, s]: the index in `values` of the first nonzero of step s (words 32 s .. 32 s + 31: one word
-  a lane, 2048 columns a step); S = ceil(W / 32) <= 32 steps, so K <= 65536.
+Why this layout (the second design; the first, a lane walking a 64-bit word of 64 consecutive columns and
+reading its values and x from global memory, measured 1.3-1.5x slower than CSR on the H200): there every
+load of a warp touched 32 different cache lines, one per lane, so the L1 spent 32 cycles per load. Here
+- lane l of a warp owns the columns 32 j + l: its x values, staged once per block in shared memory, sit in
+  bank l whatever j is, so a warp's x reads never conflict;
+- the warp copies the values with coalesced 16-byte loads into a per-warp shared buffer before the lanes
+  walk their bits, so no lane reads global memory alone.
 
-The kernel (codegen/bitmap.py): a warp per row. Lane s holds offsets[r, s]; per step each lane loads its
-mask word, the warp scans the words' bit counts (prefix sums by shuffle), and each lane walks its set bits
-from the highest, reading value number offset + prefix + rank and B's row (kn: the N values of B[k, :]),
-accumulating N sums in fp32; a fixed-order butterfly adds the lanes (deterministic, no atomics).
+Layout (BitmapPlan), per row r of W (M x K), T = ceil(K / 1024) words per lane:
+- masks[r, t, l]: uint32, bit b set where W[r, 1024 t + 32 b + l] != 0 (columns past K: never set);
+- values: per (r, t) a block of the warp's values for word t, lane after lane, each lane's from its highest
+  bit down (the order its walk finds them), the block padded with zeros to a multiple of 8 values; a row's
+  blocks follow each other in t, rows in r;
+- row_starts[r]: the index in `values` of the row's first block (a multiple of 8: 16-byte aligned).
+A block's size and each lane's place in it are not stored: the kernel scans the words' bit counts.
+
+The kernel (codegen/bitmap.py): a block stages x (K values) in shared memory, then each warp takes
+rows_per_warp consecutive rows. Per row and word t: the warp scans its lanes' bit counts by shuffle, copies
+the block into its buffer, and each lane walks its word's set bits from the highest (bfind), reading
+x[1024 t + 32 b + l] and its next value from shared memory into fp32 sums; a fixed-order butterfly adds the
+lanes (deterministic, no atomics), lane 0 adds bias and the residual, applies ReLU and stores.
 """
 from __future__ import annotations
 
@@ -28,24 +38,25 @@ from ..formats import SparseMatrix
 from .config import WARP, require_ints
 from .plan import WeightAsData, check_launch, check_problem, fp32_bias
 
-WORD = 64                  # columns a mask word covers
-STEP_COLUMNS = WORD * WARP  # columns one step of a warp covers (one word a lane)
-MAX_STEPS = WARP            # lane s holds step s's offset
-MAX_N = 16                  # decode widths: the sums of N columns live in registers
-VALUE_ALIGN = 8             # each row's values start at a multiple of 8 values (16 bytes in fp16)
+WORD_BITS = 32                    # bits of a lane's mask word
+WORD_COLUMNS = WORD_BITS * WARP   # columns one word of every lane covers (1024)
+VALUE_ALIGN = 8                   # each block of values is padded to a multiple of 8 (16 bytes in fp16)
+MAX_WORDS = 16                    # words a lane keeps in registers: K <= 16384
+SHARED_LIMIT = 48 * 1024          # static shared memory of a block: x staged + one value buffer a warp
 
 
 @dataclass(frozen=True)
 class BitmapConfig:
-    warps_per_block: int = 4  # rows a block holds (a warp per row)
-    # set bits a lane takes per iteration of its loop (each predicated on the mask not yet empty): 2 and 4
-    # put that many value and B loads in flight before their FMAs
-    unroll: int = 2
+    warps_per_block: int = 4  # warps of a block (each with its own value buffer; x staged once per block)
+    rows_per_warp: int = 2    # consecutive rows a warp takes: x is staged once per block for all of them
+    unroll: int = 2           # set bits a lane takes per iteration of its walk, their loads in flight together
 
     def __post_init__(self):
         require_ints(self)
-        if self.warps_per_block not in (1, 2, 4, 8):  # 16 (512 threads, 128 registers each) spills on sm_80
+        if self.warps_per_block not in (1, 2, 4, 8):
             raise ValueError(f"warps_per_block must be 1, 2, 4 or 8, got {self.warps_per_block}")
+        if self.rows_per_warp not in (1, 2, 4, 8):
+            raise ValueError(f"rows_per_warp must be 1, 2, 4 or 8, got {self.rows_per_warp}")
         if self.unroll not in (1, 2, 4):
             raise ValueError(f"unroll must be 1, 2 or 4, got {self.unroll}")
 
@@ -54,7 +65,7 @@ class BitmapConfig:
         return self.warps_per_block * WARP
 
     def short(self) -> str:
-        return f"bmp_w{self.warps_per_block}u{self.unroll}"
+        return f"bmp_w{self.warps_per_block}r{self.rows_per_warp}u{self.unroll}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,9 +77,9 @@ class BitmapPlan(WeightAsData):
     layout: str
     dtype: str
     config: BitmapConfig
-    masks: np.ndarray = field(repr=False)    # uint64 [M, words]
-    values: np.ndarray = field(repr=False)   # float32 [slots] (converted to the kernel's dtype on upload)
-    offsets: np.ndarray = field(repr=False)  # int32 [M, steps]
+    masks: np.ndarray = field(repr=False)       # uint32 [M, words, 32]
+    values: np.ndarray = field(repr=False)      # float32 [slots] (converted to the kernel's dtype on upload)
+    row_starts: np.ndarray = field(repr=False)  # int32 [M]
     nnz: int = 0
     bias: tuple[float, ...] | None = None
     relu: bool = False
@@ -85,37 +96,45 @@ class BitmapPlan(WeightAsData):
         return self.masks.shape[1]
 
     @property
-    def steps(self) -> int:
-        return self.offsets.shape[1]
+    def rows_per_block(self) -> int:
+        return self.config.warps_per_block * self.config.rows_per_warp
 
     @property
     def grid(self) -> tuple[int, int]:
-        """(1, row blocks) of one batch entry: every column of N is in a lane's registers."""
-        return 1, math.ceil(self.M / self.config.warps_per_block)
+        """(1, row blocks) of one batch entry."""
+        return 1, math.ceil(self.M / self.rows_per_block)
 
     @property
-    def load_width(self) -> int:
-        """Elements of B[k, :] one load brings: the widest of 8/4/2/1 dividing N within 16 bytes."""
-        for width in (8, 4, 2, 1):
-            if width * self.element_bytes <= 16 and self.N % width == 0:
-                return width
-        return 1
+    def x_bytes(self) -> int:
+        """Shared bytes of the staged x (K values, rounded up to 16)."""
+        return -(-self.K * self.element_bytes // 16) * 16
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Shared bytes of one warp's value buffer: the largest block (every bit of a word set)."""
+        return WORD_COLUMNS * self.element_bytes
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.x_bytes + self.config.warps_per_block * self.buffer_bytes
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
         uploaded as ("values": the kernel's dtype)."""
-        return (self.values, "values"), (self.masks, "uint64"), (self.offsets, "int32")
+        return (self.values, "values"), (self.masks.view(np.int32), "int32"), (self.row_starts, "int32")
 
     def bytes_read(self) -> int:
-        """W's bytes the kernel streams once: masks, values (with row padding), offsets."""
-        return self.masks.nbytes + self.values.size * self.element_bytes + self.offsets.nbytes
+        """W's bytes the kernel streams once: masks, values (with block padding), row starts."""
+        return self.masks.nbytes + self.values.size * self.element_bytes + self.row_starts.nbytes
 
     def describe(self) -> str:
         dense = self.M * self.K * self.element_bytes
+        c = self.config
         return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz}; N {self.N}; layout {self.layout}; "
                 f"dtype {self.dtype}\n  bitmap + packed values: {self.bytes_read()} bytes of W "
-                f"({dense / max(self.bytes_read(), 1):.2f}x fewer than dense); a warp per row, "
-                f"{self.config.unroll} set bits a lane per iteration; grid {self.grid} x batch, {self.threads} threads")
+                f"({dense / max(self.bytes_read(), 1):.2f}x fewer than dense); lane l owns columns 32 j + l, "
+                f"x and a warp's values in shared memory ({self.shared_bytes} bytes a block); {c.rows_per_warp} "
+                f"rows a warp, {c.unroll} set bits a lane per iteration; grid {self.grid} x batch, {self.threads} threads")
 
 
 def make_bitmap_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = "kn",
@@ -124,37 +143,48 @@ def make_bitmap_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: st
     check_problem(n, dtype, layout)
     config = config or BitmapConfig()
     m, k = w.shape
-    if n > MAX_N:
-        raise ValueError(f"the bitmap decode kernel keeps N sums per lane in registers: N <= {MAX_N}, got {n}")
-    if layout == "nk" and n > 1:
-        raise ValueError("the bitmap decode kernel reads B's rows (layout 'kn'); with layout 'nk' it takes "
-                         "N = 1 only (where both layouts are one vector): use another mapping")
-    words = max(1, math.ceil(k / WORD))
-    steps = math.ceil(words / WARP)
-    if steps > MAX_STEPS:
-        raise ValueError(f"K = {k}: the bitmap decode kernel covers K <= {MAX_STEPS * STEP_COLUMNS} "
-                         f"({MAX_STEPS} steps of {STEP_COLUMNS} columns)")
-    rows = np.repeat(np.arange(m), w.row_nnz)
+    if n != 1:
+        raise ValueError(f"the bitmap decode kernel computes N = 1 (a matrix-vector product), got N = {n}: use "
+                         "another mapping (compile_spmm without a config chooses one)")
+    words = max(1, math.ceil(k / WORD_COLUMNS))
+    if words > MAX_WORDS:
+        raise ValueError(f"K = {k}: the bitmap decode kernel keeps a lane's mask words in registers and x in "
+                         f"shared memory, so K <= {MAX_WORDS * WORD_COLUMNS}: use another mapping")
+    rows = np.repeat(np.arange(m, dtype=np.int64), w.row_nnz)
     cols = w.indices.astype(np.int64)
-    masks = np.zeros((m, words), np.uint64)
-    np.bitwise_or.at(masks, (rows, cols // WORD), np.left_shift(np.uint64(1), (cols % WORD).astype(np.uint64)))
-    counts = w.row_nnz.astype(np.int64)
+    word, bit, lane = cols // WORD_COLUMNS, (cols % WORD_COLUMNS) // WARP, cols % WARP
+    masks = np.zeros((m, words, WARP), np.uint32)
+    np.bitwise_or.at(masks, (rows, word, lane), np.left_shift(np.uint32(1), bit.astype(np.uint32)))
+    # the kernel's order: row, word, lane, bit from the highest down
+    order = np.lexsort((-bit, lane, word, rows))
+    block = rows * words + word
+    counts = np.bincount(block, minlength=m * words).astype(np.int64)
     padded = -(-counts // VALUE_ALIGN) * VALUE_ALIGN
-    starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(padded)[:-1]])
     slots = int(padded.sum())
     if slots >= 2 ** 31:
         raise ValueError(f"W has {slots} padded nonzeros; the bitmap kernel indexes them with 32 bits")
     values = np.zeros(max(slots, VALUE_ALIGN), np.float32)
-    values[np.repeat(starts - w.indptr[:-1], counts) + np.arange(w.nnz)] = w.values.astype(np.float32)
-    # offsets[r, s]: the row's start plus its nonzeros in the columns before step s
-    step_of = cols // STEP_COLUMNS
-    before = np.zeros((m, steps + 1), np.int64)
-    np.add.at(before, (rows, step_of + 1), 1)
-    offsets = (starts[:, None] + np.cumsum(before, axis=1)[:, :steps]).astype(np.int32)
-    plan = BitmapPlan(m, k, n, layout, dtype, config, masks, values, offsets, w.nnz, fp32_bias(bias, m), relu,
+    sorted_block = block[order]
+    rank = np.arange(w.nnz) - np.concatenate([[0], np.cumsum(counts)])[sorted_block]
+    values[starts[sorted_block] + rank] = w.values.astype(np.float32)[order]
+    row_starts = starts.reshape(m, words)[:, 0].astype(np.int32) if m else np.zeros(0, np.int32)
+    plan = BitmapPlan(m, k, n, layout, dtype, config, masks, values, row_starts, w.nnz, fp32_bias(bias, m), relu,
                       arch, w.digest(), residual=bool(residual))
+    if plan.shared_bytes > SHARED_LIMIT:
+        raise ValueError(f"K = {k} in {dtype} with {config.warps_per_block} warps a block needs {plan.shared_bytes} "
+                         f"bytes of shared memory (x staged + a value buffer a warp), over {SHARED_LIMIT}: use fewer "
+                         "warps_per_block, a 16-bit dtype, or another mapping")
     check_launch(plan.grid)
     return plan
+
+
+def row_columns(plan: BitmapPlan, r: int) -> np.ndarray:
+    """Row r's columns in the order the kernel walks them (word, lane, bit from the highest)."""
+    t, lane, b = np.nonzero(np.unpackbits(plan.masks[r].view(np.uint8), bitorder="little")
+                            .reshape(plan.words, WARP, WORD_BITS))
+    order = np.lexsort((-b, lane, t))
+    return (t * WORD_COLUMNS + b * WARP + lane)[order], t[order]
 
 
 def execute_bitmap(plan: BitmapPlan, b: np.ndarray) -> np.ndarray:
@@ -163,13 +193,14 @@ def execute_bitmap(plan: BitmapPlan, b: np.ndarray) -> np.ndarray:
     b = np.asarray(b, dtype=np.float64)
     if b.ndim == 3:
         return np.stack([execute_bitmap(plan, one) for one in b])
-    operand = b if plan.layout == "kn" else b.T
-    out = np.zeros((plan.M, plan.N))
+    x = b.reshape(-1)
+    out = np.zeros((plan.M, 1))
     for r in range(plan.M):
-        bits = np.unpackbits(plan.masks[r].view(np.uint8), bitorder="little")[:plan.K].astype(bool)
-        cols = np.flatnonzero(bits)
-        first = int(plan.offsets[r, 0]) if plan.steps else 0
-        out[r] = plan.values[first:first + cols.size].astype(np.float64) @ operand[cols]
+        cols, word = row_columns(plan, r)
+        counts = np.bincount(word, minlength=plan.words)
+        starts = plan.row_starts[r] + np.concatenate([[0], np.cumsum(-(-counts // VALUE_ALIGN) * VALUE_ALIGN)[:-1]])
+        rank = np.arange(cols.size) - np.concatenate([[0], np.cumsum(counts)])[word]
+        out[r, 0] = plan.values[starts[word] + rank].astype(np.float64) @ x[cols]
     if plan.bias is not None:
         out += np.asarray(plan.bias)[:, None]
     if plan.relu:

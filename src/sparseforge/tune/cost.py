@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.bitmap import WORD, BitmapPlan
+from ..plan.bitmap import BitmapPlan
 from ..plan.csr import NNZ_PER_STEP, CsrColumnsConfig
 
 
@@ -40,10 +40,9 @@ class Gpu:
     step_cycles: float = 3430.0     # fitted: small-N kernel, one iteration's dependent loads (indices,
     # then B) and its FMAs
     hbm_bytes_per_s: float = 4.0e12  # datasheet 4.8 TB/s; ~3.4-3.6 TB/s measured for streamed weights
-    # bitmap decode: one iteration of a lane's walk over its set bits (value and B loads, mostly L1/L2
-    # hits, then their FMAs: in-order issue pays a load latency per iteration). A guess until designs.py
-    # has measured the bitmap kernels (not yet run on a GPU).
-    bitmap_iteration_cycles: float = 400.0
+    # bitmap decode: one iteration of a lane's walk over its set bits (x and value from shared memory, then
+    # the FMAs). A guess until designs.py has measured the second bitmap design.
+    bitmap_iteration_cycles: float = 60.0
     registers: int = 65536          # per SM
     max_warps: int = 64             # per SM
     sass_bytes: int = 16            # bytes per SASS instruction
@@ -166,25 +165,25 @@ def _csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
 
 
 def _bitmap_estimate(plan: BitmapPlan, batch: int, gpu: Gpu) -> Estimate:
-    """Bitmap decode: W's bytes streamed once from HBM per batch entry; per row and step a mask round trip
-    and its scan, then the lanes' walks, as long as the lane with the most set bits (/ unroll)."""
+    """Bitmap decode (N = 1): W's bytes streamed once from HBM per batch entry; per row and word a scan and a
+    block copy (one global round trip), then the lanes' walks over shared memory, as long as the lane with
+    the most set bits (/ unroll)."""
     c, es = plan.config, plan.element_bytes
-    counts = np.bitwise_count(plan.masks).astype(np.int64)  # set bits per word
-    words = plan.words
-    padded = np.zeros((plan.M, plan.steps * 32), np.int64)
-    padded[:, :words] = counts
-    iterations = (-(-padded // c.unroll)).reshape(plan.M, plan.steps, 32).max(axis=2)  # the slowest lane
-    per_iteration = 10 * c.unroll + plan.N * c.unroll * (2 if es == 2 else 1) + (plan.N // plan.load_width) * c.unroll
-    warp_instr = (iterations.sum() * per_iteration + plan.M * plan.steps * 30 + plan.M * (10 * plan.N + 20)) * batch
+    counts = np.bitwise_count(plan.masks).astype(np.int64)  # set bits per (row, word, lane)
+    iterations = (-(-counts // c.unroll)).max(axis=2)        # the slowest lane of each word
+    per_iteration = 4 + c.unroll * (8 + (4 if es == 2 else 0))
+    per_word = 45
+    rows_words = plan.M * plan.words
+    warp_instr = (iterations.sum() * per_iteration + rows_words * per_word + plan.M * 25) * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    streamed = (plan.bytes_read() + plan.M * plan.N * es) * batch / gpu.hbm_bytes_per_s
-    operand = plan.nnz * plan.N * es * batch / gpu.l2_bytes_per_s
-    chain = iterations.sum(axis=1) * gpu.bitmap_iteration_cycles + plan.steps * gpu.step_cycles / 2 \
-        + 5 * plan.N * gpu.cycles_per_instruction
-    registers = 24 + plan.N * (c.unroll + 1) + 6 * c.unroll
+    streamed = (plan.bytes_read() + plan.M * es) * batch / gpu.hbm_bytes_per_s
+    staged = plan.grid[1] * batch * plan.K * es / gpu.l2_bytes_per_s  # x into every block's shared memory
+    chain = iterations.sum(axis=1) * gpu.bitmap_iteration_cycles + plan.words * gpu.step_cycles / 2
+    per_block = chain.reshape(-1)[: plan.M]
+    registers = 64 + 8 * c.unroll
     waves = _waves(plan.grid[1] * batch, c.warps_per_block, registers, gpu)
-    latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
-    terms = {"issue": issue * 1e6, "operand": max(streamed, operand) * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
+    latency = ((waves - 1) * per_block.mean() * c.rows_per_warp + per_block.max() * c.rows_per_warp) / gpu.clock_hz
+    terms = {"issue": issue * 1e6, "operand": max(streamed, staged) * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 

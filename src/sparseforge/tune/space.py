@@ -13,9 +13,9 @@
   layers;
 - csr-columns (plan/csr.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
   large layers at moderate N, where the generated code's instruction stream is what limits;
-- bitmap (plan/bitmap.py, N <= 16, nk at N = 1): W as a bitmap + packed values, the fewest bytes of W for
-  decode widths, where the weight's bytes bound the layer (issue 11). Not yet run on a GPU: proposed only
-  with unmeasured=True until designs.py has measured it;
+- bitmap (plan/bitmap.py, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
+  the weight's bytes bound the layer (issue 11). Its second design (lanes over interleaved columns, x and
+  the values in shared memory) is proposed only with unmeasured=True until designs.py has measured it;
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 
 from ..plan import TileConfig, pick_vec
-from ..plan.bitmap import MAX_N as DECODE_MAX_N
 from ..plan.bitmap import BitmapConfig
 from ..plan.csr import CsrColumnsConfig, CsrConfig
 from .autotune import _column_warps, candidates
@@ -76,10 +75,11 @@ def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
 
 
 def decode(n: int, layout: str) -> list[BitmapConfig]:
-    """Bitmap decode configs: 1, 2 or 4 set bits a lane in flight, 4 or 8 rows a block."""
-    if n > DECODE_MAX_N or (layout == "nk" and n > 1):
+    """Bitmap decode configs (N = 1): 4 or 8 warps a block, 2 or 4 rows a warp, 2 or 4 set bits in flight."""
+    if n != 1:
         return []
-    return [BitmapConfig(4, 1), BitmapConfig(4, 2), BitmapConfig(4, 4), BitmapConfig(8, 2)]
+    return [BitmapConfig(warps_per_block=w, rows_per_warp=r, unroll=u) for w, r, u in
+            ((4, 2, 2), (4, 4, 2), (4, 2, 4), (8, 2, 2))]
 
 
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:

@@ -153,6 +153,8 @@ class Thread:
                 yield from self._call_block(args)
             elif op == "bar.sync":
                 yield
+            elif op == "bar.warp.sync":  # the warp's lanes meet here, like at a shuffle that moves nothing
+                yield ("wsync", 0, 0)
             elif op == "shfl.sync.bfly.b32":  # the warp's lanes meet here: the runner swaps the values
                 self.regs[args[0]] = yield ("bfly", self._val(args[1]), self._val(args[2]))
             elif op == "shfl.sync.idx.b32":  # every lane reads lane `b` of its warp
@@ -250,6 +252,13 @@ class Thread:
             return
         if head == "red":
             self._atomic_add(parts[-1], self._address(args[0]), v(args[1]))
+            return
+        if op == "popc.b32":
+            r[args[0]] = bin(v(args[1]) & _MASK[32]).count("1")
+            return
+        if op == "bfind.u32":
+            word = v(args[1]) & _MASK[32]
+            r[args[0]] = word.bit_length() - 1 if word else 0xFFFFFFFF
             return
         if op == "popc.b64":
             r[args[0]] = bin(v(args[1]) & _MASK[64]).count("1")
@@ -438,7 +447,7 @@ def _run_block(block: list) -> None:
                 raise RuntimeError(f"warp {warp}: its lanes are not all at one shuffle ({sorted(kinds)}; "
                                    f"{sum(t in stops for t in lanes)} of {len(lanes)} live lanes there)")
         for tid, stop in stops.items():  # butterfly (lane ^ offset), indexed (lane b), up (lane - b)
-            partner = {"bfly": lambda: tid ^ stop[2], "idx": lambda: (tid & ~31) | (stop[2] & 31),
+            partner = {"bfly": lambda: tid ^ stop[2], "idx": lambda: (tid & ~31) | (stop[2] & 31), "wsync": lambda: tid,
                        "up": lambda: tid - stop[2] if (tid & 31) >= stop[2] else tid}[stop[0]]()
             if partner not in stops:
                 raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
