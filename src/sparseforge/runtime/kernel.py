@@ -292,13 +292,15 @@ def kernel_key(kind: str, spec: str, arch: int, compiler_version: str) -> str:
 
 def plan_spec(plan) -> str:
     """What determines a plan's binary. Generated kernels: the weight (digest of pattern and values), the
-    problem, the tiling, the epilogue. The small-N kernel: only the shape and options (W is data).
-    Keying on these rather than on the rendered text lets a cache hit skip rendering altogether."""
+    problem (a convolution's geometry too), the tiling, the epilogue. The small-N kernel: only the shape and
+    options (W is data). Keying on these rather than on the rendered text lets a cache hit skip rendering
+    altogether."""
     if plan.family != "tile":  # W is data: the binary depends on the shape and options only
         return plan.source_key
     bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
+    # the name carries the rest of what fixes the source: a convolution's geometry and residual
     return "|".join([plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),
-                     bias, str(plan.relu)])
+                     bias, str(plan.relu), plan.name])
 
 
 @dataclass
