@@ -87,8 +87,8 @@ def plan_conv2d(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32",
 
 def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                    relu: bool = False, residual: bool = False, layout: str = "nchw", device="cuda",
-                   kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
-                   time_dense: bool = True) -> ConvKernel:
+                   kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
+                   tune_budget: float | None = 5.0, time_dense: bool = True) -> ConvKernel:
     """Compile (or fetch from the cache) and load the fastest direct convolution for a sparse Conv2d.
 
     W: the Conv2d weight (Cout x Cin/groups x kh x kw; torch tensor or numpy array, zeros where pruned), or a
@@ -257,8 +257,8 @@ def _single(value, name: str):
 
 def compile_conv1d(W, input_shape, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1,
                    dtype="float32", bias=None, relu: bool = False, residual: bool = False, device="cuda",
-                   kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
-                   time_dense: bool = True) -> Conv1dKernel:
+                   kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
+                   tune_budget: float | None = 5.0, time_dense: bool = True) -> Conv1dKernel:
     """compile_conv2d for a Conv1d: W is Cout x Cin/groups x k (or a SparseMatrix with kernel_size=k);
     input_shape (batch, Cin, L). The text CNN of issue 12 (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
     stride, padding, dilation, kernel_size = (_single(v, name) for v, name in ((stride, "stride"), (padding, "padding"),

@@ -249,7 +249,8 @@ def _declare(e: Emitter) -> list[str]:
     return [f".reg .{_REG_KINDS[prefix]} %{prefix}<{top + 1}>;" for prefix, top in sorted(e.max_index.items())]
 
 
-def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Output, first: bool, last: bool) -> tuple[str, str, list[str]]:
+def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Output, first: bool,
+             last: bool) -> tuple[str, str, list[str]]:
     """(function text, its .extern declaration, call-site lines) for group g on chunk ci."""
     group, vec = plan.groups[g], _vec(plan)
     name, n_acc = f"{plan.name}_g{g}_c{ci}", len(plan.groups[g].rows) * vec

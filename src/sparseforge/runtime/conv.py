@@ -117,7 +117,7 @@ class ConvKernel(LoadedPlanKernel):
         target = out
         if self._bordered is not None:
             x = self.bordered(x, batch)
-            align = self.plan.output_alignment  # vector stores (and residual loads) of a 1-column kernel
+            align = self.plan.output_alignment  # vec > 1 (a 1-column kernel): vector stores and residual loads
             if out.data_ptr() % align:
                 target = torch.empty_like(out)
             if residual is not None and residual.data_ptr() % align:

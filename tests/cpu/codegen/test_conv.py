@@ -68,33 +68,25 @@ def conv_problems(draw):
 @given(conv_problems())
 @settings(max_examples=30, deadline=None)
 def test_random_convolutions_match_float64_torch(problem):
+    assert _run_drawn(problem, run_conv).mapping == "conv-csr-columns"
+
+
+def _run_drawn(problem, run):
+    """A drawn problem's weight, epilogue (bias, ReLU, residual by its seed; split K takes neither ReLU nor a
+    residual) and input, its plan run by `run` against the float64 reference; the plan back."""
     g, config, density, dtype, seed = problem
     rng = np.random.default_rng(seed)
     shape = (g.out_channels, g.channels // g.groups, *g.kernel)
     w4 = np.where(rng.random(shape) < density, rng.standard_normal(shape), 0).astype(np.float32)
+    split = getattr(config, "segment_nnz", 0) > 0  # partial sums meet through atomics
     bias = rng.standard_normal(g.out_channels) if seed % 2 else None
-    relu, residual = seed % 3 == 0, (rng.standard_normal(g.output_shape) if seed % 5 < 2 else None)
+    relu = seed % 3 == 0 and not split
+    residual = rng.standard_normal(g.output_shape) if seed % 5 < 2 and not split else None
     plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(g.out_channels, -1)), g, dtype, config, bias, relu,
                           residual is not None)
     x = rng.standard_normal(g.input_shape)
-    got = run_conv(plan, x, residual)
-    ref = _reference(x, w4, g, dtype, bias, residual, relu)
-    assert_matches(got, ref, dtype)
-
-
-def test_a_nan_pixel_poisons_exactly_its_receptive_outputs_and_padding_multiplies_nothing():
-    """x holds NaN at one pixel and inf all along its border row; the padding taps read nothing, so only the
-    outputs whose window holds the NaN pixel at a nonzero weight are NaN (dense im2col with a zero border
-    would give 0 * inf = NaN at the border too, and cuDNN NaN wherever the weight is zero)."""
-    g = ConvGeometry.of((1, 1, 6, 6), 1, 3, padding=1)
-    w4 = np.zeros((1, 1, 3, 3), np.float32)
-    w4[0, 0, 0, 0] = 1.0  # only the top-left tap: y[i, j] = x[i - 1, j - 1]
-    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(1, -1)), g, config=CsrColumnsConfig(1, 1, 1))
-    x = np.ones((1, 1, 6, 6))
-    x[0, 0, 2, 3] = np.nan
-    got = run_conv(plan, x)[0, 0]
-    assert np.isnan(got[3, 4]) and np.isnan(got).sum() == 1
-    assert got[0].tolist() == [0.0] * 6 and got[:, 0].tolist() == [0.0] * 6  # taps in the padding: nothing
+    assert_matches(run(plan, x, residual), _reference(x, w4, g, dtype, bias, residual, relu), dtype)
+    return plan
 
 
 @pytest.mark.parametrize("arch", [90, 80])
@@ -163,20 +155,8 @@ def generated_problems(draw):
 @given(generated_problems())
 @settings(max_examples=40, deadline=None)
 def test_random_generated_convolutions_match_float64_torch(problem):
-    g, config, density, dtype, seed = problem
-    rng = np.random.default_rng(seed)
-    shape = (g.out_channels, g.channels // g.groups, *g.kernel)
-    w4 = np.where(rng.random(shape) < density, rng.standard_normal(shape), 0).astype(np.float32)
-    split = config.segment_nnz > 0  # partial sums meet through atomics: no ReLU, no residual
-    bias = rng.standard_normal(g.out_channels) if seed % 2 else None
-    relu = seed % 3 == 0 and not split
-    residual = rng.standard_normal(g.output_shape) if seed % 5 < 2 and not split else None
-    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(g.out_channels, -1)), g, dtype, config, bias, relu,
-                          residual is not None)
+    plan = _run_drawn(problem, run_generated)
     assert plan.mapping.startswith("conv-") and plan.mapping != "conv-csr-columns"
-    x = rng.standard_normal(g.input_shape)
-    got = run_generated(plan, x, residual)
-    assert_matches(got, _reference(x, w4, g, dtype, bias, residual, relu), dtype)
 
 
 @pytest.mark.parametrize("config", [TileConfig(4, 4, 1), TileConfig(1, 2, 4, inline=True)])
@@ -196,18 +176,20 @@ def test_a_wide_stride_and_vectors_where_the_geometry_allows_them(config):
                                                                     residual, True), "float16")
 
 
-def test_generated_padding_reads_the_zero_border_so_a_nan_poisons_only_its_receptive_outputs():
-    """The border's zeros times a finite immediate are zeros: as in the csr-columns kernel, a NaN pixel poisons
-    exactly the outputs whose window holds it at a nonzero weight, and the padding contributes nothing."""
+@pytest.mark.parametrize("config", [CsrColumnsConfig(1, 1, 1), TileConfig(1, 1, 1)], ids=["csr-columns", "generated"])
+def test_a_nan_pixel_poisons_exactly_its_receptive_outputs_and_padding_multiplies_nothing(config):
+    """x holds NaN at one pixel; the csr-columns kernel's padding taps read nothing and the generated kernel's
+    read the border's zeros (times a finite immediate: zero), so only the outputs whose window holds the NaN
+    pixel at a nonzero weight are NaN (cuDNN gives NaN wherever the weight is zero too)."""
     g = ConvGeometry.of((1, 1, 6, 6), 1, 3, padding=1)
     w4 = np.zeros((1, 1, 3, 3), np.float32)
     w4[0, 0, 0, 0] = 1.0  # only the top-left tap: y[i, j] = x[i - 1, j - 1]
-    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(1, -1)), g, config=TileConfig(1, 1, 1))
+    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(1, -1)), g, config=config)
     x = np.ones((1, 1, 6, 6))
     x[0, 0, 2, 3] = np.nan
-    got = run_generated(plan, x)[0, 0]
+    got = (run_generated if isinstance(config, TileConfig) else run_conv)(plan, x)[0, 0]
     assert np.isnan(got[3, 4]) and np.isnan(got).sum() == 1
-    assert got[0].tolist() == [0.0] * 6 and got[:, 0].tolist() == [0.0] * 6
+    assert got[0].tolist() == [0.0] * 6 and got[:, 0].tolist() == [0.0] * 6  # taps in the padding: nothing
 
 
 REAL_LAYERS = {  # input shape, Cout, kernel, stride, padding at 90% sparsity: the generated kernels' real sizes

@@ -112,7 +112,8 @@ def test_offsets_that_would_reach_the_tap_bits_groups_not_int_and_wide_lanes_are
 # -- the generated mapping over the zero-bordered input (ConvTilePlan) ----------------------------------------
 @pytest.mark.parametrize("args", [
     ((2, 4, 7, 6), 6, 3, 1, 1, 1, 1), ((1, 4, 9, 9), 4, 3, 2, 1, 2, 4), ((1, 6, 8, 8), 4, (1, 3), (1, 2), (0, 1), 1, 2),
-    ((1, 3, 12, 12), 5, 7, 2, 3, 1, 1), ((2, 4, 11, 9), 6, (3, 1), (3, 2), (2, 0), (2, 1), 2), ((1, 8, 8, 8), 4, 1, 1, 0, 1, 1),
+    ((1, 3, 12, 12), 5, 7, 2, 3, 1, 1), ((2, 4, 11, 9), 6, (3, 1), (3, 2), (2, 0), (2, 1), 2),
+    ((1, 8, 8, 8), 4, 1, 1, 0, 1, 1),
 ])
 @pytest.mark.parametrize("config", [TileConfig(4, 4, 1), TileConfig(1, 2, 4), TileConfig(2, 2, 2, segment_nnz=5)])
 def test_reference_executor_reads_the_generated_plan_through_its_offsets(args, config):
