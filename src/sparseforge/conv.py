@@ -1,26 +1,32 @@
 """The public direct sparse convolution API: compile_conv2d() and compile_conv1d() (issue 12).
 
-A Conv2d whose weight is sparse runs as the csr-columns kernel over an implicit im2col (plan/conv.py,
-codegen/conv.py): no im2col buffer, padding by predicates, bias (folded BatchNorm), ReLU and a residual
-add fused. The candidates (pixels a lane, warps an output channel) go through the one chooser
-(tune/choose.py), timed beside cuDNN (F.conv2d in the same dtype), and the choice is cached with the kernel.
+A Conv2d whose weight is sparse runs, with no im2col buffer, as one of two mappings (plan/conv.py): the
+csr-columns kernel over an implicit im2col (W as data, padding by predicates; codegen/conv.py), or the
+generated kernel over a zero-bordered copy of the input (every nonzero a load at a constant offset and an
+FMA with its value as an immediate; codegen/ptx.py with codegen/operands.py's BorderedConvInput), in any
+of the SpMM's tilings (row groups, row per block, split K, inline). Bias (folded BatchNorm), ReLU and a
+residual add are fused in both. The candidates of both go through the one chooser (tune/choose.py): ranked
+by the cost model, the best timed beside cuDNN (F.conv2d in the same dtype); the choice is cached with the
+kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict
 
 import numpy as np
 
 from .formats import SparseMatrix
-from .plan.conv import CONV_COLUMNS, ConvGeometry, make_conv_plan
+from .plan import TileConfig
+from .plan.conv import CONV_COLUMNS, ConvGeometry, conv_vector_width, make_conv_plan
 from .plan.csr import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
-from .spmm import _checked_bias, _device_index, _dtype_name, _describe
-from .tune.choose import Choice, choose, chooser_digest, rank
-from .tune.space import csr_columns
-
+from .spmm import (_CONFIG_FAMILIES, _checked_bias, _config_record, _describe, _device_index, _dtype_name, _plans,
+                   _predicted_best, _renderable)
+from .tune.choose import choose, Choice, chooser_digest
+from .tune.space import csr_columns, search_space
 
 
 def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
@@ -43,16 +49,46 @@ def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
     return SparseMatrix.from_dense(array.reshape(array.shape[0], -1)), kernel
 
 
-def _candidates(geometry: ConvGeometry, w: SparseMatrix) -> list[CsrColumnsConfig]:
-    n = geometry.out_height * geometry.out_width
-    space = [c for c in csr_columns(max(n, 8), w.nnz / max(w.shape[0], 1)) if c.columns in CONV_COLUMNS]
-    return space or [CsrColumnsConfig()]
+def _candidates(geometry: ConvGeometry, w: SparseMatrix, relu: bool = False) -> list[CsrColumnsConfig | TileConfig]:
+    """Both mappings' configs: the csr-columns kernel's (pixels a lane, warps an output channel), then the
+    generated kernel's as tune/space.py proposes them for the SpMM of this shape (M = Cout, N = OH*OW: row
+    groups, row per block, split K, inline), at the vector width the bordered input allows
+    (conv_vector_width: 1 for kernels wider than one column), duplicates dropped."""
+    n, row_nnz = geometry.out_height * geometry.out_width, w.nnz / max(w.shape[0], 1)
+    columns = [c for c in csr_columns(max(n, 8), row_nnz) if c.columns in CONV_COLUMNS] or [CsrColumnsConfig()]
+    generated = []
+    for config in search_space(n, "kn", w.shape[0], row_nnz, relu):
+        if isinstance(config, TileConfig):
+            config = dataclasses.replace(config, vec=conv_vector_width(geometry, config.vec))
+            if config not in generated:
+                generated.append(config)
+    return columns + generated
+
+
+def _planner(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, relu: bool, residual: bool,
+             arch: int):
+    """make(config, sketch=False) -> the plan of either mapping (sketch: the generated one as counts only)."""
+    def make(config, sketch: bool = False):
+        return make_conv_plan(w, geometry, name, config, bias_values, relu, residual, arch, sketch)
+
+    return make
+
+
+def plan_conv2d(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32", bias=None, relu: bool = False,
+                residual: bool = False, arch: int = 90):
+    """The cost model's pick without a GPU: (renderable plan, Choice with every candidate of both mappings
+    predicted). What compile_conv2d(..., tune_budget=None) builds; the CPU mode of `sparseforge bench conv`
+    checks it."""
+    name = _dtype_name(dtype)
+    w = w.astype(name)
+    make = _planner(w, geometry, name, _checked_bias(bias, w.shape[0]), relu, residual, arch)
+    return _predicted_best(make, _candidates(geometry, w, relu), time.perf_counter())
 
 
 def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                    relu: bool = False, residual: bool = False, layout: str = "nchw", device="cuda",
-                   kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
-                   time_dense: bool = True) -> ConvKernel:
+                   kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
+                   tune_budget: float | None = 5.0, time_dense: bool = True) -> ConvKernel:
     """Compile (or fetch from the cache) and load the fastest direct convolution for a sparse Conv2d.
 
     W: the Conv2d weight (Cout x Cin/groups x kh x kw; torch tensor or numpy array, zeros where pruned), or a
@@ -62,8 +98,11 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     float16, bfloat16 (fp32 accumulation). bias: Cout values (a folded BatchNorm's shift); relu; residual:
     the kernel takes residual= and adds it before the ReLU (ResNet's shortcut). layout: "nchw" (the only
     one built so far). tune_budget: seconds for timing the candidates (None: the cost model's pick);
-    time_dense: time cuDNN beside them (k.choice.dense_us, k.choice.dense_faster). config: a fixed
-    CsrColumnsConfig (columns 1 or 2)."""
+    time_dense: time cuDNN beside them (k.choice.dense_us, k.choice.dense_faster). config: a fixed mapping,
+    a CsrColumnsConfig (columns 1 or 2: the csr-columns kernel) or a TileConfig (the generated kernel over
+    the zero-bordered input, in that tiling; its vec is cut to what the geometry allows). k.mapping names
+    the kernel's mapping ("conv-csr-columns", "conv-row-groups", "conv-row-per-block", "conv-split-k",
+    "conv-inline")."""
     if layout != "nchw":
         raise ValueError(f"layout {layout!r}: only 'nchw' is built so far; pass NCHW-contiguous tensors "
                          "(x.contiguous() for a channels_last x)")
@@ -75,15 +114,15 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
                          f"groups = {groups} and a {kernel[0]} x {kernel[1]} kernel needs Cout x "
                          f"{geometry.weight_shape[1]} (Cin/groups x kh x kw = {geometry.channels // groups} x "
                          f"{kernel[0]} x {kernel[1]})")
-    if config is not None and (not isinstance(config, CsrColumnsConfig) or config.columns not in CONV_COLUMNS):
-        raise ValueError(f"config must be a CsrColumnsConfig with columns in {CONV_COLUMNS}, got {config!r}")
+    if config is not None and not isinstance(config, TileConfig) and \
+            (not isinstance(config, CsrColumnsConfig) or config.columns not in CONV_COLUMNS):
+        raise ValueError(f"config must be a CsrColumnsConfig with columns in {CONV_COLUMNS} or a TileConfig, got "
+                         f"{config!r}")
     bias_values = _checked_bias(bias, w.shape[0])
     index, arch = _device_index(device)
     w = w.astype(name)
 
-    def make(cfg):
-        return make_conv_plan(w, geometry, name, cfg, bias_values, relu, residual, arch)
-
+    make = _planner(w, geometry, name, bias_values, relu, residual, arch)
     if config is not None:
         return build_conv_kernel(make(config), index)
     started = time.perf_counter()
@@ -92,8 +131,8 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
     # the batch is in the key: the kernel takes any batch, but the best config depends on it
     key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), f"b{geometry.batch}", name, bias_tag,
-                                              str(relu), str(residual), mode, chooser_digest()]), arch,
-                     compiler.version)
+                                              str(relu), str(residual), mode, "csr-columns+generated",
+                                              chooser_digest()]), arch, compiler.version)
     known = cache.get_tuned(key, arch)
     cached = _cached(known)
     if cached is not None:
@@ -105,41 +144,40 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
         if kernel_obj is not None:
             kernel_obj.choice, kernel_obj.tuning = choice, choice.records
             return kernel_obj
-    plans = []
-    for cfg in _candidates(geometry, w):
-        try:
-            plans.append(make(cfg))
-        except ValueError:
-            continue  # a config this problem refuses (e.g. spills on this arch): the others remain
-    if not plans:
-        plans = [make(CsrColumnsConfig())]
+    # spmm's filters: a config the problem refuses (split K with a residual, say) is dropped, and so is one
+    # whose compile the cost model puts past COMPILE_LIMIT_S
+    space = _candidates(geometry, w, relu)
     if tune_budget is None:
-        records = [_describe(p) for p in plans]
-        best = rank([r["predicted_us"] for r in records])[0]
-        kernel_obj = build_conv_kernel(plans[best], index)
-        choice = Choice(records, best, None, time.perf_counter() - started)
+        plan, choice = _predicted_best(make, space, started)
+        kernel_obj = build_conv_kernel(plan, index)
     else:
-        kernel_obj, choice = _measure(plans, geometry, w, name, index, tune_budget, time_dense, compiler)
+        kernel_obj, choice = _measure(make, _plans(make, space), geometry, w, name, index, tune_budget, time_dense,
+                                      compiler)
         kernel_obj.tune_seconds = time.perf_counter() - started - kernel_obj.compile_seconds
     kernel_obj.choice, kernel_obj.tuning = choice, choice.records
-    cache.put_tuned(key, arch, {"config": asdict(kernel_obj.plan.config), "records": choice.records,
+    cache.put_tuned(key, arch, {**_config_record(kernel_obj.plan.config), "records": choice.records,
                                 "choice": choice.as_dict()})
     return kernel_obj
 
 
-def _cached(record) -> tuple[CsrColumnsConfig, Choice] | None:
-    """(winner, choice) of a cached record, or None when it is not a whole one (then it is made again)."""
+def _cached(record) -> tuple[CsrColumnsConfig | TileConfig, Choice] | None:
+    """(winner, choice) of a cached record, or None when it is not a whole one (then it is made again). A
+    record without a family is the csr-columns kernel's (made before the generated mapping joined)."""
     try:
-        fields = record["config"]
-        if not all(type(v) is int for v in fields.values()):  # 2.0 == 2 would pass the config's checks
+        family = _CONFIG_FAMILIES[record.get("family", "csr-columns")]
+        defaults, fields = asdict(family()), record["config"]
+        if family not in (CsrColumnsConfig, TileConfig) or set(fields) - set(defaults) or \
+                any(type(v) is not type(defaults[k]) for k, v in fields.items()):  # 2.0 == 2 would pass the checks
             return None
-        config = CsrColumnsConfig(**fields)
-        return (config, Choice.from_dict(record["choice"])) if config.columns in CONV_COLUMNS else None
+        config = family(**fields)
+        if isinstance(config, CsrColumnsConfig) and config.columns not in CONV_COLUMNS:
+            return None
+        return config, Choice.from_dict(record["choice"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         return None
 
 
-def _measure(plans, geometry: ConvGeometry, w: SparseMatrix, name: str, index: int, budget: float,
+def _measure(make, plans, geometry: ConvGeometry, w: SparseMatrix, name: str, index: int, budget: float,
              time_dense: bool, compiler):
     import torch
     import torch.nn.functional as F
@@ -156,8 +194,12 @@ def _measure(plans, geometry: ConvGeometry, w: SparseMatrix, name: str, index: i
         residual = torch.randn(geometry.output_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
         out = torch.empty(geometry.output_shape, device=f"cuda:{index}", dtype=torch_dtype)
 
-        def load_and_time(plan, built):
-            kernel = ConvKernel(plan, built, index)
+        def compile_one(plan):
+            real = _renderable(make, plan)  # a generated candidate was ranked as a sketch
+            return real, compile_plan(real, compiler=compiler)
+
+        def load_and_time(plan, compiled):
+            kernel = ConvKernel(*compiled, index)
             extra = {"residual": residual} if plan.residual else {}
             return kernel, graph_time_us(lambda x: kernel(x, out=out, **extra), inputs)
 
@@ -173,7 +215,7 @@ def _measure(plans, geometry: ConvGeometry, w: SparseMatrix, name: str, index: i
             finally:
                 torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = flags
 
-        return choose(plans, _describe, lambda plan: compile_plan(plan, compiler=compiler), load_and_time, budget,
+        return choose(plans, _describe, compile_one, load_and_time, budget,
                       parallel=isinstance(compiler, PtxasCompiler), time_dense=dense_us if time_dense else None,
                       build_errors=(CompileError, CudaError))
 
@@ -215,8 +257,8 @@ def _single(value, name: str):
 
 def compile_conv1d(W, input_shape, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1,
                    dtype="float32", bias=None, relu: bool = False, residual: bool = False, device="cuda",
-                   kernel_size=None, config: CsrColumnsConfig | None = None, tune_budget: float | None = 5.0,
-                   time_dense: bool = True) -> Conv1dKernel:
+                   kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
+                   tune_budget: float | None = 5.0, time_dense: bool = True) -> Conv1dKernel:
     """compile_conv2d for a Conv1d: W is Cout x Cin/groups x k (or a SparseMatrix with kernel_size=k);
     input_shape (batch, Cin, L). The text CNN of issue 12 (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
     stride, padding, dilation, kernel_size = (_single(v, name) for v, name in ((stride, "stride"), (padding, "padding"),

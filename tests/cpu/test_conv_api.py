@@ -77,3 +77,51 @@ def test_a_conv_choice_record_round_trips_through_the_cache_and_a_damaged_one_is
     assert _cached({**record, "config": {"columns": 2.0, "warps_per_row": 1, "rows_per_block": 4}}) is None
     assert _cached({**record, "config": {"columns": 4, "warps_per_row": 1, "rows_per_block": 4}}) is None
     assert _cached({"config": [1]}) is None
+
+
+def test_a_tileconfig_forces_the_generated_mapping_past_the_argument_checks():
+    """config=TileConfig(...) is accepted (the generated kernel over the bordered input, in that tiling):
+    what stops it here is only the missing GPU."""
+    from sparseforge.plan import TileConfig
+
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        compile_conv2d(_weight(), (1, 4, 8, 8), padding=1, config=TileConfig(1, 2, 1))
+    with pytest.raises(ValueError, match="or a TileConfig"):
+        compile_conv2d(_weight(), (1, 4, 8, 8), padding=1, config=object())
+
+
+def test_the_chooser_offers_both_mappings_and_drops_what_a_problem_refuses():
+    """plan_conv2d (compile_conv2d's ranking without a GPU): csr-columns and every generated mapping are
+    candidates; with a residual or ReLU no split K is offered (its partial sums can do neither); vectors only
+    where the bordered input allows them; the pick is a renderable plan."""
+    from sparseforge.conv import _candidates, plan_conv2d
+    from sparseforge.plan.conv import ConvGeometry
+
+    g = ConvGeometry.of((1, 16, 14, 14), 16, 3, padding=1)
+    dense = np.where(np.random.default_rng(0).random(g.weight_shape) < 0.2, 1.0, 0.0).astype(np.float32)
+    w = SparseMatrix.from_dense(dense)
+    plan, choice = plan_conv2d(w, g)
+    mappings = {r["mapping"] for r in choice.records}
+    assert {"conv-csr-columns", "conv-row-groups", "conv-row-per-block", "conv-split-k", "conv-inline"} <= mappings
+    assert not plan.sketch and plan.mapping == choice.records[choice.winner]["mapping"]
+    assert all(r["config"].get("vec", 1) == 1 for r in choice.records)  # 3x3: no aligned vectors
+    for kwargs in (dict(residual=True), dict(relu=True)):
+        assert "conv-split-k" not in {r["mapping"] for r in plan_conv2d(w, g, **kwargs)[1].records}
+    unequal = ConvGeometry.of((1, 16, 14, 14), 16, 3, stride=(1, 2), padding=1)  # bases are per pixel: offered
+    assert any(r["family"] == "tile" for r in plan_conv2d(w, unequal)[1].records)
+    assert len(_candidates(g, w)) == len(set(_candidates(g, w)))
+
+
+def test_a_generated_choice_record_round_trips_and_a_damaged_one_is_not_used():
+    from sparseforge.conv import _cached
+    from sparseforge.plan import TileConfig
+    from sparseforge.spmm import _config_record
+    from sparseforge.tune.choose import Choice
+
+    choice = Choice([{"label": "r4w8v1b16g1", "mapping": "conv-row-groups", "predicted_us": 3.0, "us": 2.5}], 0)
+    config = TileConfig(4, 8, 1, 16, cluster_rows=True)
+    record = {**_config_record(config), "records": choice.records, "choice": choice.as_dict()}
+    assert record["family"] == "tile" and _cached(record)[0] == config
+    assert _cached({**record, "config": {**record["config"], "rows_per_group": 4.0}}) is None
+    assert _cached({**record, "config": {**record["config"], "inline": 1}}) is None
+    assert _cached({**record, "family": "csr"}) is None  # the small-N kernel is no convolution

@@ -1,12 +1,14 @@
 """The direct sparse convolution on the GPU against float64 (torch's conv2d on the dense weight), into
 NaN-poisoned outputs: ResNet-50-like 3x3 / 7x7 / strided / depthwise layers, the text CNN's 1-D
-convolutions, every dtype, bias / ReLU / residual (in place too), batch; the chooser's path and the cache."""
+convolutions, every dtype, bias / ReLU / residual (in place too), batch; the chooser's path and the cache;
+the generated mapping over the zero-bordered input forced by a TileConfig, on random geometry."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sparseforge import SparseMatrix, compile_conv1d, compile_conv2d
+from sparseforge.plan import TileConfig
 from sparseforge.plan.csr import CsrColumnsConfig
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +43,8 @@ def test_convolutions_match_float64(case, dtype):
     bias = torch.linspace(-1, 1, cout)
     k = compile_conv2d(w, shape, stride, padding, dilation, groups, dtype, bias=bias, relu=True, residual=True,
                        tune_budget=2.0)
-    assert k.mapping == "conv-csr-columns" and k.choice is not None and k.choice.dense_us
+    assert k.mapping.startswith("conv-") and k.choice is not None and k.choice.dense_us
+    assert {"conv-csr-columns", "conv-row-groups"} <= {r["mapping"] for r in k.choice.records}
     gen = torch.Generator(device="cuda").manual_seed(3)
     for batch in (shape[0], 1):
         x = torch.randn((batch, *shape[1:]), device="cuda", generator=gen).to(dtype)
@@ -107,3 +110,80 @@ def test_bench_conv_case_records_cudnn_and_checks_the_output():
         assert record["error_ok"] and record["sparseforge_us"] > 0 and record["cudnn_us"] > 0
         assert record["cudnn_us"] == min(record["cudnn_nchw_us"], record["cudnn_channels_last_us"])
         assert record["speedup_vs_cudnn"] == record["cudnn_us"] / record["sparseforge_us"]
+
+
+GENERATED = [  # each mapping of the generated kernel over the zero-bordered input
+    TileConfig(4, 8, 1, 16, cluster_rows=True), TileConfig(1, 4, 1, 16), TileConfig(4, 4, 4),
+    TileConfig(4, 8, 1, 16, segment_nnz=32), TileConfig(1, 4, 1, 16, inline=True),
+    TileConfig(2, 4, 1, chunk_k=64, groups_per_block=2),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("config", GENERATED, ids=lambda c: c.short())
+def test_generated_mapping_on_random_geometry_matches_float64(config, dtype):
+    """compile_conv2d(config=TileConfig(...)) forces the generated kernel: random kernels (1x1 to 7x7, 1xk,
+    kx1), strides 1-3 (unequal too), padding, dilation, groups (depthwise too) and batch, against float64
+    into NaN-poisoned outputs; bias / ReLU / residual (in place too) wherever the tiling takes them (split K
+    takes neither ReLU nor a residual); a batch larger than compiled goes through a reallocated border."""
+    rng = np.random.default_rng(len(config.short()) + 7 * int(dtype.itemsize))
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for case in range(6):
+        kh, kw = [(1, 1), (3, 3), (5, 5), (7, 7), (1, 5), (3, 1)][int(rng.integers(6))]
+        kind = int(rng.integers(3))
+        groups = [1, 2, 0][kind]
+        cin = int(rng.integers(1, 5)) * 8 if groups != 2 else 2 * int(rng.integers(1, 9))
+        groups = groups or cin
+        cout = cin if kind == 2 else groups * int(rng.integers(1, 9))
+        s = int(rng.integers(1, 4))
+        stride = (s, s) if case % 3 else (s, int(rng.integers(1, 4)))
+        dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+        padding = (int(rng.integers(0, 4)), int(rng.integers(0, 4)))
+        h = int(rng.integers(max(1, dilation[0] * (kh - 1) + 1 - 2 * padding[0]), 40))
+        w = int(rng.integers(max(1, dilation[1] * (kw - 1) + 1 - 2 * padding[1]), 40))
+        batch = int(rng.integers(1, 4))
+        weight = _pruned((cout, cin // groups, kh, kw), 0.2, seed=case).to(dtype)
+        bias = torch.linspace(-1, 1, cout)
+        split = config.segment_nnz > 0
+        k = compile_conv2d(weight, (batch, cin, h, w), stride, padding, dilation, groups, dtype, bias=bias,
+                           relu=not split, residual=not split, config=config)
+        assert k.mapping == make_mapping(config) and k.plan.config.short().startswith(f"r{config.rows_per_group}")
+        for b in (batch, batch + 1):
+            x = torch.randn((b, cin, h, w), device="cuda", generator=gen).to(dtype)
+            residual = torch.randn((b, *k.out_shape), device="cuda", generator=gen).to(dtype) if not split else None
+            out = torch.full((b, *k.out_shape), float("nan"), device="cuda", dtype=dtype)
+            k(x, out=out, **({} if split else {"residual": residual}))
+            ref = _reference(x, weight, bias, stride, padding, dilation, groups, residual, not split)
+            assert torch.isfinite(out).all(), f"case {case}: an output was never written"
+            assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype], f"case {case}"
+            if not split:
+                in_place = residual.clone()
+                k(x, out=in_place, residual=in_place)
+                assert torch.equal(in_place, out)
+
+
+def make_mapping(config: TileConfig) -> str:
+    """The mapping name a forced TileConfig gives (plan.mapping's rules)."""
+    if config.inline:
+        return "conv-inline"
+    if config.segment_nnz:
+        return "conv-split-k"
+    return "conv-row-per-block" if config.rows_per_group == 1 else "conv-row-groups"
+
+
+def test_generated_mapping_in_a_cuda_graph_and_the_chooser_can_pick_it():
+    """The bordered copy and the kernel replay in a CUDA graph (the buffer made at compile time; the timing
+    the chooser uses captures both); the chooser times the generated candidates beside csr-columns on an
+    rn50 3x3 layer."""
+    from sparseforge.runtime.timing import graph_time_us
+
+    w = _pruned((64, 64, 3, 3), 0.1, seed=2)
+    k = compile_conv2d(w, (1, 64, 56, 56), padding=1, config=TileConfig(4, 8, 1, 16))
+    x = torch.randn(1, 64, 56, 56, device="cuda")
+    out = torch.full((1, 64, 56, 56), float("nan"), device="cuda")
+    assert graph_time_us(lambda image: k(image, out=out), [x]) > 0  # every replay writes conv(x) into out
+    ref = _reference(x, w, None, 1, 1, 1, 1, None, False)
+    assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[torch.float32]
+    chosen = compile_conv2d(w, (1, 64, 56, 56), padding=1, tune_budget=3.0)
+    timed = [r for r in chosen.choice.records if r.get("us") is not None]
+    assert {"conv-csr-columns"} < {r["mapping"] for r in timed} and chosen.plan.name in chosen.source

@@ -85,18 +85,15 @@ def run_conv_case_cpu(case: ConvCase, dtype_name: str, assemble: bool = True) ->
     import torch.nn.functional as F
 
     from ..codegen import render
-    from ..conv import _candidates
+    from ..conv import plan_conv2d
     from ..plan.conv import ConvGeometry, execute_conv, make_conv_plan
     from ..runtime import PtxasCompiler
-    from ..spmm import _describe
-    from ..tune.choose import rank
 
     started = time.perf_counter()
     g = case.geometry
     w = case.load(dtype=dtype_name)
-    plans = [make_conv_plan(w, g, dtype_name, c) for c in _candidates(g, w)]
-    records = [_describe(p) for p in plans]
-    plan = plans[rank([r["predicted_us"] for r in records])[0]]
+    plan, choice = plan_conv2d(w, g, dtype_name)
+    records = choice.records
     crop = ConvGeometry.of((1, g.channels, min(g.height, CROP), min(g.width, max(CROP, g.kernel[1]))),
                            g.out_channels, g.kernel, g.stride, g.padding, g.dilation, g.groups)
     small = make_conv_plan(w, crop, dtype_name, plan.config)

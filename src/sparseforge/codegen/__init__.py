@@ -1,7 +1,7 @@
 """Lowering: plan -> kernel source text. One module per target; render() is pure (no I/O, no GPU).
 
 ptx.py: the generated row-group kernels (every nonzero an FMA immediate: row groups, row per block, split
-K, staged or transposed X); csr.py: the kernels over padded CSR (W as data: the small-N kernel, lanes over
+K, staged or transposed X; a convolution over its zero-bordered input through operands.py); csr.py: the kernels over padded CSR (W as data: the small-N kernel, lanes over
 nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a bitmap + packed values; conv.py: the direct sparse convolution
 (csr-columns over an implicit im2col);
 gemv24.py: the packed

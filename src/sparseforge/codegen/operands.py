@@ -3,11 +3,14 @@ knows the memory layout. An implicit-im2col convolution changes this mapping and
 
 kn (B is K x N): direct coalesced loads at k*N*es from the lane's base (DirectKN). nk (X is N x K, lanes
 are tokens): X is staged through shared memory, one chunk of K at a time, transposed so that a lane reads
-its token's value at a constant offset (StagedNK). Measured alternatives are in benchmarks/NOTES.md.
+its token's value at a constant offset (StagedNK). A convolution (plan/conv.py ConvTilePlan): lanes are
+output pixels over a zero-bordered input, each nonzero at a constant offset from the pixel's window
+(BorderedConvInput). Measured alternatives are in benchmarks/NOTES.md.
 """
 from __future__ import annotations
 
 from ..plan import Plan
+from ..plan.conv import ConvTilePlan
 
 _REGION = 1 << 31  # PTX address immediates are signed 32-bit: farther offsets get their own base register
 STAGE_BYTES = 48 * 1024
@@ -108,6 +111,34 @@ class DirectKN:
         return self.bases.address(k * self.row_bytes)
 
 
+class BorderedConvInput(DirectKN):
+    """The convolution's input with a zero border, [batch,] Cin x Hp x Wp (plan/conv.py ConvTilePlan): the
+    lane's column n is output pixel (oh, ow) = divmod(n, OW), its base the window's corner (oh*sh)*Wp +
+    ow*sw, and column k of W (channel, tap) sits at the constant plan.input_offset(k) from it: one load at
+    an immediate offset per nonzero, no masks (padding reads the border's zeros). The warp's 32 pixels are
+    consecutive along output rows, so its loads are coalesced like DirectKN's (a stride of 2 spreads them
+    over twice the bytes); chunks and sections as DirectKN's."""
+
+    def __init__(self, plan: ConvTilePlan):
+        self.plan = plan
+        self.bases = RegionBases("rdb", [plan.input_offset(plan.K - 1) * plan.element_bytes])
+        self.global_bases = RegionBases("rdg", [])
+
+    def prologue(self, e) -> None:
+        p, g = self.plan, self.plan.geometry
+        plane = g.channels * g.bordered_height * g.bordered_width
+        e.comment(f"input base: xp + (batch*{plane} + (oh*{g.stride[0]})*{g.bordered_width} + ow*{g.stride[1]}) * "
+                  f"{p.element_bytes}, (oh, ow) = divmod(n, {g.out_width})")
+        e.lines([f"div.u32 %rt1, %rn, {g.out_width};", f"rem.u32 %rt3, %rn, {g.out_width};",
+                 f"mul.lo.u32 %rt1, %rt1, {g.stride[0] * g.bordered_width};",
+                 f"mad.lo.u32 %rt1, %rt3, {g.stride[1]}, %rt1;", "cvt.u64.u32 %rdt1, %rt1;",
+                 f"mul.lo.u64 %rdt0, %rdz, {plane};", "add.u64 %rdt0, %rdt0, %rdt1;",
+                 f"mad.lo.u64 %rdb, %rdt0, {p.element_bytes}, %rdB;"])
+
+    def address(self, k: int) -> str:
+        return self.bases.address(self.plan.input_offset(k) * self.plan.element_bytes)
+
+
 class StagedNK(_Staged):
     staged = True
 
@@ -184,4 +215,6 @@ class StagedNK(_Staged):
 
 
 def operand_for(plan: Plan):
+    if isinstance(plan, ConvTilePlan):
+        return BorderedConvInput(plan)
     return DirectKN(plan) if plan.direct else StagedNK(plan)

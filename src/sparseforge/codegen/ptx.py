@@ -6,7 +6,8 @@ Kernel shape: a block = one column tile (32*vec columns; nk: 32 tokens) x warps_
 warp per group. For each chunk of K the block stages the operand into shared memory (operands.py), then
 a jump table (brx.idx) on the warp's group sends it to that group's section: straight-line code that
 reads each needed k once, widens 16-bit inputs to fp32 and feeds every row with a nonzero there, in fp32
-accumulators (bias preloaded). The last chunk's section applies ReLU, rounds and stores.
+accumulators (bias preloaded). The last chunk's section adds the residual where the plan has one (read
+at the output's offset from its own base), applies ReLU, rounds and stores.
 
 Each (group, chunk) section is a separate function (kn with chunk_k: each run of groups_per_block groups,
 all its chunks inline), and the functions are packed into several modules compiled apart: ptxas time
@@ -17,14 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..plan import Plan, RowGroup
-from .emitter import Emitter, f32_immediate
+from .emitter import Emitter, f32_immediate, widen
 from .operands import RegionBases, operand_for
 
 PTX_VERSION = "8.0"
 MODULE_INSTRUCTIONS = 3000  # instructions per compiled module (see compiler.py for the measurements)
 _LOAD_KIND = {(4, 1): "b32", (4, 2): "v2.b32", (4, 4): "v4.b32", (2, 1): "b16", (2, 2): "b32", (2, 4): "v2.b32"}
 _REG_KINDS = {"a": "b32", "b": "b32", "x": "b32", "w": "b32", "rc": "b32", "h": "b16", "o": "b16", "rh": "b16",
-              "rx": "b16", "pk": "pred"}
+              "rx": "b16", "pk": "pred", "q": "b32", "qw": "b32", "qh": "b16"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,36 @@ class KernelSource:
     @property
     def text(self) -> str:
         return "\n// ---- module boundary ----\n".join(self.modules)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a thread's sums go: the output's base registers, the byte stride between W's rows in it, and
+    the residual's base registers (laid out as the output, at the same offsets) where the plan adds one."""
+    bases: RegionBases
+    row_stride: int
+    residual: RegionBases | None = None
+
+    @property
+    def registers(self) -> list[str]:
+        return self.bases.registers + (self.residual.registers if self.residual else [])
+
+    def section_prologue(self, e: Emitter) -> None:
+        """A storing section's own base registers, from its parameters p_c (and p_r)."""
+        self.bases.emit(e, ["ld.param.u64 %rdc0, [p_c];"])
+        if self.residual:
+            self.residual.emit(e, ["ld.param.u64 %rdr0, [p_r];"])
+
+    @property
+    def params(self) -> list[str]:
+        return [".param .b64 p_c"] + ([".param .b64 p_r"] if self.residual else [])
+
+    def call_lines(self) -> tuple[list[str], list[str]]:
+        """(lines storing the bases into a call's parameters, the parameter names)."""
+        lines = [".param .b64 p_c;", "st.param.b64 [p_c], %rdc0;"]
+        if self.residual:
+            lines += [".param .b64 p_r;", "st.param.b64 [p_r], %rdr0;"]
+        return lines, ["p_c"] + (["p_r"] if self.residual else [])
 
 
 def data_kernel(plan, title: str, params, decl: list[str], body: str, shared_bytes: int = 0,
@@ -135,41 +166,69 @@ def _emit_init(e: Emitter, plan: Plan, group: RowGroup, base: int = 0) -> None:
             e.line(f"mov.b32 {_acc(e, base + slot, v, vec)}, {start};")
 
 
-def _emit_atomic_add(e: Emitter, plan: Plan, group: RowGroup, out: RegionBases, row_stride: int,
-                     base: int = 0) -> None:
+def _emit_atomic_add(e: Emitter, plan: Plan, group: RowGroup, out: Output, base: int = 0) -> None:
     """A split group's partial sums added into the (zeroed) output: fp32 one value at a time, 16-bit types
     as packed pairs where the thread holds two neighbouring columns (f16x2 / bf16x2), else singly."""
-    vec, es = _vec(plan), plan.element_bytes
+    vec, es, row_stride = _vec(plan), plan.element_bytes, out.row_stride
     kind = {"float16": "f16", "bfloat16": "bf16"}.get(plan.dtype)
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     e.comment(f"rows {_rows_text(group.rows)} are split ({group.segment + 1} of {group.segments}): add, not store")
     for slot, row in enumerate(group.rows):
         accs = [_acc(e, base + slot, v, vec) for v in range(vec)]
         if es == 4:
-            e.lines([f"@%pv red.global.add.f32 {out.address(row * row_stride + v * es)}, {a};"
+            e.lines([f"@%pv red.global.add.f32 {out.bases.address(row * row_stride + v * es)}, {a};"
                      for v, a in enumerate(accs)])
             continue
         halves = [e.reg("o", v) for v in range(vec)]
         e.lines([f"{cvt} {h}, {a};" for h, a in zip(halves, accs)])
         if vec == 1:
-            e.line(f"@%pv red.global.add.noftz.{kind} {out.address(row * row_stride)}, {halves[0]};")
+            e.line(f"@%pv red.global.add.noftz.{kind} {out.bases.address(row * row_stride)}, {halves[0]};")
             continue
         for i in range(vec // 2):
             word = e.reg("w", i)
             e.lines([f"mov.b32 {word}, {{{halves[2 * i]}, {halves[2 * i + 1]}}};",
-                     f"@%pv red.global.add.noftz.{kind}x2 {out.address(row * row_stride + 2 * i * es)}, {word};"])
+                     f"@%pv red.global.add.noftz.{kind}x2 {out.bases.address(row * row_stride + 2 * i * es)}, {word};"])
 
 
-def _emit_store(e: Emitter, plan: Plan, group: RowGroup, out: RegionBases, row_stride: int, base: int = 0) -> None:
+def _emit_residual(e: Emitter, plan: Plan, accs: list[str], address: str) -> None:
+    """Add the residual's vec values at `address` into the accumulators. A plain (coherent) load: the
+    residual may be the output itself (an in-place add), each element read before this thread writes it."""
+    vec, es = len(accs), plan.element_bytes
+    if es == 4:
+        regs = [e.reg("q", v) for v in range(vec)]
+        e.line(f"@%pv ld.global.{ {1: 'b32', 2: 'v2.b32', 4: 'v4.b32'}[vec]} "
+               f"{regs[0] if vec == 1 else '{' + ', '.join(regs) + '}'}, {address};")
+    elif vec == 1:
+        half, regs = e.reg("qh", 0), [e.reg("q", 0)]
+        e.line(f"@%pv ld.global.b16 {half}, {address};")
+        widen(e, plan.dtype, regs[0], half)
+    else:
+        words = [e.reg("qw", i) for i in range(vec // 2)]
+        e.line(f"@%pv ld.global.{'b32' if vec == 2 else 'v2.b32'} "
+               f"{words[0] if len(words) == 1 else '{' + ', '.join(words) + '}'}, {address};")
+        regs = [e.reg("q", v) for v in range(vec)]
+        for i, word in enumerate(words):
+            lo, hi = regs[2 * i], regs[2 * i + 1]
+            if plan.dtype == "bfloat16":  # bf16 is the top half of an fp32
+                e.lines([f"shl.b32 {lo}, {word}, 16;", f"and.b32 {hi}, {word}, -65536;"])
+            else:
+                hl, hh = e.reg("qh", 2 * i), e.reg("qh", 2 * i + 1)
+                e.lines([f"mov.b32 {{{hl}, {hh}}}, {word};", f"cvt.f32.f16 {lo}, {hl};", f"cvt.f32.f16 {hi}, {hh};"])
+    e.lines([f"add.f32 {a}, {a}, {q};" for a, q in zip(accs, regs)])
+
+
+def _emit_store(e: Emitter, plan: Plan, group: RowGroup, out: Output, base: int = 0) -> None:
     vec, es = _vec(plan), plan.element_bytes
     if group.partial:
-        _emit_atomic_add(e, plan, group, out, row_stride, base)
+        _emit_atomic_add(e, plan, group, out, base)
         return
     for slot, row in enumerate(group.rows):
         accs = [_acc(e, base + slot, v, vec) for v in range(vec)]
+        if out.residual:
+            _emit_residual(e, plan, accs, out.residual.address(row * out.row_stride))
         if plan.relu:
             e.lines([f"max.NaN.f32 {a}, {a}, 0f00000000;" for a in accs])  # NaN stays NaN, as in torch.relu
-        address = out.address(row * row_stride)
+        address = out.bases.address(row * out.row_stride)
         if es == 4:
             values = accs[0] if vec == 1 else "{" + ", ".join(accs) + "}"
             e.line(f"@%pv st.global.{ {1: 'b32', 2: 'v2.b32', 4: 'v4.b32'}[vec]} {address}, {values};")
@@ -190,8 +249,8 @@ def _declare(e: Emitter) -> list[str]:
     return [f".reg .{_REG_KINDS[prefix]} %{prefix}<{top + 1}>;" for prefix, top in sorted(e.max_index.items())]
 
 
-def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: RegionBases, row_stride: int,
-             first: bool, last: bool) -> tuple[str, str, list[str]]:
+def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Output, first: bool,
+             last: bool) -> tuple[str, str, list[str]]:
     """(function text, its .extern declaration, call-site lines) for group g on chunk ci."""
     group, vec = plan.groups[g], _vec(plan)
     name, n_acc = f"{plan.name}_g{g}_c{ci}", len(plan.groups[g].rows) * vec
@@ -201,7 +260,7 @@ def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Region
               f"{len(group.columns)} distinct k in all chunks")
     operand.section_prologue(e)
     if last:
-        out.emit(e, ["ld.param.u64 %rdc0, [p_c];"])
+        out.section_prologue(e)
         e.lines(["ld.param.b32 %rt0, [p_v];", "setp.ne.u32 %pv, %rt0, 0;"])
     if first:
         _emit_init(e, plan, group)
@@ -209,20 +268,20 @@ def _section(plan: Plan, g: int, ci: int, k0: int, k1: int, operand, out: Region
         e.lines([f"ld.param.b32 {_acc(e, j // vec, j % vec, vec)}, [acc_in+{4 * j}];" for j in range(n_acc)])
     _emit_accumulate(e, plan, group, operand, k0, k1)
     if last:
-        _emit_store(e, plan, group, out, row_stride)
+        _emit_store(e, plan, group, out)
     else:
         e.lines([f"st.param.b32 [acc_out+{4 * j}], {_acc(e, j // vec, j % vec, vec)};" for j in range(n_acc)])
     e.line("ret;")
     params = ([] if first else [f".param .align 16 .b8 acc_in[{4 * n_acc}]"])
     params.append(".param .b32 p_s" if operand.staged else ".param .b64 p_b")
     if last:
-        params += [".param .b64 p_c", ".param .b32 p_v"]
+        params += out.params + [".param .b32 p_v"]
     ret = "" if last else f"(.param .align 16 .b8 acc_out[{4 * n_acc}]) "
     text, extern = _function(e, f"{ret}{name}({', '.join(params)})", operand, out, last)
-    return text, extern, _call_site(name, n_acc, first, last, operand.staged)
+    return text, extern, _call_site(name, n_acc, first, last, operand.staged, out)
 
 
-def _inline_section(plan: Plan, g: int, operand, out: RegionBases, row_stride: int) -> Emitter:
+def _inline_section(plan: Plan, g: int, operand, out: Output) -> Emitter:
     """Group g's code inline in the kernel (config.inline): the body _section would put in a function,
     reading the thread's B base and output base from the entry's registers."""
     group = plan.groups[g]
@@ -232,11 +291,11 @@ def _inline_section(plan: Plan, g: int, operand, out: RegionBases, row_stride: i
     e.line("setp.ne.u32 %pv, %rvalid, 0;")
     _emit_init(e, plan, group)
     _emit_accumulate(e, plan, group, operand, 0, plan.K)
-    _emit_store(e, plan, group, out, row_stride)
+    _emit_store(e, plan, group, out)
     return e
 
 
-def _function(e: Emitter, header: str, operand, out: RegionBases, stores: bool) -> tuple[str, str]:
+def _function(e: Emitter, header: str, operand, out: Output, stores: bool) -> tuple[str, str]:
     """(text, .extern declaration) of a .func with body e."""
     wide = (out.registers if stores else []) + ([] if operand.staged else operand.bases.registers)
     regs = [".reg .pred %pv;", ".reg .b32 %rt0, %rs0;"] + ([".reg .b64 " + ", ".join(wide) + ";"] if wide else [])
@@ -244,7 +303,7 @@ def _function(e: Emitter, header: str, operand, out: RegionBases, stores: bool) 
     return text, f".extern .func {header};"
 
 
-def _run_function(plan: Plan, r: int, operand, out: RegionBases, row_stride: int) -> tuple[str, str, list[str]]:
+def _run_function(plan: Plan, r: int, operand, out: Output) -> tuple[str, str, list[str]]:
     """(function text, its .extern declaration, call-site lines) for run r (kn, chunk_k): the run's groups
     inline in one function, chunk-outer and group-inner, so a chunk's B rows are read by every group of
     the run back to back (L1 hits) while all the run's accumulators stay in registers. (Calling a function
@@ -256,7 +315,7 @@ def _run_function(plan: Plan, r: int, operand, out: RegionBases, row_stride: int
     e = Emitter()
     e.comment(f"run {r}: groups {members[0]}..{members[-1]}, {sum(plan.groups[g].nnz for g in members)} nonzeros")
     operand.section_prologue(e)
-    out.emit(e, ["ld.param.u64 %rdc0, [p_c];"])
+    out.section_prologue(e)
     e.lines(["ld.param.b32 %rt0, [p_v];", "setp.ne.u32 %pv, %rt0, 0;"])
     for i, g in enumerate(members):
         _emit_init(e, plan, plan.groups[g], i * width)
@@ -267,13 +326,14 @@ def _run_function(plan: Plan, r: int, operand, out: RegionBases, row_stride: int
                 e.comment(f"group {g}: rows {_rows_text(group.rows)}; k {k0}..{k1 - 1}")
                 _emit_accumulate(e, plan, group, operand, k0, k1, i * width)
     for i, g in enumerate(members):
-        _emit_store(e, plan, plan.groups[g], out, row_stride, i * width)
+        _emit_store(e, plan, plan.groups[g], out, i * width)
     e.line("ret;")
-    text, extern = _function(e, f"{name}(.param .b64 p_b, .param .b64 p_c, .param .b32 p_v)", operand, out, True)
-    return text, extern, _call_site(name, len(plan.groups[members[0]].rows) * vec, True, True, False)
+    params = ", ".join([".param .b64 p_b"] + out.params + [".param .b32 p_v"])
+    text, extern = _function(e, f"{name}({params})", operand, out, True)
+    return text, extern, _call_site(name, len(plan.groups[members[0]].rows) * vec, True, True, False, out)
 
 
-def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool) -> list[str]:
+def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool, out: Output) -> list[str]:
     if staged:
         lines, args = ["{", ".param .b32 p_s;", "st.param.b32 [p_s], %rs0;"], ["p_s"]
     else:
@@ -283,8 +343,9 @@ def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool) -> 
         lines += [f"st.param.b32 [acc_in+{4 * j}], %a{j};" for j in range(n_acc)]
         args = ["acc_in"] + args
     if last:
-        lines += [".param .b64 p_c;", "st.param.b64 [p_c], %rdc0;", ".param .b32 p_v;", "st.param.b32 [p_v], %rvalid;"]
-        args += ["p_c", "p_v"]
+        stores, names = out.call_lines()
+        lines += stores + [".param .b32 p_v;", "st.param.b32 [p_v], %rvalid;"]
+        args += names + ["p_v"]
         lines.append(f"call.uni {name}, ({', '.join(args)});")
     else:
         lines += [f".param .align 16 .b8 acc_out[{4 * n_acc}];", f"call.uni (acc_out), {name}, ({', '.join(args)});"]
@@ -293,8 +354,9 @@ def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool) -> 
 
 
 # -- the entry -------------------------------------------------------------------------------------
-def _output_bases(plan: Plan) -> tuple[RegionBases, int, list[str]]:
-    """Output base register(s), the byte stride between output rows of W, and the lines computing them."""
+def _output_bases(plan: Plan) -> tuple[Output, list[str]]:
+    """The output's (and residual's) base registers with the byte stride between output rows of W, and the
+    lines computing the output's."""
     es = plan.element_bytes
     if plan.layout == "kn":
         row_stride = plan.N * es
@@ -303,10 +365,11 @@ def _output_bases(plan: Plan) -> tuple[RegionBases, int, list[str]]:
         row_stride = es
         base = [f"mul.lo.u64 %rdt0, %rdz, {plan.N * plan.M};", f"mul.wide.u32 %rdt1, %rn, {plan.M};"]
     base += ["add.u64 %rdt0, %rdt0, %rdt1;", f"mad.lo.u64 %rdc0, %rdt0, {es}, %rdC;"]
-    return RegionBases("rdc", [plan.M * row_stride]), row_stride, base
+    residual = RegionBases("rdr", [plan.M * row_stride]) if getattr(plan, "residual", False) else None
+    return Output(RegionBases("rdc", [plan.M * row_stride]), row_stride, residual), base
 
 
-def _emit_prologue(e: Emitter, plan: Plan, operand, out: RegionBases, out_lines: list[str]) -> None:
+def _emit_prologue(e: Emitter, plan: Plan, operand, out: Output, out_lines: list[str]) -> None:
     cfg, vec = plan.config, _vec(plan)
     e.lines([
         "ld.param.u64 %rdB, [param_b];", "ld.param.u64 %rdC, [param_c];",
@@ -327,7 +390,11 @@ def _emit_prologue(e: Emitter, plan: Plan, operand, out: RegionBases, out_lines:
                  f"add.u32 %rgend, %rgid, {cfg.groups_per_block};", f"min.u32 %rgend, %rgend, {len(plan.groups)};"])
     operand.prologue(e)
     e.comment("output base for this thread")
-    out.emit(e, out_lines)
+    out.bases.emit(e, out_lines)
+    if out.residual:
+        e.comment("the residual's, at the same offset from its own base")
+        out.residual.emit(e, ["ld.param.u64 %rdt0, [param_r];", "cvta.to.global.u64 %rdt0, %rdt0;",
+                              "sub.s64 %rdr0, %rdc0, %rdC;", "add.s64 %rdr0, %rdr0, %rdt0;"])
 
 
 def _pack(functions: list[str], preamble: list[str]) -> list[str]:
@@ -378,22 +445,22 @@ def _entry_runs(entry: Emitter, plan: Plan, runs) -> None:
 def render(plan: Plan) -> KernelSource:
     """PTX of the kernel `plan.name` (parameters: B or X pointer, C or Y pointer), as linkable modules."""
     operand = operand_for(plan)
-    out, row_stride, out_lines = _output_bases(plan)
+    out, out_lines = _output_bases(plan)
     entry = Emitter()
     _emit_prologue(entry, plan, operand, out, out_lines)
     functions, externs = [], []
 
     def sections(g, ci, k0, k1, first, last):
         if plan.config.inline:
-            entry.extend(_inline_section(plan, g, operand, out, row_stride))
+            entry.extend(_inline_section(plan, g, operand, out))
             return []
-        text, extern, call = _section(plan, g, ci, k0, k1, operand, out, row_stride, first, last)
+        text, extern, call = _section(plan, g, ci, k0, k1, operand, out, first, last)
         functions.append(text)
         externs.append(extern)
         return call
 
     def runs(r):
-        text, extern, call = _run_function(plan, r, operand, out, row_stride)
+        text, extern, call = _run_function(plan, r, operand, out)
         functions.append(text)
         externs.append(extern)
         return call
@@ -417,7 +484,8 @@ def render(plan: Plan) -> KernelSource:
             ".reg .b64 " + ", ".join(["%rdB", "%rdC", "%rdz", "%rdt0", "%rdt1", "%rdb"] + operand.global_bases.registers
                                      + out.registers + inline_bases) + ";",
             f".reg .b32 %a<{accs}>;"] + _declare(entry)
-    entry_text = [f".visible .entry {plan.name}(", "    .param .u64 param_b,", "    .param .u64 param_c", ")",
+    params = ["param_b", "param_c"] + (["param_r"] if out.residual else [])
+    entry_text = [f".visible .entry {plan.name}(", ",\n".join(f"    .param .u64 {n}" for n in params), ")",
                   f".maxntid {plan.config.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [entry.text(), "}", ""]
     entry_module = "\n".join(head + externs + [""] + entry_text)
     return KernelSource(plan.name, (entry_module, *_pack(functions, preamble)), operand.stage_bytes)

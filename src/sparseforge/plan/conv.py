@@ -1,4 +1,4 @@
-"""Direct sparse convolution (issue 12): a Conv2d as the csr-columns SpMM over an implicit im2col.
+"""Direct sparse convolution (issue 12): a Conv2d as an SpMM over an implicit im2col, in two mappings.
 
 W (Cout x Cin/groups*kh*kw in torch's (ci, r, s) order; DLMC's .smtx files hold TensorFlow's (r, s, ci)
 order, which suite/conv.py reorders) is the same padded CSR
@@ -12,6 +12,16 @@ from the lane's base (oh*sh - ph)*W + (ow*sw - pw). Each slot stores offset | ta
 and each lane keeps, per output pixel, a 64-bit mask of the taps that fall inside the image: padding is a
 predicate, never a border or a buffer. codegen/conv.py renders it through codegen/csr.py's render_columns.
 Layout NCHW (input [batch,] Cin x H x W, output [batch,] Cout x OH x OW, residual as the output).
+
+The second mapping (ConvTilePlan, "conv-row-groups" and the other generated mappings) is the SpMM's
+generated kernel (plan/plan.py: every nonzero an FMA immediate) over a zero-bordered copy xp of the input
+([batch,] Cin x Hp x Wp, Hp = H + 2*ph, Wp = W + 2*pw, made by the launch). A lane's column is an output
+pixel n = oh*OW + ow; its base in xp is the window's corner (oh*sh)*Wp + ow*sw, and a nonzero at input
+channel c, tap (r, s) reads xp at base + c*Hp*Wp + r*dh*Wp + s*dw: a constant, so each nonzero is one load
+at a constant offset and one FMA, with no masks (the border holds the zeros padding would read) and no
+wasted columns (the base is computed per lane, so any strides work and no row tail is computed). W is
+expanded to Cout x Cin*kh*kw (row co's columns moved to its group's channels), so a row group may span
+convolution groups and a column is always one input channel and tap.
 """
 from __future__ import annotations
 
@@ -21,8 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import SparseMatrix
-from .config import epilogue_tag
+from .config import TileConfig, epilogue_tag
 from .csr import CsrColumnsConfig, CsrPlan, make_csr_plan
+from .plan import Plan, make_plan, sketch_plan
 
 TAP_SHIFT = 26            # offset bits in a slot; the tap index above them
 MAX_OFFSET = 1 << TAP_SHIFT
@@ -110,6 +121,20 @@ class ConvGeometry:
         return (self.width + 2 * self.padding[1] - self.dilation[1] * (self.kernel[1] - 1) - 1) // self.stride[1] + 1
 
     @property
+    def bordered_height(self) -> int:
+        """Rows of the zero-bordered input the generated mapping reads (H + 2*ph)."""
+        return self.height + 2 * self.padding[0]
+
+    @property
+    def bordered_width(self) -> int:
+        """Columns of the zero-bordered input, its row pitch (W + 2*pw)."""
+        return self.width + 2 * self.padding[1]
+
+    @property
+    def bordered_shape(self) -> tuple[int, int, int, int]:
+        return self.batch, self.channels, self.bordered_height, self.bordered_width
+
+    @property
     def weight_shape(self) -> tuple[int, int]:
         """W as the SpMM sees it: Cout x Cin/groups*kh*kw."""
         return self.out_channels, self.channels // self.groups * self.taps
@@ -175,17 +200,27 @@ def pack_taps(w: SparseMatrix, geometry: ConvGeometry, cols: np.ndarray, rows: n
     return packed.astype(np.uint32).view(np.int32)
 
 
-def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32",
-                   config: CsrColumnsConfig | None = None, bias=None, relu: bool = False, residual: bool = False,
-                   arch: int = 90) -> ConvPlan:
+def _check_weight(w: SparseMatrix, geometry: ConvGeometry) -> None:
     if tuple(w.shape) != geometry.weight_shape:
         raise ValueError(f"W is {w.shape[0]} x {w.shape[1]}; a Conv2d {geometry.channels} -> "
                          f"{geometry.out_channels} with a {geometry.kernel[0]} x {geometry.kernel[1]} kernel and "
                          f"groups = {geometry.groups} needs {geometry.weight_shape[0]} x {geometry.weight_shape[1]} "
                          "(Cout x Cin/groups*kh*kw, in torch's (ci, r, s) order)")
+
+
+def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32",
+                   config: CsrColumnsConfig | TileConfig | None = None, bias=None, relu: bool = False,
+                   residual: bool = False, arch: int = 90, sketch: bool = False) -> "ConvPlan | ConvTilePlan":
+    """The plan of a sparse Conv2d in the mapping the config's type names: a CsrColumnsConfig (the default)
+    the csr-columns kernel over the implicit im2col (ConvPlan), a TileConfig the generated kernel over the
+    zero-bordered input (ConvTilePlan; sketch=True: its row groups as counts only, for ranking)."""
+    _check_weight(w, geometry)
+    if isinstance(config, TileConfig):
+        return _make_tile_plan(w, geometry, dtype, config, bias, relu, residual, arch, sketch)
     config = config or CsrColumnsConfig()
     if not isinstance(config, CsrColumnsConfig):
-        raise TypeError(f"the direct convolution takes a CsrColumnsConfig, got {type(config).__name__}")
+        raise TypeError(f"the direct convolution takes a CsrColumnsConfig or a TileConfig, got "
+                        f"{type(config).__name__}")
     if config.columns not in CONV_COLUMNS:
         raise ValueError(f"the direct convolution takes columns (pixels a lane) in {CONV_COLUMNS}, got "
                          f"{config.columns}: at 4 a chunk's unpacked taps and offsets spill (ptxas 13.0)")
@@ -197,13 +232,101 @@ def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float3
     return ConvPlan(**fields, geometry=geometry)
 
 
-def execute_conv(plan: ConvPlan, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-    """float64 reference from the plan's own arrays (offsets and taps decoded back), input [batch,] Cin x H x W."""
+@dataclass(frozen=True)
+class ConvTilePlan(Plan):
+    """A Plan of the generated kernel (row groups, every nonzero an FMA immediate) whose columns are the
+    output pixels of one image (N = OH*OW) and whose operand is the zero-bordered input (module docstring).
+    Its W is the expanded Cout x Cin*kh*kw matrix (expand_groups), so column k is input channel k // taps."""
+    geometry: ConvGeometry | None = None
+    residual: bool = False   # the epilogue adds R (laid out as the output, parameter param_r) before ReLU
+
+    @property
+    def mapping(self) -> str:
+        return f"conv-{super().mapping}"
+
+    @property
+    def name(self) -> str:
+        epi = epilogue_tag(self.bias, self.relu, self.residual)
+        return f"conv2d_imm_nchw_{self.dtype}_{self.geometry.short()}_{self.config.short()}{epi}_{self.digest[:12]}"
+
+    def input_offset(self, k: int) -> int:
+        """Elements from a lane's base in the bordered input to column k (channel, tap) of its window."""
+        g = self.geometry
+        channel, tap = divmod(k, g.taps)
+        r, s = divmod(tap, g.kernel[1])
+        return (channel * g.bordered_height + r * g.dilation[0]) * g.bordered_width + s * g.dilation[1]
+
+    def describe(self) -> str:
+        g = self.geometry
+        return (f"{super().describe()}\n  as Conv2d {g.channels} -> {g.out_channels}, kernel {g.kernel}, stride "
+                f"{g.stride}, padding {g.padding}, dilation {g.dilation}, groups {g.groups}; generated code over "
+                f"the zero-bordered input {g.bordered_shape}; output {g.output_shape}")
+
+
+def expand_groups(w: SparseMatrix, geometry: ConvGeometry) -> SparseMatrix:
+    """W (Cout x Cin/groups*kh*kw) as Cout x Cin*kh*kw: row co's column k moves to its group's channels,
+    (co // (Cout/groups)) * (Cin/groups*kh*kw) + k. The identity for groups = 1."""
+    if geometry.groups == 1:
+        return w
+    per_group_out, width = geometry.out_channels // geometry.groups, w.shape[1]
+    shift = np.repeat((np.arange(w.shape[0]) // per_group_out) * width, w.row_nnz)
+    return SparseMatrix(w.indptr, w.indices.astype(np.int64) + shift, w.values, (w.shape[0], geometry.groups * width),
+                        w.dtype)
+
+
+def conv_vector_width(geometry: ConvGeometry, wanted: int) -> int:
+    """The widest vector (<= wanted) of pixels a lane can load as one aligned piece: its pixels must be
+    consecutive in the bordered input (stride 1 along rows, OW a multiple of it) and every offset from its
+    base a multiple of it (Wp, and dw unless the kernel is one column wide). So a 3x3 layer runs at 1: tap
+    s of a row sits s*dw elements along, and the vector of s = 1 would be misaligned (copies of the
+    bordered input shifted by 0..vec-1 elements would lift that; not built)."""
+    g = geometry
+    for vec in (4, 2):
+        if vec <= wanted and g.stride[1] == 1 and g.out_width % vec == 0 and g.bordered_width % vec == 0 and \
+                (g.kernel[1] == 1 or g.dilation[1] % vec == 0):
+            return vec
+    return 1
+
+
+def _make_tile_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config: TileConfig, bias, relu: bool,
+                    residual: bool, arch: int, sketch: bool) -> ConvTilePlan:
+    if config.transpose_x:
+        raise ValueError("transpose_x applies to the SpMM's nk layout; the convolution's columns are output "
+                         "pixels of an NCHW image: use transpose_x=False")
+    if residual and config.segment_nnz:
+        raise ValueError("split K (segment_nnz > 0) cannot add a residual: the launch zeroes the split output "
+                         "channels before their partial sums are added, which would drop the residual (and an "
+                         "in-place out = residual). Use segment_nnz=0, or add the residual after the kernel")
+    vec = conv_vector_width(geometry, config.vec)
+    if vec != config.vec:
+        config = dataclasses.replace(config, vec=vec)
+    n = geometry.out_height * geometry.out_width
+    base = (sketch_plan if sketch else make_plan)(expand_groups(w, geometry), n, dtype, "kn", config, bias, relu, arch)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Plan)}
+    return ConvTilePlan(**fields, geometry=geometry, residual=bool(residual))
+
+
+def execute_conv(plan: "ConvPlan | ConvTilePlan", x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """float64 reference from the plan's own data, input [batch,] Cin x H x W: a ConvPlan's packed slots
+    decoded back to offsets and taps, a ConvTilePlan's groups read through its input offsets from each
+    pixel's base in the bordered input (what the kernels compute, step for step)."""
     g = plan.geometry
     x = np.asarray(x, np.float64)
     single = x.ndim == 3
     x = x.reshape(-1, g.channels, g.height, g.width)
-    kh, kw = g.kernel
+    out = (_execute_tile if isinstance(plan, ConvTilePlan) else _execute_columns)(plan, x)
+    if plan.bias is not None:
+        out += np.asarray(plan.bias)[None, :, None, None]
+    if residual is not None:
+        out += np.asarray(residual, np.float64).reshape(out.shape)
+    if plan.relu:
+        out = np.maximum(out, 0)
+    return out[0] if single else out
+
+
+def _execute_columns(plan: ConvPlan, x: np.ndarray) -> np.ndarray:
+    g = plan.geometry
+    kw = g.kernel[1]
     out = np.zeros((x.shape[0], g.out_channels, g.out_height, g.out_width))
     oh = np.arange(g.out_height)[:, None] * g.stride[0] - g.padding[0]
     ow = np.arange(g.out_width)[None, :] * g.stride[1] - g.padding[1]
@@ -217,10 +340,19 @@ def execute_conv(plan: ConvPlan, x: np.ndarray, residual: np.ndarray | None = No
             inside = (ih >= 0) & (ih < g.height) & (iw >= 0) & (iw < g.width)
             taken = x[:, channel, np.clip(ih, 0, g.height - 1), np.clip(iw, 0, g.width - 1)]
             out[:, co] += float(plan.values[slot]) * np.where(inside, taken, 0.0)
-    if plan.bias is not None:
-        out += np.asarray(plan.bias)[None, :, None, None]
-    if residual is not None:
-        out += np.asarray(residual, np.float64).reshape(out.shape)
-    if plan.relu:
-        out = np.maximum(out, 0)
-    return out[0] if single else out
+    return out
+
+
+def _execute_tile(plan: ConvTilePlan, x: np.ndarray) -> np.ndarray:
+    g = plan.geometry
+    (ph, pw) = g.padding
+    bordered = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))).reshape(x.shape[0], -1)
+    oh, ow = np.divmod(np.arange(plan.N), g.out_width)
+    base = oh * g.stride[0] * g.bordered_width + ow * g.stride[1]
+    out = np.zeros((x.shape[0], plan.M, plan.N))
+    for group in plan.groups:
+        for column in group.columns:
+            taken = bordered[:, base + plan.input_offset(column.k)]
+            for slot, value in column.uses:
+                out[:, group.rows[slot]] += value * taken
+    return out.reshape(x.shape[0], g.out_channels, g.out_height, g.out_width)

@@ -1,10 +1,14 @@
 """ConvKernel: a loaded direct sparse convolution (plan/conv.py), called like F.conv2d on NCHW tensors.
 
-It goes through the one compile path and loader of runtime/kernel.py (compile_plan; LoadedPlanKernel loads
-it and uploads W's arrays the way every kernel that reads W as data does).
+It goes through the one compile path, loader and launch of runtime/kernel.py (compile_plan; LoadedPlanKernel
+loads it, uploads W's arrays where the kernel reads W as data, and launches it). Either mapping: the
+csr-columns kernel reads x itself; the generated kernel (ConvTilePlan) reads a zero-bordered copy, which
+the call writes into a buffer the kernel keeps (one copy launch; the border is never written, so it stays
+zero).
 """
 from __future__ import annotations
 
+from ..plan.conv import ConvTilePlan
 from .kernel import Built, LoadedPlanKernel, compile_plan
 
 
@@ -16,15 +20,46 @@ class ConvKernel(LoadedPlanKernel):
     must not overlap x. Attributes: plan, source, compile_seconds, load_seconds, cache_hit, tune_seconds,
     choice (the chooser's record when timed), mapping.
 
-    NaN and inf in x: only W's stored nonzeros multiply x, and a tap outside the image reads nothing (no
-    zero border is multiplied), so a NaN pixel poisons exactly the outputs whose receptive field holds it
-    at a nonzero weight."""
+    NaN and inf in x: only W's stored nonzeros multiply x, and a tap outside the image multiplies nothing
+    but zeros (the csr-columns kernel reads nothing there, the generated one the zero border), so a NaN
+    pixel poisons exactly the outputs whose receptive field holds it at a nonzero weight.
+
+    The generated mapping (k.mapping "conv-...") copies x into a zero-bordered buffer the kernel owns, sized
+    for input_shape's batch when compiled: a larger batch reallocates it (outside CUDA-graph capture), and
+    two streams calling one kernel at once would share it."""
 
     def __init__(self, plan, built: Built, device_index: int):
         super().__init__(plan, built, device_index)
         g = plan.geometry
         self.in_shape = (g.channels, g.height, g.width)
         self.out_shape = (g.out_channels, g.out_height, g.out_width)
+        self._bordered = None
+        if isinstance(plan, ConvTilePlan):  # made now, not at the first call, which may be a graph capture
+            self._bordered = self._bordered_buffer(g.batch)
+
+    def _bordered_buffer(self, batch: int):
+        import torch
+
+        g = self.plan.geometry
+        return torch.zeros((batch, g.channels, g.bordered_height, g.bordered_width), dtype=self._dtype,
+                           device=self._device)
+
+    def bordered(self, x, batch: int):
+        """x ([batch,] Cin x H x W) copied into the interior of the kernel's zero-bordered buffer, as the
+        [batch, Cin, Hp, Wp] view the generated kernel reads."""
+        import torch
+
+        g = self.plan.geometry
+        if self._bordered.shape[0] < batch:
+            if torch.cuda.is_current_stream_capturing():
+                raise ValueError(f"a batch of {batch} is larger than the {self._bordered.shape[0]} the kernel's "
+                                 "bordered input holds, and a CUDA graph is being captured (no allocation may "
+                                 "outlive it): call the kernel once with this batch before capturing, or compile "
+                                 "with input_shape's batch at least this large")
+            self._bordered = self._bordered_buffer(batch)
+        (ph, pw), xp = g.padding, self._bordered[:batch]
+        xp[:, :, ph:ph + g.height, pw:pw + g.width].copy_(x.view(batch, *self.in_shape))
+        return xp
 
     def _check(self, t, what: str, shape: tuple[int, int, int]) -> None:
         import torch
@@ -79,14 +114,28 @@ class ConvKernel(LoadedPlanKernel):
                                  "a separate tensor")
         if batch == 0:
             return out
+        target = out
+        if self._bordered is not None:
+            x = self.bordered(x, batch)
+            align = self.plan.output_alignment  # vec > 1 (a 1-column kernel): vector stores and residual loads
+            if out.data_ptr() % align:
+                target = torch.empty_like(out)
+            if residual is not None and residual.data_ptr() % align:
+                residual = residual.clone()
+            self._zero_partial(target, target.dim() - 3)
         extra = (residual.data_ptr(),) if self.plan.residual else ()
-        self.launch(x.data_ptr(), out.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream, *extra)
+        self.launch(x.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream,
+                    *extra)
+        if target is not out:
+            out.copy_(target)
         return out
 
     def launch(self, x_ptr: int, y_ptr: int, batch: int, stream: int, *residual_ptr: int) -> None:
-        """The raw launch (no checks): device pointers, the batch and a stream handle."""
+        """The raw launch (no checks): device pointers, the batch and a stream handle. For the generated
+        mapping x_ptr is the zero-bordered input (k.bordered(x, batch)) and the split output channels
+        (plan.partial_rows) are zeroed by the caller first."""
         tiles, blocks = self.plan.grid
-        self._launch_with_data((tiles, blocks, batch), self.plan.threads, stream, x_ptr, y_ptr, *residual_ptr)
+        self._launch_plan((tiles, blocks, batch), self.plan.threads, stream, x_ptr, y_ptr, *residual_ptr)
 
     def __repr__(self) -> str:
         return (f"ConvKernel({self.plan.name}, compile {self.compile_seconds:.3f}s, "

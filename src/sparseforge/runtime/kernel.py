@@ -40,6 +40,9 @@ class LoadedPlanKernel:
         self._dtype = getattr(torch, plan.dtype)
         self._device = torch.device("cuda", device_index)
         self._weight_tensors, self._data = _weight_data(plan, self._device)
+        # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
+        partial = getattr(plan, "partial_rows", ())
+        self._partial = torch.tensor(partial, dtype=torch.long, device=self._device) if partial else None
 
     @property
     def mapping(self) -> str:
@@ -70,11 +73,17 @@ class LoadedPlanKernel:
     def registers(self) -> int:
         return self._loaded.registers
 
-    def _launch_with_data(self, grid: tuple[int, int, int], threads: int, stream: int, input_ptr: int,
-                          output_ptr: int, *residual_ptr: int) -> None:
-        """Launch a kernel that reads W as data: input, output, W's device arrays, then the residual."""
-        args = (input_ptr, output_ptr, *self._data, *residual_ptr)
+    def _launch_plan(self, grid: tuple[int, int, int], threads: int, stream: int, input_ptr: int,
+                     output_ptr: int, *residual_ptr: int) -> None:
+        """The launch of any loaded plan: input, output, W's device arrays where the kernel reads W as data
+        (a generated kernel has none: W is its code), then the residual where the plan adds one."""
+        args = (input_ptr, output_ptr, *(self._data or ()), *residual_ptr)
         self._loaded.launch_args(grid, threads, stream, args, (ctypes.c_void_p,) * len(args))
+
+    def _zero_partial(self, out, dim: int) -> None:
+        """Zero the output rows (plan.partial_rows, along dimension `dim`) that split groups add into."""
+        if self._partial is not None:
+            out.index_fill_(dim, self._partial, 0)
 
 
 class SpmmKernel(LoadedPlanKernel):
@@ -110,11 +119,6 @@ class SpmmKernel(LoadedPlanKernel):
         k.source (on a cache hit, planning every group's program would cost more than loading the kernel)."""
         self._make_full = full_plan
         super().__init__(plan, built, device_index)
-        import torch
-
-        # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
-        self._partial = (torch.tensor(plan.partial_rows, dtype=torch.long, device=self._device)
-                         if plan.partial_rows else None)
 
     @property
     def plan(self):
@@ -254,8 +258,7 @@ class SpmmKernel(LoadedPlanKernel):
 
     def zero_partial_rows(self, out) -> None:
         """Zero the output rows that split groups add into (plan.partial_rows); nothing when none are split."""
-        if self._partial is not None:
-            out.index_fill_(out.dim() - 2 if self._launch.layout == "kn" else out.dim() - 1, self._partial, 0)
+        self._zero_partial(out, out.dim() - 2 if self._launch.layout == "kn" else out.dim() - 1)
 
     def launch(self, b_ptr: int, c_ptr: int, batch: int, stream: int, *residual_ptr: int) -> None:
         """The raw launch: device pointers and a stream handle, no checks (for graph capture and ops).
@@ -263,10 +266,7 @@ class SpmmKernel(LoadedPlanKernel):
         config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous); residual_ptr: the
         residual's pointer for a plan compiled with one."""
         tiles, blocks = self._launch.grid
-        if self._data is None:
-            self._loaded.launch((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr)
-            return
-        self._launch_with_data((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr, *residual_ptr)
+        self._launch_plan((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr, *residual_ptr)
 
     def __repr__(self) -> str:
         return (f"SpmmKernel({self._launch.name}, compile {self.compile_seconds:.3f}s, "
@@ -307,13 +307,15 @@ def kernel_key(kind: str, spec: str, arch: int, compiler_version: str) -> str:
 
 def plan_spec(plan) -> str:
     """What determines a plan's binary. Generated kernels: the weight (digest of pattern and values), the
-    problem, the tiling, the epilogue. The small-N kernel: only the shape and options (W is data).
-    Keying on these rather than on the rendered text lets a cache hit skip rendering altogether."""
+    problem (a convolution's geometry too), the tiling, the epilogue. The small-N kernel: only the shape and
+    options (W is data). Keying on these rather than on the rendered text lets a cache hit skip rendering
+    altogether."""
     if plan.family != "tile":  # W is data: the binary depends on the shape and options only
         return plan.source_key
     bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
+    # the name carries the rest of what fixes the source: a convolution's geometry and residual
     return "|".join([plan.digest, f"{plan.M}x{plan.K}", str(plan.N), plan.layout, plan.dtype, repr(plan.config),
-                     bias, str(plan.relu)])
+                     bias, str(plan.relu), plan.name])
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.bitmap import BitmapPlan
+from ..plan.conv import ConvTilePlan
 from ..plan.csr import NNZ_PER_STEP, CsrColumnsConfig
 
 
@@ -40,6 +41,9 @@ class Gpu:
     step_cycles: float = 3430.0     # fitted: small-N kernel, one iteration's dependent loads (indices,
     # then B) and its FMAs
     hbm_bytes_per_s: float = 4.0e12  # datasheet 4.8 TB/s; ~3.4-3.6 TB/s measured for streamed weights
+    # the generated convolution's copy of x into its zero-bordered buffer: a second kernel in the graph.
+    # A guess (an elementwise copy's floor under graph replay) until the conv bench has measured it.
+    border_copy_us: float = 1.5
     # bitmap decode: one iteration of a lane's walk over its set bits (x and value from shared memory, then
     # the FMAs). A guess until designs.py has measured the second bitmap design.
     bitmap_iteration_cycles: float = 60.0
@@ -82,6 +86,8 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     warp_instr = instr.sum() * tiles * warps_per_tile * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
     row_bytes = plan.N * es
+    if isinstance(plan, ConvTilePlan):  # a stride along rows spreads a warp's loads over that many times the bytes
+        row_bytes *= plan.geometry.stride[1]
     fetched = plan.b_loads * row_bytes
     written = plan.M * plan.N * es * (1 + sum(g.partial for g in plan.groups) / max(len(plan.groups), 1))
     traffic = (fetched + written) * batch / gpu.l2_bytes_per_s
@@ -101,11 +107,16 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     if c.inline:
         latency *= gpu.inline_latency
     terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": ifetch * 1e6, "latency": latency * 1e6}
+    border = 0.0
+    if isinstance(plan, ConvTilePlan):  # x read and its copy written inside the border, before the kernel
+        g = plan.geometry
+        border = gpu.border_copy_us + 2 * g.channels * g.height * g.width * es * batch / gpu.hbm_bytes_per_s * 1e6
+        terms["border"] = border
     if c.inline:  # one module compiled whole, superlinear (ptxas 13.0: 0.17 s at 1.6k FMAs, 4.1 s at 30k)
         compile_s = 0.05 + (plan.nnz * vec) ** 1.1 / 2e4
     else:  # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores
         compile_s = 0.3 + plan.nnz * vec / 6e4
-    return Estimate(gpu.launch_us + max(terms.values()), terms, compile_s)
+    return Estimate(gpu.launch_us + border + max(v for k, v in terms.items() if k != "border"), terms, compile_s)
 
 
 def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:

@@ -1,12 +1,15 @@
-"""The direct convolution plan (plan/conv.py): geometry as torch computes it, slots packed as input
-offsets and taps, and the reference executor against torch's conv2d in float64."""
+"""The direct convolution plans (plan/conv.py): geometry as torch computes it, the csr-columns slots packed as
+input offsets and taps, the generated mapping's groups, offsets into the bordered input, vector widths and
+refusals, and the reference executor of both against torch's conv2d in float64."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sparseforge import SparseMatrix
-from sparseforge.plan.conv import TAP_SHIFT, ConvGeometry, execute_conv, make_conv_plan
+from sparseforge.plan import TileConfig
+from sparseforge.plan.conv import (TAP_SHIFT, ConvGeometry, ConvTilePlan, conv_vector_width, execute_conv,
+                                   expand_groups, make_conv_plan)
 from sparseforge.plan.csr import CsrColumnsConfig
 
 
@@ -104,3 +107,82 @@ def test_offsets_that_would_reach_the_tap_bits_groups_not_int_and_wide_lanes_are
         make_conv_plan(SparseMatrix.from_dense(np.ones((6, 36), np.float32)), g, "float16", CsrColumnsConfig(4))
     with pytest.raises(TypeError, match="columns must be an int"):
         CsrColumnsConfig(2.0)
+
+
+# -- the generated mapping over the zero-bordered input (ConvTilePlan) ----------------------------------------
+@pytest.mark.parametrize("args", [
+    ((2, 4, 7, 6), 6, 3, 1, 1, 1, 1), ((1, 4, 9, 9), 4, 3, 2, 1, 2, 4), ((1, 6, 8, 8), 4, (1, 3), (1, 2), (0, 1), 1, 2),
+    ((1, 3, 12, 12), 5, 7, 2, 3, 1, 1), ((2, 4, 11, 9), 6, (3, 1), (3, 2), (2, 0), (2, 1), 2),
+    ((1, 8, 8, 8), 4, 1, 1, 0, 1, 1),
+])
+@pytest.mark.parametrize("config", [TileConfig(4, 4, 1), TileConfig(1, 2, 4), TileConfig(2, 2, 2, segment_nnz=5)])
+def test_reference_executor_reads_the_generated_plan_through_its_offsets(args, config):
+    """Every stride pair (unequal too), padding, dilation and groups: each nonzero read at its constant offset
+    from the pixel's base in the bordered input gives torch's convolution."""
+    shape, cout, kernel, stride, padding, dilation, groups = args
+    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups)
+    w4 = _conv_weight(g, seed=len(shape))
+    bias, split = np.linspace(-1, 1, cout), config.segment_nnz > 0
+    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(cout, -1)), g, config=config, bias=bias,
+                          relu=not split, residual=not split)
+    assert isinstance(plan, ConvTilePlan) and plan.N == g.out_height * g.out_width and plan.K == g.channels * g.taps
+    rng = np.random.default_rng(1)
+    x, residual = rng.standard_normal(g.input_shape), rng.standard_normal(g.output_shape) if not split else None
+    assert np.allclose(execute_conv(plan, x, residual), _torch_conv(x, w4, g, bias, residual, relu=not split),
+                       atol=1e-10)
+
+
+def test_groups_expand_to_the_input_channels_and_offsets_follow_the_bordered_layout():
+    g = ConvGeometry.of((1, 4, 6, 5), 2, 3, padding=(1, 2), dilation=(1, 2), groups=2)
+    w4 = np.zeros((2, 2, 3, 3), np.float32)
+    w4[1, 1, 2, 0] = 3.0  # output channel 1 (group 1), its input channel 1 -> image channel 3; r = 2, s = 0
+    w = SparseMatrix.from_dense(w4.reshape(2, -1))
+    wide = expand_groups(w, g)
+    assert wide.shape == (2, 36) and wide.indices.tolist() == [(2 + 1) * 9 + 2 * 3 + 0]
+    plan = make_conv_plan(w, g, config=TileConfig(2, 1, 1))
+    assert g.bordered_shape == (1, 4, 8, 9)
+    assert plan.input_offset(int(wide.indices[0])) == 3 * 8 * 9 + 2 * 1 * 9 + 0 * 2
+    assert expand_groups(w, ConvGeometry.of((1, 2, 6, 5), 2, 3)) is w
+
+
+@pytest.mark.parametrize("geometry, wanted, vec", [
+    (((1, 4, 8, 8), 4, 1), 4, 4),                    # 1x1, rows of 8: vectors of 4
+    (((1, 4, 8, 6), 4, 1), 4, 2),                    # rows of 6: pairs
+    (((1, 4, 8, 8), 4, 3, 1, 1), 4, 1),              # 3x3: tap s = 1 would be misaligned
+    (((1, 4, 8, 8), 4, 1, 2), 4, 1),                 # a stride spreads a lane's pixels apart
+    (((1, 4, 8, 8), 4, (3, 1), 1, (1, 0)), 2, 2),    # one column wide: every offset a multiple of Wp
+    (((1, 4, 8, 8), 4, 3, 1, 2, 2), 4, 2),           # dilation 2: offsets even, OW = 8, Wp = 12
+])
+def test_vector_width_only_where_a_lanes_pixels_are_one_aligned_piece(geometry, wanted, vec):
+    g = ConvGeometry.of(*geometry)
+    assert conv_vector_width(g, wanted) == vec
+    plan = make_conv_plan(SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32)), g,
+                          config=TileConfig(1, 1, wanted))
+    assert plan.config.vec == vec
+
+
+def test_generated_plan_refusals_name_the_problem_and_the_fix():
+    g = ConvGeometry.of((1, 4, 8, 8), 6, 3, padding=1)
+    w = SparseMatrix.from_dense(np.ones((6, 36), np.float32))
+    with pytest.raises(ValueError, match="split K .segment_nnz > 0. cannot add a residual.*Use segment_nnz=0"):
+        make_conv_plan(w, g, config=TileConfig(segment_nnz=8), residual=True)
+    with pytest.raises(ValueError, match="cannot be rectified"):
+        make_conv_plan(w, g, config=TileConfig(segment_nnz=8), relu=True)
+    with pytest.raises(ValueError, match="transpose_x applies to the SpMM's nk layout"):
+        make_conv_plan(w, g, config=TileConfig(transpose_x=True))
+
+
+def test_generated_plans_name_their_mapping_and_geometry_and_sketch_like_the_full_plan():
+    from sparseforge.runtime.kernel import plan_spec
+
+    w = SparseMatrix.from_dense(_conv_weight(ConvGeometry.of((1, 4, 8, 8), 6, 3), 0.5).reshape(6, -1))
+    padded, wider = ConvGeometry.of((1, 4, 8, 8), 6, 3, padding=1), ConvGeometry.of((1, 4, 10, 10), 6, 3)
+    a, b = (make_conv_plan(w, g, config=TileConfig(2, 2, 1)) for g in (padded, wider))
+    assert a.N == b.N == 64 and a.mapping == "conv-row-groups" and a.name != b.name and plan_spec(a) != plan_spec(b)
+    assert plan_spec(a) != plan_spec(make_conv_plan(w, padded, config=TileConfig(2, 2, 1), residual=True))
+    sketch = make_conv_plan(w, padded, config=TileConfig(2, 2, 1, segment_nnz=20), sketch=True)
+    full = make_conv_plan(w, padded, config=TileConfig(2, 2, 1, segment_nnz=20))
+    assert sketch.sketch and sketch.mapping == full.mapping == "conv-split-k"
+    assert sketch.nnz == full.nnz and sketch.grid == full.grid and sketch.partial_rows == full.partial_rows
+    assert make_conv_plan(w, padded, config=TileConfig(1, 2, 1, inline=True)).mapping == "conv-inline"
+    assert make_conv_plan(w, padded, config=TileConfig(1, 2, 1)).mapping == "conv-row-per-block"

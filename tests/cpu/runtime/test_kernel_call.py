@@ -235,3 +235,55 @@ def test_raw_launches_pass_input_output_weight_arrays_then_residual():
     conv.plan, conv._loaded, conv._data = conv_plan, loaded, (21, 22, 23, 24)
     conv.launch(5, 6, 2, 98)
     assert calls[-1] == ((*conv_plan.grid, 2), conv_plan.threads, 98, (5, 6, 21, 22, 23, 24), 6)
+
+
+def cpu_conv_kernel(plan):
+    """A ConvKernel over `plan` on the CPU that loads nothing; .launches records each raw launch."""
+    from sparseforge.plan.conv import ConvTilePlan
+    from sparseforge.runtime.conv import ConvKernel
+
+    g = plan.geometry
+    conv = ConvKernel.__new__(ConvKernel)
+    conv.plan, conv._data, conv.device_index = plan, None, 0
+    conv._dtype, conv._device = getattr(torch, plan.dtype), torch.device("cpu")
+    conv.in_shape, conv.out_shape = (g.channels, g.height, g.width), (g.out_channels, g.out_height, g.out_width)
+    conv._partial = torch.tensor(plan.partial_rows, dtype=torch.long) if plan.partial_rows else None
+    conv._bordered = conv._bordered_buffer(g.batch) if isinstance(plan, ConvTilePlan) else None
+    conv.launches = []
+    conv.launch = lambda *args: conv.launches.append(args)
+    return conv
+
+
+def test_generated_conv_calls_copy_x_inside_a_kept_zero_border_and_launch_without_weight_arrays(monkeypatch):
+    """The generated mapping: x lands inside the kernel's persistent zero-bordered buffer (the border never
+    written), the launch reads that buffer; split output channels are zeroed first; a larger batch than
+    compiled reallocates the buffer; the raw launch passes (input, output, residual), no W arrays."""
+    from sparseforge.plan.conv import ConvGeometry, make_conv_plan
+
+    g = ConvGeometry.of((1, 2, 5, 4), 3, 3, padding=(1, 2))
+    w = SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32))
+    conv = cpu_conv_kernel(make_conv_plan(w, g, config=TileConfig(1, 1, 1, segment_nnz=6)))
+    assert conv.plan.partial_rows == (0, 1, 2)
+    first = conv._bordered
+    x = torch.randn(1, 2, 5, 4)
+    out = conv(x, out=torch.full((1, 3, 5, 6), float("nan")))
+    x_ptr, y_ptr, batch, _ = conv.launches[-1]
+    assert x_ptr == first.data_ptr() and y_ptr == out.data_ptr() and batch == 1
+    border = first.clone()
+    border[:, :, 1:6, 2:6] = 0
+    assert torch.equal(first[:, :, 1:6, 2:6], x) and (border == 0).all() and (out == 0).all()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    conv(torch.randn(3, 2, 5, 4))
+    assert conv._bordered.shape == (3, 2, 7, 8) and conv.launches[-1][2] == 3
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(ValueError, match="before capturing"):  # no allocation may outlive a graph capture
+        conv(torch.randn(4, 2, 5, 4))
+
+    loaded_calls = []
+    residual_plan = make_conv_plan(w, g, config=TileConfig(2, 1, 1), residual=True)
+    conv = cpu_conv_kernel(residual_plan)
+    del conv.launch  # the real raw launch, over a recording driver
+    conv._loaded = types.SimpleNamespace(launch_args=lambda grid, threads, stream, args, types_: loaded_calls.append(
+        (grid, threads, stream, args, len(types_))))
+    conv.launch(5, 6, 2, 98, 7)
+    assert loaded_calls[-1] == ((*residual_plan.grid, 2), residual_plan.threads, 98, (5, 6, 7), 3)
