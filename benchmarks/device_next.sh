@@ -54,7 +54,13 @@ case "${1:-}" in
       --out "$OUT/decode_n16_fp16.json" > "$L/decode_n16.log" 2>&1; tail -4 "$L/decode_n16.log"
     timeout 110 $SF bench llm:0.7,0.9:llama_14336x4096,llama_4096x14336 --n 1 --dtype fp16 --tune-budget 3 \
       --out "$OUT/decode_n1_fp16_large.json" > "$L/decode_large.log" 2>&1; tail -4 "$L/decode_large.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode"; exit 2 ;;
+  eighth)  # every GPU test, the second bitmap design against csr (resident weights), the generated conv
+    timeout 320 python3 -m pytest tests/gpu -q -p no:cacheprovider -x > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 130 python3 benchmarks/designs.py "$OUT/designs_bitmap2.json" $D "llm:0.5,0.7,0.9:llama_4096x4096,llama_1024x4096/1" \
+      --dtype float16 --mappings bitmap,csr > "$L/designs_bitmap2.log" 2>&1; tail -8 "$L/designs_bitmap2.log"
+    timeout 90 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 2 --out "$OUT/conv_rn50_0.9_fp32.json" \
+      > "$L/conv_rn50_fp32.log" 2>&1; tail -2 "$L/conv_rn50_fp32.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"
