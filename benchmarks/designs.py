@@ -27,7 +27,14 @@ from sparseforge.runtime.timing import graph_time_us
 from sparseforge.spmm import _describe, _make_plan, _plans, _renderable
 from sparseforge.runtime import build_kernel, compile_plan
 from sparseforge.tune.choose import TOP, choose, shortlist
+from sparseforge.plan.bitmap import BitmapConfig
+from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
 from sparseforge.tune.space import search_space
+
+# the mappings each config family can give: --mappings drops a family before its plans are made (sketching
+# every generated candidate of a million-nonzero LLM layer costs minutes)
+FAMILY_MAPPINGS = {CsrConfig: {"csr"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"}}
+TILE_MAPPINGS = {"row-groups", "row-per-block", "split-k", "staged-x", "inline"}
 
 
 def batch_sizes(root: Path) -> dict:
@@ -52,7 +59,10 @@ def weights(root: Path, spec: str, dtype: str):
 def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: set | None = None) -> dict:
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
-    plans = _plans(make, search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True))
+    space = search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True)
+    if mappings:
+        space = [c for c in space if FAMILY_MAPPINGS.get(type(c), TILE_MAPPINGS) & mappings]
+    plans = _plans(make, space)
     if mappings:
         plans = [p for p in plans if p.mapping in mappings]
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])

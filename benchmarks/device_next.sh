@@ -60,7 +60,14 @@ case "${1:-}" in
       --dtype float16 --mappings bitmap,csr > "$L/designs_bitmap2.log" 2>&1; tail -8 "$L/designs_bitmap2.log"
     timeout 90 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 2 --out "$OUT/conv_rn50_0.9_fp32.json" \
       > "$L/conv_rn50_fp32.log" 2>&1; tail -2 "$L/conv_rn50_fp32.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth"; exit 2 ;;
+  eighth_last)  # every GPU test (no -x: the whole count), the pipelined bitmap against csr, the generated conv on
+    # all 17 rn50 90% layers
+    timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 60 python3 benchmarks/designs.py "$OUT/designs_bitmap3.json" $D "llm:0.5,0.7,0.9:llama_4096x4096/1" \
+      --dtype float16 --mappings bitmap,csr > "$L/designs_bitmap3.log" 2>&1; tail -4 "$L/designs_bitmap3.log"
+    timeout 130 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 1 --out "$OUT/conv_rn50_0.9_fp32.json" \
+      > "$L/conv_rn50_fp32.log" 2>&1; tail -2 "$L/conv_rn50_fp32.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"

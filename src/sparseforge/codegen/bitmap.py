@@ -9,7 +9,9 @@ buffer per warp (the largest block: 1024 values). Per row a warp loads its lanes
 coalesced 128-byte load a word), and per word t:
 1. scans the lanes' bit counts by shuffle: a lane's first value in the block, and the block's size;
 2. copies the block from global memory into its buffer (16-byte loads, lanes side by side), between two
-   warp barriers (the previous word's walk has finished reading the buffer; the copy is complete);
+   warp barriers (the previous word's walk has finished reading the buffer; the copy is complete). The
+   loads are issued a word ahead (two register sets): word t + 1's block, and at the last word the next
+   row's masks, are in flight while word t is walked;
 3. each lane walks its word's set bits from the highest (bfind, clear): bit b is column 1024 t + 32 b +
    lane, whose x sits in shared bank `lane` for every b (no conflicts), and its value is the lane's next one
    in the buffer. `unroll` bits an iteration, each predicated on the word still holding a bit.
@@ -64,29 +66,45 @@ def _quad(prefix: str, i: int) -> str:
     return ", ".join(f"{prefix}{4 * i + j}" for j in range(4))
 
 
-def _word(e: Emitter, plan: BitmapPlan, t: int) -> None:
-    """Word t of the row: scan, copy the block into the warp's buffer, walk the lane's set bits."""
-    es, u = plan.element_bytes, plan.config.unroll
-    copies = WORD_COLUMNS * es // CHUNK // WARP  # a lane's chunks of the largest block
-    e.comment(f"word {t}: columns {t * WORD_COLUMNS}..{(t + 1) * WORD_COLUMNS - 1}")
+def _copies(plan: BitmapPlan) -> int:
+    """A lane's 16-byte chunks of the largest block (every bit of a word set)."""
+    return WORD_COLUMNS * plan.element_bytes // CHUNK // WARP
+
+
+def _scan_and_fetch(e: Emitter, plan: BitmapPlan, t: int) -> None:
+    """Word t: scan the lanes' bit counts (a lane's first value %off{set} in the block, the padded block size)
+    and issue the block's loads into register set t % 2, so they are in flight while word t - 1 is walked."""
+    es, p = plan.element_bytes, t % 2
+    e.comment(f"word {t} (columns {t * WORD_COLUMNS}..{(t + 1) * WORD_COLUMNS - 1}): scan, fetch its values")
     e.lines([f"popc.b32 %cnt, %w{t};", "mov.u32 %incl, %cnt;"])
     offset = 1
     while offset < WARP:
         e.lines([f"shfl.sync.up.b32 %t|%pu, %incl, {offset}, 0, -1;", "@%pu add.u32 %incl, %incl, %t;"])
         offset *= 2
-    e.lines(["shfl.sync.idx.b32 %total, %incl, 31, 31, -1;", "sub.u32 %off, %incl, %cnt;",
+    e.lines(["shfl.sync.idx.b32 %total, %incl, 31, 31, -1;", f"sub.u32 %off{p}, %incl, %cnt;",
              f"add.u32 %total, %total, {VALUE_ALIGN - 1};", f"and.b32 %total, %total, {-VALUE_ALIGN};",
              f"shr.u32 %nch, %total, {(CHUNK // es).bit_length() - 1};",  # 16-byte chunks of the block
-             f"mul.wide.u32 %rdt, %vstart, {es};", "add.s64 %rdt, %rdv, %rdt;", "mad.wide.u32 %rdt, %lane, 16, %rdt;"])
-    for i in range(copies):
-        e.lines([f"add.u32 %t, %lane, {i * WARP};", f"setp.lt.u32 %pc{i}, %t, %nch;",
-                 f"@%pc{i} ld.global.nc.v4.b32 {{{_quad('%cp', i)}}}, [%rdt+{i * WARP * CHUNK}];"])
-    e.line("bar.warp.sync -1;")  # every lane has finished reading the previous block
-    for i in range(copies):
-        e.line(f"@%pc{i} st.shared.v4.b32 [%rbl+{i * WARP * CHUNK}], {{{_quad('%cp', i)}}};")
-    e.lines(["bar.warp.sync -1;", "add.u32 %vstart, %vstart, %total;",
-             f"mad.lo.u32 %rva, %off, {es}, %rbuf;", f"mov.u32 %wk, %w{t};"])
-    kind = "b32" if es == 4 else "b16"
+             f"mul.wide.u32 %rdt, %vstart, {es};", "add.s64 %rdt, %rdv, %rdt;", "mad.wide.u32 %rdt, %lane, 16, %rdt;",
+             "add.u32 %vstart, %vstart, %total;"])
+    for i in range(_copies(plan)):
+        e.lines([f"add.u32 %t, %lane, {i * WARP};", f"setp.lt.u32 %pc{p}_{i}, %t, %nch;",
+                 f"@%pc{p}_{i} ld.global.nc.v4.b32 {{{_quad(f'%cp{p}_', i)}}}, [%rdt+{i * WARP * CHUNK}];"])
+
+
+def _store_block(e: Emitter, plan: BitmapPlan, t: int) -> None:
+    """Word t's values into the warp's buffer, between two warp barriers: every lane has finished walking
+    word t - 1 before the buffer is overwritten, and the whole block is there before any lane reads it."""
+    p = t % 2
+    e.line("bar.warp.sync -1;")
+    for i in range(_copies(plan)):
+        e.line(f"@%pc{p}_{i} st.shared.v4.b32 [%rbl+{i * WARP * CHUNK}], {{{_quad(f'%cp{p}_', i)}}};")
+    e.line("bar.warp.sync -1;")
+
+
+def _walk(e: Emitter, plan: BitmapPlan, t: int) -> None:
+    """The lane's set bits of word t, highest first, `unroll` an iteration."""
+    es, u = plan.element_bytes, plan.config.unroll
+    e.lines([f"mad.lo.u32 %rva, %off{t % 2}, {es}, %rbuf;", f"mov.u32 %wk, %w{t};"])
     e.label(f"WALK{t}")
     e.lines(["setp.eq.u32 %pt, %wk, 0;", f"@%pt bra WALKED{t};"])
     for i in range(u):
@@ -108,6 +126,14 @@ def _word(e: Emitter, plan: BitmapPlan, t: int) -> None:
     e.lines([f"add.u32 %rva, %rva, {u * es};", f"bra WALK{t};"])
     e.label(f"WALKED{t}")
     e.line(f"add.u32 %rxw, %rxw, {WORD_COLUMNS * es};")
+
+
+def _fetch_masks(e: Emitter, plan: BitmapPlan, row: str, guard: str = "") -> None:
+    """A row's mask words (one coalesced 128-byte load a word) and its first value's index, into %wn / %vn."""
+    e.lines([f"mad.lo.u32 %t, {row}, {plan.words * WARP}, %lane;", "mad.wide.u32 %rdt, %t, 4, %rdm;"])
+    for t in range(plan.words):
+        e.line(f"{guard}ld.global.nc.u32 %wn{t}, [%rdt+{t * WARP * 4}];" if t else f"{guard}ld.global.nc.u32 %wn{t}, [%rdt];")
+    e.lines([f"mad.wide.u32 %rdt, {row}, 4, %rdr;", f"{guard}ld.global.nc.u32 %vn, [%rdt];"])
 
 
 def _epilogue(e: Emitter, plan: BitmapPlan) -> None:
@@ -145,7 +171,6 @@ def _epilogue(e: Emitter, plan: BitmapPlan) -> None:
 def render_bitmap(plan: BitmapPlan) -> KernelSource:
     c, es, words = plan.config, plan.element_bytes, plan.words
     u = c.unroll
-    copies = WORD_COLUMNS * es // CHUNK // WARP
     e = Emitter()
     e.comment(f"lane l owns columns 32 j + l; {c.warps_per_block} warps a block, {c.rows_per_warp} rows a warp, "
               f"{words} mask words a lane, {u} set bits per iteration")
@@ -162,28 +187,40 @@ def render_bitmap(plan: BitmapPlan) -> KernelSource:
              "ld.param.u64 %rdm, [p_masks];", "cvta.to.global.u64 %rdm, %rdm;",
              "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
              "ld.param.u64 %rdr, [p_row_starts];", "cvta.to.global.u64 %rdr, %rdr;"])
+    e.line(f"setp.lt.u32 %pn, %row, {plan.M};")
+    _fetch_masks(e, plan, "%row", "@%pn ")
     e.label("ROW")
     e.lines([f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;",  # rows ascend: the whole warp is done
-             "setp.ge.u32 %pt, %row, %rowend;", "@%pt bra DONE;",
-             f"mad.lo.u32 %t, %row, {words * WARP}, %lane;", "mad.wide.u32 %rdt, %t, 4, %rdm;"])
+             "setp.ge.u32 %pt, %row, %rowend;", "@%pt bra DONE;"])
+    e.lines([f"mov.u32 %w{t}, %wn{t};" for t in range(words)] + ["mov.u32 %vstart, %vn;"])
+    e.lines(["mov.f32 %acc, 0f00000000;", f"mad.lo.u32 %rxw, %lane, {es}, %rsx;"])
+    e.comment("software pipeline: word t + 1's values (and, at the last word, the next row's masks) are "
+              "in flight while word t is walked")
+    _scan_and_fetch(e, plan, 0)
     for t in range(words):
-        e.line(f"ld.global.nc.u32 %w{t}, [%rdt+{t * WARP * 4}];" if t else f"ld.global.nc.u32 %w{t}, [%rdt];")
-    e.lines(["mad.wide.u32 %rdt, %row, 4, %rdr;", "ld.global.nc.u32 %vstart, [%rdt];",
-             "mov.f32 %acc, 0f00000000;", f"mad.lo.u32 %rxw, %lane, {es}, %rsx;"])
-    for t in range(words):
-        _word(e, plan, t)
+        _store_block(e, plan, t)
+        if t + 1 < words:
+            _scan_and_fetch(e, plan, t + 1)
+        else:
+            e.lines(["add.u32 %t, %row, 1;", f"setp.lt.u32 %pn, %t, {plan.M};", "setp.lt.u32 %pt, %t, %rowend;",
+                     "and.pred %pn, %pn, %pt;", "add.u32 %rnext, %row, 1;"])
+            _fetch_masks(e, plan, "%rnext", "@%pn ")
+        _walk(e, plan, t)
     _epilogue(e, plan)
     e.lines(["add.u32 %row, %row, 1;", "bra ROW;"])
     e.label("DONE")
     e.line("ret;")
-    decl = [".reg .pred %pt, %pu" + "".join(f", %pb{i}" for i in range(1, u))
-            + "".join(f", %ps{i}" for i in range(STAGE_BATCH)) + "".join(f", %pc{i}" for i in range(copies)) + ";",
-            ".reg .b32 %rtid, %lane, %warp, %t, %row, %rowend, %rsx, %rsq, %rbuf, %rbl, %rva, %rxw, %vstart, "
-            "%cnt, %incl, %total, %off, %nch, %wk, %f, %acc, "
-            + ", ".join([f"%w{t}" for t in range(words)] + [f"%bit{i}" for i in range(u)]
+    copies = _copies(plan)
+    decl = [".reg .pred %pt, %pu, %pn" + "".join(f", %pb{i}" for i in range(1, u))
+            + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
+            + "".join(f", %pc{p}_{i}" for p in range(2) for i in range(copies)) + ";",
+            ".reg .b32 %rtid, %lane, %warp, %t, %row, %rowend, %rnext, %rsx, %rsq, %rbuf, %rbl, %rva, %rxw, %vstart, "
+            "%vn, %cnt, %incl, %total, %off0, %off1, %nch, %wk, %f, %acc, "
+            + ", ".join([f"%w{t}" for t in range(words)] + [f"%wn{t}" for t in range(words)]
+                        + [f"%bit{i}" for i in range(u)]
                         + [f"%rxa{i}" for i in range(u)] + [f"%xf{i}" for i in range(u)]
                         + [f"%vf{i}" for i in range(u)] + [f"%st{i}" for i in range(4 * STAGE_BATCH)]
-                        + [f"%cp{i}" for i in range(4 * copies)]) + ";",
+                        + [f"%cp{p}_{i}" for p in range(2) for i in range(4 * copies)]) + ";",
             ".reg .b16 %hx" + "".join(f", %xh{i}, %vh{i}" for i in range(u)) + ";",
             ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdm, %rdv, %rdr;"]
     shared = f".shared .align 16 .b8 smem[{plan.shared_bytes}];"

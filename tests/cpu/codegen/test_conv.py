@@ -82,8 +82,10 @@ def _run_drawn(problem, run):
     bias = rng.standard_normal(g.out_channels) if seed % 2 else None
     relu = seed % 3 == 0 and not split
     residual = rng.standard_normal(g.output_shape) if seed % 5 < 2 and not split else None
-    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(g.out_channels, -1)), g, dtype, config, bias, relu,
-                          residual is not None)
+    # W in the kernel's dtype, as compile_conv2d hands it over: the generated kernels take its values as
+    # immediates, so an fp32 W would be multiplied unrounded where the reference rounds it
+    weight = SparseMatrix.from_dense(w4.reshape(g.out_channels, -1)).astype(dtype)
+    plan = make_conv_plan(weight, g, dtype, config, bias, relu, residual is not None)
     x = rng.standard_normal(g.input_shape)
     assert_matches(run(plan, x, residual), _reference(x, w4, g, dtype, bias, residual, relu), dtype)
     return plan
