@@ -29,3 +29,35 @@ def linear24(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, l
 @linear24.register_fake
 def _(x, weight, bias, layer_id):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("sparseforge::sparse_linear", mutates_args=())
+def sparse_linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, layer_id: int,
+                  out_features: int) -> torch.Tensor:
+    """SparseLinear `layer_id`'s forward: x (..., K) -> (..., out_features), its sparse kernel or dense as
+    that layer decided for the token count. `values` (W's nonzeros) is passed so the compiler sees the
+    dependence on the weight."""
+    layer = LAYERS.get(layer_id)
+    if layer is None:
+        raise RuntimeError(f"sparseforge::sparse_linear: layer {layer_id} no longer exists")
+    return layer.sparse_forward(x)
+
+
+@sparse_linear.register_fake
+def _(x, values, bias, layer_id, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("sparseforge::sparse_conv2d", mutates_args=())
+def sparse_conv2d(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, layer_id: int,
+                  out_channels: int, out_height: int, out_width: int) -> torch.Tensor:
+    """SparseConv2d `layer_id`'s forward: x (batch, Cin, H, W) -> (batch, out_channels, OH, OW)."""
+    layer = LAYERS.get(layer_id)
+    if layer is None:
+        raise RuntimeError(f"sparseforge::sparse_conv2d: layer {layer_id} no longer exists")
+    return layer.sparse_forward(x)
+
+
+@sparse_conv2d.register_fake
+def _(x, values, bias, layer_id, out_channels, out_height, out_width):
+    return x.new_empty(x.shape[0], out_channels, out_height, out_width)

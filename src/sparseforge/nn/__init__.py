@@ -1,6 +1,9 @@
 """torch modules backed by sparseforge kernels, and whole-model conversion."""
 from .. import ops  # noqa: F401  (registers the torch.library ops the modules call under torch.compile)
-from .convert import ConversionReport, prepare, to_sparse24
+from .convert import ConversionReport, LayerReport, ModelReport, convert, measure_layer, prepare, to_sparse24
+from .fold import fold_batchnorms, fold_conv_bn
 from .linear24 import SparseLinear24
+from .sparse import SparseConv2d, SparseLinear, SparseShapeError
 
-__all__ = ["ConversionReport", "SparseLinear24", "prepare", "to_sparse24"]
+__all__ = ["ConversionReport", "LayerReport", "ModelReport", "SparseConv2d", "SparseLinear", "SparseLinear24",
+           "SparseShapeError", "convert", "fold_batchnorms", "fold_conv_bn", "measure_layer", "prepare", "to_sparse24"]

@@ -1,6 +1,9 @@
-"""Whole-model conversion to SparseLinear24, and preparing the decisions before CUDA graph capture."""
+"""Whole-model conversion: convert() (every Linear / Conv2d to the fastest of dense, unstructured and 2:4, by
+measurement), to_sparse24() (2:4 Linear layers only), and preparing the decisions before CUDA graph capture."""
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -9,7 +12,8 @@ from torch import nn
 
 from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..semi.cusparselt import Sparse24Error, check_weight
-from ..semi.decide import MIN_SPEEDUP, Decision
+from ..semi.decide import DENSE, MIN_SPEEDUP, SPARSE, UNSTRUCTURED, Decision
+from ..tune.choose import fastest_with_margin
 from .linear24 import SparseLinear24
 
 
@@ -55,15 +59,22 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Decision]:
-    """Decide now, for every SparseLinear24 of `model` (on a CUDA device) and every input width n in
-    `widths`, between 2:4 and dense (measuring on seeded random inputs), so that a later CUDA graph
-    capture or latency-critical call finds every decision made. Returns the decisions."""
+    """Decide now, for every SparseLinear24 and SparseLinear of `model` (on a CUDA device) and every input
+    width n in `widths`, between the sparse kernels and dense (measuring on seeded random inputs), so that a
+    later CUDA graph capture or latency-critical call finds every decision made. Returns the decisions."""
     widths = sorted({int(n) for n in widths})
     if not widths or widths[0] < 1:
         raise ValueError(f"widths must be positive input row counts, got {widths}")
+    from .sparse import SparseLinear
+
     made = []
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for module in model.modules():
+        if isinstance(module, SparseLinear):
+            if module.weight_values.device.type != "cuda":
+                raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")
+            made.extend(module.prepare(widths))
+            continue
         if not isinstance(module, SparseLinear24):
             continue
         if module.weight.device.type != "cuda":
@@ -73,3 +84,214 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
             x = torch.randn(n, module.in_features, generator=generator).to(module.weight.device, module.weight.dtype)
             made.extend(runtime.prepare(x)[0].decisions())
     return made
+
+
+# -- convert(): every Linear / Conv2d to the fastest of dense, unstructured and 2:4, by measurement ------------
+
+@dataclass
+class LayerReport:
+    name: str
+    kind: str                         # "Linear" or "Conv2d"
+    weight_shape: tuple
+    sparsity: float
+    input_shapes: list                # the shapes the example run fed it
+    choice: str                       # "dense", "unstructured" or "2:4"
+    times_us: dict = field(default_factory=dict)  # path -> summed graph-replay time over input_shapes
+    mapping: str | None = None        # the unstructured kernel's mapping, where measured
+    reason: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        dense, chosen = self.times_us.get("dense"), self.times_us.get(self.choice)
+        return dense / chosen if dense and chosen else None
+
+    def as_dict(self) -> dict:
+        return {**{k: v for k, v in self.__dict__.items()}, "speedup": self.speedup}
+
+
+@dataclass
+class ModelReport:
+    layers: list[LayerReport] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    folded: list[tuple[str, str]] = field(default_factory=list)
+    latency_before_us: float | None = None
+    latency_after_us: float | None = None
+    memory_before_bytes: int = 0
+    memory_after_bytes: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"layers": [layer.as_dict() for layer in self.layers],
+                "skipped": [s.__dict__ for s in self.skipped], "folded": self.folded,
+                "latency_before_us": self.latency_before_us, "latency_after_us": self.latency_after_us,
+                "memory_before_bytes": self.memory_before_bytes, "memory_after_bytes": self.memory_after_bytes,
+                "seconds": self.seconds}
+
+    def __str__(self) -> str:
+        lines = [f"{'layer':40s} {'kind':7s} {'sparsity':>8s} {'choice':>12s} {'dense us':>9s} {'chosen us':>9s} "
+                 f"{'speedup':>7s}"]
+        for r in self.layers:
+            dense, chosen = r.times_us.get("dense"), r.times_us.get(r.choice)
+            lines.append(f"{r.name[-40:]:40s} {r.kind:7s} {r.sparsity:8.1%} {r.choice:>12s} "
+                         f"{_num(dense):>9s} {_num(chosen):>9s} {_num(r.speedup, '{:.2f}x'):>7s}")
+        lines.append(f"BatchNorms folded: {len(self.folded)}; layers left as they were: {len(self.skipped)}")
+        if self.latency_before_us and self.latency_after_us:
+            lines.append(f"whole model: {self.latency_before_us:.1f} us -> {self.latency_after_us:.1f} us "
+                         f"({self.latency_before_us / self.latency_after_us:.2f}x, CUDA graph replay)")
+        lines.append(f"memory: {self.memory_before_bytes / 2**20:.1f} MiB -> {self.memory_after_bytes / 2**20:.1f} MiB; "
+                     f"conversion took {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def _num(value, spec: str = "{:.2f}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter = None, exclude: LayerFilter = None,
+            policy: str = "measure", tune_budget: float | None = 5.0, fold_bn: bool = True,
+            time_model: bool = True) -> ModelReport:
+    """Replace, in place, each nn.Linear / nn.Conv2d of `model` (include / exclude: a regex on the qualified
+    name or a callable (name, module) -> bool) by the fastest of: the layer as it is (dense), SparseLinear /
+    SparseConv2d (the unstructured kernels, the one chooser), SparseLinear24 (Linear layers whose weight is
+    2:4 in float16 / bfloat16). policy="measure" times every candidate under CUDA-graph replay on the shapes
+    `example_inputs` (a tuple of the model's positional inputs, or one tensor) feed each layer, and keeps a
+    sparse one only with the chooser's margin over dense; "sparse" puts in the unstructured modules without
+    timing; "dense" replaces nothing (the report still lists the layers). dtype: cast the model first.
+    fold_bn: fold each BatchNorm2d into the Conv2d it follows (eval mode; fold.py says which pairs).
+    Returns a ModelReport: per layer its shape, sparsity, choice and measured times; whole-model latency
+    before and after (graph replay, time_model); memory before and after; the conversion time."""
+    import time
+
+    from .fold import fold_batchnorms
+
+    if policy not in ("measure", "sparse", "dense"):
+        raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
+    started = time.perf_counter()
+    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if dtype is not None:
+        model.to(dtype)
+    on_gpu = any(p.is_cuda for p in itertools.chain(model.parameters(), model.buffers()))
+    if policy == "measure" and not on_gpu:
+        raise ValueError("convert(policy='measure') times the kernels on a CUDA device: move the model and "
+                         "example_inputs there first (model.cuda()), or pass policy='sparse' / 'dense'")
+    model.eval()
+    report = ModelReport(memory_before_bytes=_model_bytes(model))
+    if time_model and on_gpu:
+        report.latency_before_us = model_latency_us(model, inputs)
+    if fold_bn:
+        folded = fold_batchnorms(model)
+        report.folded, report.skipped = folded.folded, list(folded.skipped)
+    chosen, skipped = select_layers(model, include, exclude)
+    report.skipped += skipped
+    shapes = _input_shapes(model, inputs, [m for _, m in chosen])
+    for name, module in chosen:
+        if module not in shapes:
+            report.skipped.append(Skipped(name, "not called by the example inputs: nothing to measure"))
+            continue
+        layer, replacement = measure_layer(name, module, shapes[module], policy, tune_budget)
+        report.layers.append(layer)
+        if replacement is not None:
+            _replace(model, name, replacement)
+    report.memory_after_bytes = _model_bytes(model)
+    if time_model and on_gpu:
+        report.latency_after_us = model_latency_us(model, inputs)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str, tune_budget: float | None):
+    """(LayerReport, the module to put in its place or None to keep it). The one place convert() times."""
+    from .sparse import SparseConv2d, SparseLinear
+
+    is_linear = isinstance(module, nn.Linear)
+    kind = "Linear" if is_linear else "Conv2d"
+    weight = module.weight.detach()
+    sparsity = 1.0 - float(torch.count_nonzero(weight)) / max(weight.numel(), 1)
+    layer = LayerReport(name, kind, tuple(weight.shape), sparsity, [list(s) for s in input_shapes], DENSE)
+    if policy == "dense":
+        layer.reason = "policy='dense'"
+        return layer, None
+    if not is_linear and (module.padding_mode != "zeros" or isinstance(module.padding, str) and
+                          module.padding == "same" and any(d * (k - 1) % 2 for d, k in
+                                                           zip(module.dilation, module.kernel_size))):
+        layer.reason = "padding the sparse convolution does not take: kept dense"
+        return layer, None
+    unstructured_policy = "sparse" if policy == "sparse" else "measure"
+    make = SparseLinear if is_linear else SparseConv2d
+    sparse = make.from_dense(module, policy=unstructured_policy, tune_budget=tune_budget)
+    if policy == "sparse":
+        layer.choice, layer.reason = UNSTRUCTURED, "policy='sparse'"
+        return layer, sparse
+    widths = [math.prod(s[:-1]) for s in input_shapes] if is_linear else input_shapes
+    decisions = sparse.prepare(widths)
+    layer.times_us["dense"] = sum(d.dense_us or 0.0 for d in decisions) or None
+    layer.times_us[UNSTRUCTURED] = sum(d.sparse_us or 0.0 for d in decisions) or None
+    kernels = [k for k in sparse._paths.values() if k is not None]
+    layer.mapping = kernels[0].mapping if kernels else None
+    candidates = {UNSTRUCTURED: sparse}
+    if is_linear:
+        try:
+            check_weight(weight)
+        except Sparse24Error:
+            pass
+        else:
+            semi = SparseLinear24.from_dense(module, policy="measure")
+            made = []
+            for n in widths:
+                x = torch.randn(n, module.in_features, device=weight.device, dtype=weight.dtype)
+                made += [d for d in semi.runtime().prepare(x)[0].decisions() if d.mode in ("graph", "any")]
+            layer.times_us[SPARSE] = sum(d.sparse_us or 0.0 for d in made) or None
+            candidates[SPARSE] = semi
+    measured = {path: t for path, t in layer.times_us.items() if t}
+    if "dense" not in measured or len(measured) < 2:
+        layer.reason = "not measured against dense: kept dense"
+        return layer, None
+    picked, ratio = fastest_with_margin(measured, "dense", MIN_SPEEDUP)
+    layer.choice = picked
+    layer.reason = (f"{picked} measured {ratio:.2f}x faster than dense" if picked != "dense" else
+                    f"no sparse path {MIN_SPEEDUP:.2f}x faster than dense: kept dense")
+    return layer, candidates.get(picked)
+
+
+def _input_shapes(model: nn.Module, inputs, modules) -> dict:
+    """The input shape(s) each of `modules` sees when the model runs `inputs` (forward hooks, no grad)."""
+    seen: dict = {}
+
+    def hook(module, args):
+        shape = tuple(args[0].shape)
+        if shape not in seen.setdefault(module, []):
+            seen[module].append(shape)
+
+    handles = [m.register_forward_pre_hook(hook) for m in modules]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _model_bytes(model: nn.Module) -> int:
+    """Parameters and buffers, plus what sparse modules hold beyond them (their kernels' copies, dense W)."""
+    total = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+    for module in model.modules():
+        if hasattr(module, "memory_bytes"):
+            extra = module.memory_bytes()
+            total += extra["kernels"] + extra["dense"]
+    return total
+
+
+def model_latency_us(model: nn.Module, inputs) -> float:
+    """One forward of the whole model under CUDA-graph replay (median); eagerly where capture fails."""
+    from ..runtime.timing import eager_time_us, graph_time_us
+
+    def run(_):
+        return model(*inputs)
+
+    with torch.no_grad():
+        try:
+            return graph_time_us(run, [None], calls_per_graph=5, repeats=15)
+        except Exception:
+            torch.cuda.synchronize()
+            return eager_time_us(run, [None] * 5, repeats=15)

@@ -12,7 +12,8 @@ from ..tune.choose import MIN_SPEEDUP, fastest_with_margin
 
 SPARSE, DENSE = "2:4", "dense"
 GEMV = "2:4-gemv"  # sparseforge's packed 2:4 GEMV on CUDA cores (decode widths), instead of cuSPARSELt
-PATHS = (SPARSE, GEMV, DENSE)
+UNSTRUCTURED = "unstructured"  # the generated / CSR kernels of any pattern (nn.SparseLinear, SparseConv2d)
+PATHS = (SPARSE, GEMV, UNSTRUCTURED, DENSE)
 
 
 @dataclass(frozen=True)

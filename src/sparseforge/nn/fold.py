@@ -1,0 +1,77 @@
+"""Folding an eval-mode BatchNorm2d into the Conv2d before it: W' = W * g / sqrt(var + eps) per output
+channel, b' = (b - mean) * g / sqrt(var + eps) + beta, computed in float64 and rounded once to the layer's
+dtype. The BatchNorm becomes nn.Identity, so the sparse convolution's fused bias carries the shift.
+
+Which pairs fold is read from the model's graph (torch.fx): a BatchNorm2d whose only input is a Conv2d's
+output, that output used by nothing else, and each module called once (a module reused at two places, or a
+model fx cannot trace, folds nothing: the report says why). Zeros of W stay zeros (a scale per row), so the
+pruned pattern is kept."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..prune.targets import Skipped
+
+
+@dataclass
+class FoldReport:
+    folded: list[tuple[str, str]] = field(default_factory=list)  # (conv, batchnorm)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
+    """Fold `bn` (its running statistics: eval-mode semantics) into `conv` in place; exact in float64."""
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("the BatchNorm tracks no running statistics (track_running_stats=False): there is no "
+                         "fixed affine map to fold")
+    with torch.no_grad():
+        var, mean = bn.running_var.double(), bn.running_mean.double()
+        gamma = bn.weight.double() if bn.weight is not None else torch.ones_like(var)
+        beta = bn.bias.double() if bn.bias is not None else torch.zeros_like(var)
+        scale = gamma / torch.sqrt(var + bn.eps)
+        weight = conv.weight.double() * scale.view(-1, 1, 1, 1)
+        bias = conv.bias.double() if conv.bias is not None else torch.zeros_like(mean)
+        shift = (bias - mean) * scale + beta
+        conv.weight.copy_(weight.to(conv.weight.dtype))
+        if conv.bias is None:
+            conv.bias = nn.Parameter(shift.to(conv.weight.dtype), requires_grad=conv.weight.requires_grad)
+        else:
+            conv.bias.copy_(shift.to(conv.bias.dtype))
+
+
+def fold_batchnorms(model: nn.Module) -> FoldReport:
+    """Fold, in place, every BatchNorm2d that directly and only follows a Conv2d (see the module docstring).
+    The model should be in eval mode: folding uses the running statistics."""
+    report = FoldReport()
+    try:
+        import torch.fx
+
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception as exc:  # data-dependent control flow and the like
+        report.skipped.append(Skipped("(model)", f"torch.fx cannot trace the model ({type(exc).__name__}: "
+                                                 f"{str(exc)[:120]}): no BatchNorm folded"))
+        return report
+    calls: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    for node in graph.nodes:
+        if node.op != "call_module" or not isinstance(model.get_submodule(node.target), nn.BatchNorm2d):
+            continue
+        source = node.args[0] if node.args else None
+        conv = model.get_submodule(source.target) if getattr(source, "op", None) == "call_module" else None
+        if not isinstance(conv, nn.Conv2d):
+            report.skipped.append(Skipped(node.target, "its input is not a Conv2d's output"))
+        elif len(source.users) != 1:
+            report.skipped.append(Skipped(node.target, f"{source.target}'s output is used elsewhere too"))
+        elif calls[node.target] != 1 or calls[source.target] != 1:
+            report.skipped.append(Skipped(node.target, "the module is called at more than one place"))
+        else:
+            fold_conv_bn(conv, model.get_submodule(node.target))
+            parent, _, child = node.target.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, nn.Identity())
+            report.folded.append((source.target, node.target))
+    return report

@@ -1,0 +1,401 @@
+"""SparseLinear and SparseConv2d: nn.Linear / nn.Conv2d whose unstructured sparse weight runs on the generated
+kernels (compile_spmm / compile_conv2d, through the one chooser) for the input shapes where that measured
+faster than dense, and dense everywhere else.
+
+The weight is held as CSR buffers (indptr, indices, values: state_dict entries), so a 90%-sparse layer keeps
+about a fifth of the dense bytes (values plus 4-byte indices); the dense weight is made only where dense was
+chosen for some shape, for autograd, on the CPU, or on request (keep_dense=True). `memory_bytes()` says what
+the layer holds, the kernels' own copies of W included.
+
+Each input shape (Linear: the token count n = x.numel() / in_features; Conv2d: the image size H x W) is
+decided once, at its first call or ahead by `prepare` (the kernel and choice caches make a later process
+load it in milliseconds): the chooser times its candidates and dense cuBLAS / cuDNN side by side under graph
+replay and keeps the sparse kernel only with the margin MIN_SPEEDUP (`policy="measure"`; "sparse" and
+"dense" force a path). `decisions` lists what was chosen and why.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..formats import SparseMatrix
+from ..ops import LAYERS
+from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
+
+POLICIES = ("measure", "sparse", "dense")
+_ids = itertools.count()
+
+
+class SparseShapeError(ValueError):
+    """An input a sparse layer cannot take (features, channels, dtype, device), with the fix named."""
+
+
+class _SparseWeight(nn.Module):
+    """What both layers share: W as CSR buffers, the bias, the per-shape kernels and decisions, the dense
+    weight made on demand, and a state_dict that loads any number of nonzeros."""
+
+    _kind = "layer"
+
+    def __init__(self, rows: int, cols: int, nnz: int, bias: bool, device, dtype, policy: str,
+                 tune_budget: float | None, keep_dense: bool):
+        super().__init__()
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy, self.tune_budget, self.keep_dense = policy, tune_budget, keep_dense
+        self._shape2d = (rows, cols)
+        self.register_buffer("weight_indptr", torch.zeros(rows + 1, dtype=torch.int64, device=device))
+        self.register_buffer("weight_indices", torch.zeros(nnz, dtype=torch.int32, device=device))
+        self.register_buffer("weight_values", torch.zeros(nnz, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(rows, device=device, dtype=dtype), requires_grad=False) if bias else None
+        self.layer_id = next(_ids)
+        LAYERS[self.layer_id] = self
+        self._reset()
+
+    def _reset(self) -> None:
+        self._paths: dict = {}        # shape key -> kernel, or None for dense
+        self._decided: dict = {}      # shape key -> Decision
+        self._dense = None
+        self._matrix = None
+        self._key = None
+
+    # -- the weight -----------------------------------------------------------------------------------------
+    def _set_weight(self, matrix2d: torch.Tensor) -> None:
+        """Fill the CSR buffers from a dense 2-D weight (zeros where pruned), in the layer's dtype."""
+        dense = matrix2d.detach()
+        rows, cols = torch.nonzero(dense, as_tuple=True)  # row-major: already CSR order
+        counts = torch.bincount(rows, minlength=dense.shape[0])
+        with torch.no_grad():
+            indptr = torch.zeros(dense.shape[0] + 1, dtype=torch.int64, device=dense.device)
+            indptr[1:] = torch.cumsum(counts, 0)
+            self.weight_indptr = indptr.to(self.weight_indptr.device)
+            self.weight_indices = cols.to(self.weight_indices.device, torch.int32)
+            self.weight_values = dense[rows, cols].to(self.weight_values.device, self.weight_values.dtype)
+        self._reset()
+
+    @property
+    def nnz(self) -> int:
+        return int(self.weight_values.numel())
+
+    @property
+    def sparsity(self) -> float:
+        rows, cols = self._shape2d
+        return 1.0 - self.nnz / max(rows * cols, 1)
+
+    def sparse_matrix(self) -> SparseMatrix:
+        """W as a host SparseMatrix (rows x cols) in the layer's dtype, made once per weight version."""
+        self._refresh()
+        if self._matrix is None:
+            values = self.weight_values.detach().to("cpu", torch.float32).numpy()
+            self._matrix = SparseMatrix(self.weight_indptr.cpu().numpy(), self.weight_indices.cpu().numpy(), values,
+                                        self._shape2d, str(self.weight_values.dtype).replace("torch.", ""))
+        return self._matrix
+
+    def dense_weight_2d(self) -> torch.Tensor:
+        """W dense (rows x cols) on the layer's device and dtype; kept where dense runs or keep_dense."""
+        self._refresh()
+        if self._dense is not None:
+            return self._dense
+        rows, cols = self._shape2d
+        dense = torch.zeros(rows, cols, dtype=self.weight_values.dtype, device=self.weight_values.device)
+        which = torch.repeat_interleave(torch.arange(rows, device=dense.device), torch.diff(self.weight_indptr))
+        dense[which, self.weight_indices.to(torch.int64)] = self.weight_values.detach()
+        if self.keep_dense or self.weight_values.device.type != "cuda" or any(
+                p is None for p in self._paths.values()):
+            self._dense = dense
+        return dense
+
+    def _refresh(self) -> None:
+        # in-place updates (load_state_dict) bump _version; moves change the pointer: forget what was built
+        key = tuple((t.data_ptr(), t._version) for t in (self.weight_indptr, self.weight_indices, self.weight_values)) \
+            + ((self.bias.data_ptr(), self.bias._version) if self.bias is not None else ())
+        if key != self._key:
+            self._reset()
+            self._key = key
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes the layer holds: the CSR buffers, the kernels' device copies of W (kernels that read W as
+        data), the dense weight where kept, the bias."""
+        csr = sum(t.numel() * t.element_size() for t in (self.weight_indptr, self.weight_indices, self.weight_values))
+        kernels = sum(getattr(k, "weight_bytes", 0) for k in self._paths.values() if k is not None)
+        dense = 0 if self._dense is None else self._dense.numel() * self._dense.element_size()
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return {"csr": csr, "kernels": kernels, "dense": dense, "bias": bias, "total": csr + kernels + dense + bias}
+
+    # -- decisions ------------------------------------------------------------------------------------------
+    @property
+    def decisions(self) -> list[Decision]:
+        return [self._decided[key] for key in sorted(self._decided)]
+
+    def _path(self, key, example):
+        """The kernel for shape `key` (None: dense), deciding it at first sight."""
+        self._refresh()
+        if key in self._paths:
+            return self._paths[key]
+        n = key if isinstance(key, int) else key[0] * key[1]
+        if torch.cuda.is_current_stream_capturing():
+            self._decided[key] = fixed(n, DENSE, "first seen during CUDA graph capture, before the layer was "
+                                                 "prepared: dense (call prepare first)")
+            self._paths[key] = None
+            return None
+        if self.policy == "dense":
+            kernel, decision = None, fixed(n, DENSE, "policy='dense'")
+        else:
+            kernel = self._compile(example)
+            choice = kernel.choice
+            if self.policy == "sparse" or choice is None or choice.dense_us is None or choice.sparse_us is None:
+                decision = fixed(n, UNSTRUCTURED, f"policy={self.policy!r}: {kernel.mapping} kernel")
+            else:
+                decision = decide(n, choice.sparse_us, choice.dense_us, MIN_SPEEDUP, path=UNSTRUCTURED, mode="graph")
+                if decision.path == DENSE:
+                    kernel = None
+        self._paths[key], self._decided[key] = kernel, decision
+        if kernel is None:
+            self._dense = None  # kept from now on (dense runs for this shape)
+            self.dense_weight_2d()
+        return kernel
+
+    def _input_problem(self, x: torch.Tensor, what: str) -> str | None:
+        if x.device != self.weight_values.device:
+            return f"input on {x.device}, {self._kind} on {self.weight_values.device}: move one of them"
+        if x.dtype != self.weight_values.dtype:
+            return (f"input dtype {x.dtype}, {self._kind} dtype {self.weight_values.dtype}: cast the input "
+                    f"(x.to({self.weight_values.dtype})) or the layer (.to(dtype))")
+        return None
+
+    def _dense_path(self, x: torch.Tensor) -> bool:
+        return (not x.is_cuda or self.policy == "dense"
+                or (torch.is_grad_enabled() and (x.requires_grad or self.weight_values.requires_grad)))
+
+    # -- module plumbing ------------------------------------------------------------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # another weight may have another number of nonzeros: take the incoming buffers' sizes
+        for name in ("weight_indptr", "weight_indices", "weight_values"):
+            incoming = state_dict.get(prefix + name)
+            current = getattr(self, name)
+            if isinstance(incoming, torch.Tensor) and incoming.shape != current.shape:
+                setattr(self, name, torch.empty(incoming.shape, dtype=current.dtype, device=current.device))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._reset()
+
+    def __getstate__(self):
+        # kernels are process- and device-bound: copies and pickles rebuild them (from the caches)
+        state = self.__dict__.copy()
+        state.update(_paths={}, _decided={}, _dense=None, _matrix=None, _key=None)
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.layer_id = next(_ids)
+        LAYERS[self.layer_id] = self
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() / .half(): kernels and the dense copy belong to the old tensors
+        self._reset()
+        return super()._apply(fn, recurse)
+
+
+class SparseLinear(_SparseWeight):
+    """y = x W^T + b with W unstructured sparse (any pattern). Input x: (..., in_features) of the layer's dtype
+    and device, any leading dimensions and strides; every token count n is a shape of its own (a kernel per n,
+    chosen by measurement; `prepare(model, widths)` decides ahead). On the CPU, and whenever autograd needs a
+    gradient, the same result is computed densely.
+
+    NaN and inf in x: the sparse kernels multiply only W's stored nonzeros, so a NaN at x[t, k] makes NaN
+    exactly the y[t, i] with W[i, k] != 0; dense (cuBLAS) makes every y[t, :] NaN. Rely on neither."""
+
+    _kind = "layer"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0, device=None,
+                 dtype=torch.float32, policy: str = "measure", tune_budget: float | None = 5.0,
+                 keep_dense: bool = False):
+        self.in_features, self.out_features = in_features, out_features
+        super().__init__(out_features, in_features, nnz, bias, device, dtype, policy, tune_budget, keep_dense)
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, policy: str = "measure", tune_budget: float | None = 5.0,
+                   keep_dense: bool = False) -> "SparseLinear":
+        """A copy of `linear` (plain or mask-parametrized: its weight's zeros are the pattern)."""
+        weight = linear.weight.detach()
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, 0, weight.device, weight.dtype,
+                    policy, tune_budget, keep_dense)
+        layer._set_weight(weight)
+        if linear.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(linear.bias.detach().to(weight.dtype))
+        return layer
+
+    def to_dense(self) -> nn.Linear:
+        linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
+                           device=self.weight_values.device, dtype=self.weight_values.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(self.dense_weight_2d())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"sparsity={self.sparsity:.1%}, dtype={self.weight_values.dtype}, policy={self.policy!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise SparseShapeError(f"input has shape {shape}; this layer takes (..., {self.in_features})")
+        problem = self._input_problem(x, "x")
+        if problem and not (self._dense_path(x) and torch.is_autocast_enabled(x.device.type)):
+            raise SparseShapeError(problem)
+        if self._dense_path(x):
+            return F.linear(x, self.dense_weight_2d(), self.bias)
+        if torch.compiler.is_compiling():
+            return torch.ops.sparseforge.sparse_linear(x, self.weight_values, self.bias, self.layer_id,
+                                                       self.out_features)
+        return self.sparse_forward(x)
+
+    def sparse_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The CUDA path (also the body of the torch.library op)."""
+        rows = x.reshape(-1, self.in_features)
+        n = rows.shape[0]
+        if n == 0:
+            return x.new_empty(*x.shape[:-1], self.out_features)
+        kernel = self._path(n, rows)
+        if kernel is None:
+            return F.linear(x, self.dense_weight_2d(), self.bias)
+        y = kernel(rows if rows.is_contiguous() else rows.contiguous())
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def prepare(self, widths) -> list[Decision]:
+        """Decide now for each token count in `widths` (seeded random inputs), e.g. before graph capture."""
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        for n in sorted({int(n) for n in widths}):
+            if n < 1:
+                raise ValueError(f"widths must be positive token counts, got {n}")
+            x = torch.randn(n, self.in_features, generator=generator).to(self.weight_values.device,
+                                                                          self.weight_values.dtype)
+            self._path(n, x)
+        return self.decisions
+
+    def _compile(self, rows: torch.Tensor):
+        from ..spmm import compile_spmm
+
+        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+        return compile_spmm(self.sparse_matrix(), rows.shape[0], self.weight_values.dtype, "nk", bias=bias,
+                            device=self.weight_values.device, tune_budget=self.tune_budget,
+                            time_dense=self.policy == "measure")
+
+
+class SparseConv2d(_SparseWeight):
+    """A Conv2d (NCHW) whose unstructured sparse weight runs on the direct sparse convolution (compile_conv2d:
+    implicit im2col, the generated and csr-columns mappings), per image size H x W (any batch), where that
+    measured faster than cuDNN; fused bias (a folded BatchNorm's shift) and optionally ReLU (relu=True, set
+    by convert() where a ReLU follows). Input x: (batch, Cin, H, W) of the layer's dtype and device."""
+
+    _kind = "convolution"
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, nnz: int = 0, device=None, dtype=torch.float32,
+                 policy: str = "measure", tune_budget: float | None = 5.0, keep_dense: bool = False,
+                 relu: bool = False):
+        if isinstance(padding, str):
+            raise ValueError(f"padding={padding!r}: give the padding as numbers (SparseConv2d.from_dense resolves "
+                             "'same' and 'valid' of an nn.Conv2d)")
+        pair = lambda v: (int(v), int(v)) if isinstance(v, int) else tuple(int(i) for i in v)  # noqa: E731
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride, self.padding, self.dilation = map(pair, (kernel_size, stride, padding, dilation))
+        self.relu = relu
+        cols = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        super().__init__(out_channels, cols, nnz, bias, device, dtype, policy, tune_budget, keep_dense)
+
+    @classmethod
+    def from_dense(cls, conv: nn.Conv2d, policy: str = "measure", tune_budget: float | None = 5.0,
+                   keep_dense: bool = False, relu: bool = False) -> "SparseConv2d":
+        if conv.padding_mode != "zeros":
+            raise ValueError(f"padding_mode={conv.padding_mode!r}: the sparse convolution pads with zeros only")
+        padding = conv.padding
+        if isinstance(padding, str):  # 'valid' or 'same' (stride 1): resolve to numbers
+            padding = (0, 0) if padding == "valid" else tuple(d * (k - 1) // 2 for d, k in zip(conv.dilation,
+                                                                                                conv.kernel_size))
+            if padding != (0, 0) and any(d * (k - 1) % 2 for d, k in zip(conv.dilation, conv.kernel_size)):
+                raise ValueError("padding='same' with an even kernel extent pads unevenly: not supported")
+        weight = conv.weight.detach()
+        layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, padding, conv.dilation,
+                    conv.groups, conv.bias is not None, 0, weight.device, weight.dtype, policy, tune_budget,
+                    keep_dense, relu)
+        layer._set_weight(weight.reshape(weight.shape[0], -1))
+        if conv.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(conv.bias.detach().to(weight.dtype))
+        return layer
+
+    def to_dense(self) -> nn.Module:
+        conv = nn.Conv2d(self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding,
+                         self.dilation, self.groups, self.bias is not None, device=self.weight_values.device,
+                         dtype=self.weight_values.dtype)
+        with torch.no_grad():
+            conv.weight.copy_(self.dense_weight())
+            if self.bias is not None:
+                conv.bias.copy_(self.bias)
+        return nn.Sequential(conv, nn.ReLU()) if self.relu else conv
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.dense_weight_2d().view(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"bias={self.bias is not None}, relu={self.relu}, sparsity={self.sparsity:.1%}, "
+                f"dtype={self.weight_values.dtype}, policy={self.policy!r}")
+
+    def _dense_forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, self.dense_weight(), self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return F.relu(y) if self.relu else y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_channels:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise SparseShapeError(f"input has shape {shape}; this convolution takes (batch, {self.in_channels}, "
+                                   "H, W)")
+        problem = self._input_problem(x, "x")
+        if problem and not (self._dense_path(x) and torch.is_autocast_enabled(x.device.type)):
+            raise SparseShapeError(problem)
+        if self._dense_path(x):
+            return self._dense_forward(x)
+        if torch.compiler.is_compiling():
+            oh, ow = self._out_size(x.shape[2], x.shape[3])
+            return torch.ops.sparseforge.sparse_conv2d(x, self.weight_values, self.bias, self.layer_id,
+                                                       self.out_channels, oh, ow)
+        return self.sparse_forward(x)
+
+    def _out_size(self, h: int, w: int) -> tuple[int, int]:
+        return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
+                     zip((h, w), self.padding, self.dilation, self.kernel_size, self.stride))
+
+    def sparse_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x.new_empty(0, self.out_channels, *self._out_size(x.shape[2], x.shape[3]))
+        kernel = self._path((int(x.shape[2]), int(x.shape[3])), x)
+        if kernel is None:
+            return self._dense_forward(x)
+        return kernel(x if x.is_contiguous() else x.contiguous())
+
+    def prepare(self, input_shapes) -> list[Decision]:
+        """Decide now for each (batch, Cin, H, W) in `input_shapes` (seeded random inputs)."""
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        for shape in input_shapes:
+            x = torch.randn(tuple(shape), generator=generator).to(self.weight_values.device, self.weight_values.dtype)
+            self._path((int(shape[2]), int(shape[3])), x)
+        return self.decisions
+
+    def _compile(self, x: torch.Tensor):
+        from ..conv import compile_conv2d
+
+        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+        return compile_conv2d(self.sparse_matrix(), tuple(x.shape), self.stride, self.padding, self.dilation,
+                              self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
+                              device=self.weight_values.device, kernel_size=self.kernel_size,
+                              tune_budget=self.tune_budget, time_dense=self.policy == "measure")

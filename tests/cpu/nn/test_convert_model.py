@@ -1,0 +1,105 @@
+"""convert() and BatchNorm folding (nn/convert.py, nn/fold.py) on the CPU: folding is exact in float64 and
+only where the graph allows it; the per-layer pick follows the measured times (stubbed here: the GPU test
+measures them); policies 'sparse' and 'dense'; a model that is not on a GPU is refused for 'measure'."""
+import pytest
+import torch
+from torch import nn
+
+from sparseforge.nn import SparseConv2d, SparseLinear, convert, fold_batchnorms, fold_conv_bn, measure_layer
+from sparseforge.semi.decide import Decision
+
+
+def _bn(channels: int, seed: int) -> nn.BatchNorm2d:
+    g = torch.Generator().manual_seed(seed)
+    bn = nn.BatchNorm2d(channels)
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(channels, generator=g))
+        bn.running_var.copy_(torch.rand(channels, generator=g) + 0.5)
+        bn.weight.copy_(torch.randn(channels, generator=g))
+        bn.bias.copy_(torch.randn(channels, generator=g))
+    return bn.eval()
+
+
+def test_folding_one_pair_is_exact_in_float64_and_keeps_the_zeros():
+    conv = nn.Conv2d(3, 5, 3, padding=1, bias=False).double()
+    with torch.no_grad():
+        conv.weight[:, :, 0, 0] = 0
+    bn = _bn(5, 0).double()
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    want = bn(conv(x))
+    fold_conv_bn(conv, bn)
+    assert torch.allclose(conv(x), want, rtol=1e-12, atol=1e-12)
+    assert (conv.weight[:, :, 0, 0] == 0).all()
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(4, 4, 3, padding=1), _bn(4, 1)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 1), _bn(4, 2)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        z = self.conv2(y)
+        return self.bn2(z) + z  # conv2's output is used twice: bn2 must not fold
+
+
+def test_only_pairs_where_the_conv_output_feeds_the_batchnorm_alone_fold():
+    model = Block().eval()
+    x = torch.randn(1, 4, 5, 5)
+    want = model(x)
+    report = fold_batchnorms(model)
+    assert report.folded == [("conv1", "bn1")]
+    assert isinstance(model.bn1, nn.Identity) and isinstance(model.bn2, nn.BatchNorm2d)
+    assert [s.name for s in report.skipped] == ["bn2"] and "used elsewhere" in report.skipped[0].reason
+    assert torch.allclose(model(x), want, atol=1e-5)
+
+
+def _model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _bn(8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+    with torch.no_grad():
+        for layer in (model[0], model[4]):
+            layer.weight.mul_((torch.rand_like(layer.weight) < 0.2).float())
+    return model.eval()
+
+
+def test_policy_sparse_puts_in_the_unstructured_modules_and_keeps_the_outputs():
+    model = _model()
+    x = torch.randn(2, 3, 6, 6)
+    want = model(x)
+    report = convert(model, x, policy="sparse")
+    assert isinstance(model[0], SparseConv2d) and isinstance(model[4], SparseLinear) and isinstance(model[1], nn.Identity)
+    assert [layer.choice for layer in report.layers] == ["unstructured", "unstructured"]
+    assert report.layers[1].input_shapes == [[2, 288]] and report.folded == [("0", "1")]
+    assert torch.allclose(model(x), want, atol=1e-5)
+    assert report.memory_after_bytes < report.memory_before_bytes  # 80% sparse: CSR beats dense
+
+
+def test_policy_dense_replaces_nothing_and_measure_needs_a_gpu():
+    model = _model()
+    report = convert(model, torch.randn(1, 3, 6, 6), policy="dense", fold_bn=False)
+    assert isinstance(model[0], nn.Conv2d) and [layer.choice for layer in report.layers] == ["dense", "dense"]
+    with pytest.raises(ValueError, match="CUDA device.*model.cuda\\(\\)"):
+        convert(_model(), torch.randn(1, 3, 6, 6))
+    with pytest.raises(ValueError, match="policy must be"):
+        convert(_model(), torch.randn(1, 3, 6, 6), policy="fast")
+
+
+@pytest.mark.parametrize("sparse_us, dense_us, choice", [(5.0, 10.0, "unstructured"), (9.9, 10.0, "dense"),
+                                                         (12.0, 10.0, "dense")])
+def test_measured_pick_keeps_sparse_only_with_the_margin(monkeypatch, sparse_us, dense_us, choice):
+    """The timings are stubbed (prepare's decisions); the pick and the report are measure_layer's own."""
+    def prepare(self, widths):
+        return [Decision(8, "unstructured", "stub", sparse_us / 2, dense_us / 2, mode="graph") for _ in widths]
+
+    monkeypatch.setattr(SparseLinear, "prepare", prepare)
+    linear = nn.Linear(64, 32)
+    layer, replacement = measure_layer("fc", linear, [(4, 64), (1, 64)], "measure", 5.0)
+    assert layer.times_us == {"dense": dense_us, "unstructured": sparse_us}
+    assert layer.choice == choice and (replacement is not None) == (choice == "unstructured")
+    if choice == "unstructured":
+        assert isinstance(replacement, SparseLinear) and layer.speedup == pytest.approx(dense_us / sparse_us)
+    else:
+        assert "kept dense" in layer.reason

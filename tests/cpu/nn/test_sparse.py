@@ -1,0 +1,102 @@
+"""SparseLinear and SparseConv2d (nn/sparse.py) on the CPU: the dense path they take there computes what the
+original layer does, the CSR buffers round-trip through state_dict and pickling at any nonzero count, casts
+and moves forget what was built, and bad input is refused with the problem named."""
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from sparseforge.nn import SparseConv2d, SparseLinear, SparseShapeError
+
+
+def _pruned(module: nn.Module, density: float, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        module.weight.mul_((torch.rand(module.weight.shape, generator=g) < density).to(module.weight.dtype))
+    return module
+
+
+def test_linear_matches_the_layer_it_came_from_over_any_leading_dimensions():
+    linear = _pruned(nn.Linear(48, 20), 0.1)
+    layer = SparseLinear.from_dense(linear)
+    assert layer.nnz == int(torch.count_nonzero(linear.weight)) and 0.85 < layer.sparsity < 0.95
+    for shape in ((48,), (3, 48), (2, 5, 48), (0, 48)):
+        x = torch.randn(shape)
+        assert torch.equal(layer(x), linear(x))
+    assert torch.equal(layer.to_dense().weight, linear.weight) and torch.equal(layer.to_dense().bias, linear.bias)
+
+
+def test_csr_buffers_hold_exactly_the_nonzeros_in_row_order():
+    linear = _pruned(nn.Linear(10, 6, bias=False), 0.3, seed=1)
+    layer = SparseLinear.from_dense(linear)
+    w = layer.sparse_matrix()
+    assert torch.equal(torch.from_numpy(w.to_dense()), linear.weight.detach())
+    assert layer.weight_indices.dtype == torch.int32 and layer.weight_indptr[-1] == layer.nnz
+    assert layer.bias is None
+
+
+def test_state_dict_loads_into_a_layer_of_another_nonzero_count_and_pickles():
+    source = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.2, seed=2))
+    target = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.7, seed=3))
+    assert target.nnz != source.nnz
+    target.load_state_dict(source.state_dict())
+    x = torch.randn(4, 32)
+    assert target.nnz == source.nnz and torch.equal(target(x), source(x))
+    buffer = io.BytesIO()
+    torch.save(nn.Sequential(source), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(loaded(x), source(x)) and loaded[0].layer_id != source.layer_id
+
+
+def test_a_cast_converts_the_values_and_forgets_the_dense_copy():
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(16, 8), 0.5, seed=4))
+    x = torch.randn(2, 16)
+    reference = layer(x)
+    assert layer._dense is not None  # the CPU path keeps it
+    layer.to(torch.bfloat16)
+    assert layer.weight_values.dtype == torch.bfloat16 and layer.bias.dtype == torch.bfloat16 and layer._dense is None
+    assert layer.weight_indices.dtype == torch.int32  # integers are not cast
+    got = layer(x.to(torch.bfloat16)).float()
+    assert torch.allclose(got, reference, rtol=3e-2, atol=3e-2)
+
+
+def test_memory_is_the_csr_bytes_unless_dense_is_kept():
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(256, 128), 0.1, seed=5))
+    csr = layer.memory_bytes()["csr"]
+    assert csr == layer.nnz * (4 + 4) + 129 * 8
+    assert csr < 0.25 * 256 * 128 * 4  # 90% sparse: about a fifth of the dense bytes
+
+
+def test_bad_inputs_are_refused_with_the_problem_named():
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(16, 8), 0.5))
+    with pytest.raises(SparseShapeError, match=r"shape \(3, 15\); this layer takes \(\.\.\., 16\)"):
+        layer(torch.randn(3, 15))
+    with pytest.raises(SparseShapeError, match="dtype torch.float16.*cast the input"):
+        layer(torch.randn(3, 16).half())
+    with pytest.raises(ValueError, match="policy must be one of"):
+        SparseLinear(4, 4, policy="fastest")
+
+
+@pytest.mark.parametrize("kwargs", [dict(kernel_size=3, padding=1), dict(kernel_size=(1, 5), stride=2),
+                                    dict(kernel_size=3, dilation=2, groups=4), dict(kernel_size=3, padding="same"),
+                                    dict(kernel_size=7, stride=2, padding=3, bias=False)])
+def test_conv_matches_the_layer_it_came_from(kwargs):
+    conv = _pruned(nn.Conv2d(8, 16, **kwargs), 0.2, seed=6)
+    layer = SparseConv2d.from_dense(conv)
+    x = torch.randn(2, 8, 13, 11)
+    assert torch.allclose(layer(x), conv(x), atol=1e-6)
+    assert torch.equal(layer.to_dense().weight, conv.weight)
+
+
+def test_conv_with_relu_fused_and_refusals():
+    conv = _pruned(nn.Conv2d(4, 6, 3), 0.3)
+    layer = SparseConv2d.from_dense(conv, relu=True)
+    x = torch.randn(1, 4, 7, 7)
+    assert torch.equal(layer(x), torch.relu(conv(x)))
+    assert isinstance(layer.to_dense(), nn.Sequential)
+    with pytest.raises(SparseShapeError, match=r"takes \(batch, 4, H, W\)"):
+        layer(torch.randn(1, 3, 7, 7))
+    with pytest.raises(ValueError, match="zeros only"):
+        SparseConv2d.from_dense(nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"))

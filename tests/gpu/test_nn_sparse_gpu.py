@@ -1,0 +1,92 @@
+"""SparseLinear / SparseConv2d and convert() on the GPU: the sparse kernels (forced and measured) against
+float64 into fresh outputs, decisions made ahead and replayed in a CUDA graph, torch.compile(fullgraph=True)
+through the custom ops, and a small CNN converted by measurement with its outputs kept."""
+import pytest
+import torch
+from torch import nn
+
+from sparseforge.nn import SparseConv2d, SparseLinear, convert, prepare
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def _pruned(module: nn.Module, density: float, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        module.weight.mul_((torch.rand(module.weight.shape, generator=g) < density).to(module.weight.dtype))
+    return module
+
+
+def _close(got, want, dtype):
+    err = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert torch.isfinite(got).all() and err <= TOL[dtype], err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [(1,), (8,), (3, 33)])
+def test_sparse_linear_runs_its_kernel_and_matches_float64(dtype, tokens):
+    linear = _pruned(nn.Linear(512, 384), 0.1).to("cuda", dtype)
+    layer = SparseLinear.from_dense(linear, policy="sparse", tune_budget=None)
+    x = torch.randn(*tokens, 512, device="cuda").to(dtype)
+    with torch.no_grad():
+        y = layer(x)
+        want = x.double() @ linear.weight.double().T + linear.bias.double()
+    assert y.shape == (*tokens, 384)
+    _close(y, want, dtype)
+    assert [d.path for d in layer.decisions] == ["unstructured"] and layer.memory_bytes()["dense"] == 0
+
+
+def test_decisions_made_ahead_replay_in_a_cuda_graph_and_compile_fullgraph():
+    model = nn.Sequential(_pruned(nn.Linear(256, 256), 0.1), nn.ReLU(), _pruned(nn.Linear(256, 64), 0.1, seed=1))
+    model = model.to("cuda", torch.float16).eval()
+    x = torch.randn(4, 256, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        want = model(x).double()
+    for i in (0, 2):
+        model[i] = SparseLinear.from_dense(model[i], tune_budget=1.0)
+    decisions = prepare(model, [4])
+    assert len(decisions) == 2 and all(d.dense_us and d.sparse_us for d in decisions)
+    out = torch.empty(4, 64, device="cuda", dtype=torch.float16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        model(x)
+        with torch.cuda.graph(graph):
+            out.copy_(model(x))
+        graph.replay()
+        _close(out, want, torch.float16)
+        compiled = torch.compile(model, fullgraph=True)
+        _close(compiled(x), want, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sparse_conv_matches_float64_at_two_image_sizes(dtype):
+    conv = _pruned(nn.Conv2d(32, 64, 3, padding=1, stride=2), 0.1).to("cuda", dtype)
+    layer = SparseConv2d.from_dense(conv, policy="sparse", tune_budget=None, relu=True)
+    for size in ((15, 15), (8, 12)):
+        x = torch.randn(2, 32, *size, device="cuda").to(dtype)
+        with torch.no_grad():
+            want = torch.relu(torch.nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double(),
+                                                         2, 1))
+            _close(layer(x), want, dtype)
+    assert len(layer.decisions) == 2
+
+
+def test_convert_measures_every_layer_and_keeps_the_outputs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(64 * 14 * 14, 128))
+    for i in (0, 3, 6):
+        _pruned(model[i], 0.1, seed=i)
+    model = model.cuda().eval()
+    x = torch.randn(1, 16, 14, 14, device="cuda")
+    with torch.no_grad():
+        want = model(x).double()
+    report = convert(model, x, tune_budget=1.0)
+    assert [layer.name for layer in report.layers] == ["0", "3", "6"] and report.folded == [("0", "1")]
+    for layer in report.layers:
+        assert layer.times_us["dense"] > 0 and layer.times_us["unstructured"] > 0
+        assert layer.choice in ("dense", "unstructured")
+    assert report.latency_before_us > 0 and report.latency_after_us > 0
+    with torch.no_grad():
+        _close(model(x), want, torch.float32)
