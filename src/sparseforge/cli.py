@@ -151,6 +151,8 @@ examples:
   sparseforge prune model.safetensors model_90.safetensors --sparsity 0.9
   sparseforge prune model.pt model_24.pt --nm 2:4 --exclude lm_head
   sparseforge bench dlmc/rn50/magnitude_pruning/0.9 --out results.json --plot speedup.png
+  sparseforge convert model.pt model_sparse.pt --example-shape 1,3,224,224 --dtype fp16
+  sparseforge profile model.pt --example-shape 1,128,384 --plot layers.png
 
 `sparseforge COMMAND --help` lists the options of a command."""
 
@@ -184,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_bench24_parser(sub)
+    from .model_cli import add_model_parsers
+
+    add_model_parsers(sub)
     return parser
 
 

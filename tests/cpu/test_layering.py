@@ -13,15 +13,17 @@ import sparseforge
 ROOT = Path(sparseforge.__file__).parent
 # stage -> the stages it must never import (later ones in the flow)
 LATER = {
-    "formats": {"prune", "plan", "codegen", "runtime", "tune", "semi", "ops", "nn", "bench", "cli", "spmm", "suite"},
-    "plan": {"codegen", "runtime", "tune", "semi", "ops", "nn", "bench", "cli", "spmm"},
-    "codegen": {"runtime", "tune", "semi", "ops", "nn", "bench", "cli", "spmm"},
-    "runtime": {"tune", "semi", "ops", "nn", "bench", "cli", "spmm"},
-    "tune": {"semi", "ops", "nn", "bench", "cli", "spmm"},
-    "semi": {"ops", "nn", "bench", "cli"},
-    "ops": {"nn", "bench", "cli"},
-    "nn": {"bench", "cli"},
-    "bench": {"cli"},
+    "formats": {"prune", "plan", "codegen", "runtime", "tune", "semi", "ops", "nn", "models", "bench", "cli", "spmm",
+                "suite"},
+    "plan": {"codegen", "runtime", "tune", "semi", "ops", "nn", "models", "bench", "cli", "spmm"},
+    "codegen": {"runtime", "tune", "semi", "ops", "nn", "models", "bench", "cli", "spmm"},
+    "runtime": {"tune", "semi", "ops", "nn", "models", "bench", "cli", "spmm"},
+    "tune": {"semi", "ops", "nn", "models", "bench", "cli", "spmm"},
+    "semi": {"ops", "nn", "models", "bench", "cli"},
+    "ops": {"nn", "models", "bench", "cli"},
+    "nn": {"models", "bench", "cli", "model_cli"},
+    "models": {"bench", "cli", "model_cli"},
+    "bench": {"cli", "model_cli"},
 }
 
 

@@ -149,7 +149,7 @@ def _num(value, spec: str = "{:.2f}") -> str:
 
 def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter = None, exclude: LayerFilter = None,
             policy: str = "measure", tune_budget: float | None = 5.0, fold_bn: bool = True,
-            time_model: bool = True) -> ModelReport:
+            time_model: bool = True, progress=None) -> ModelReport:
     """Replace, in place, each nn.Linear / nn.Conv2d of `model` (include / exclude: a regex on the qualified
     name or a callable (name, module) -> bool) by the fastest of: the layer as it is (dense), SparseLinear /
     SparseConv2d (the unstructured kernels, the one chooser), SparseLinear24 (Linear layers whose weight is
@@ -159,7 +159,8 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     timing; "dense" replaces nothing (the report still lists the layers). dtype: cast the model first.
     fold_bn: fold each BatchNorm2d into the Conv2d it follows (eval mode; fold.py says which pairs).
     Returns a ModelReport: per layer its shape, sparsity, choice and measured times; whole-model latency
-    before and after (graph replay, time_model); memory before and after; the conversion time."""
+    before and after (graph replay, time_model); memory before and after; the conversion time.
+    progress: called as progress(name, index, total) before each layer is measured (a progress bar)."""
     import time
 
     from .fold import fold_batchnorms
@@ -184,7 +185,9 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     chosen, skipped = select_layers(model, include, exclude)
     report.skipped += skipped
     shapes = _input_shapes(model, inputs, [m for _, m in chosen])
-    for name, module in chosen:
+    for index, (name, module) in enumerate(chosen):
+        if progress is not None:
+            progress(name, index, len(chosen))
         if module not in shapes:
             report.skipped.append(Skipped(name, "not called by the example inputs: nothing to measure"))
             continue

@@ -1,0 +1,72 @@
+"""ResNet-50 end to end (issue 13): torchvision's architecture and initialisation (models/resnet.py) with the
+DLMC rn50 magnitude patterns, BatchNorm calibrated on random inputs, then `convert` (every conv and the FC
+measured dense against the unstructured kernels; BatchNorm folded) against the dense masked model with its
+BatchNorm folded too (cuDNN, cudnn.benchmark on, the faster of NCHW and channels_last), whole forward under
+CUDA-graph replay; the converted model's output against the masked model in float64.
+
+    PYTHONPATH=src python benchmarks/model_rn50.py DLMC_RN50_SPARSITY_DIR OUT.json [--dtype float32] [--batch 1]
+        [--tune-budget 2]
+"""
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sparseforge.bench.report import provenance
+from sparseforge.models import apply_dlmc_masks, calibrate_batchnorm, resnet50
+from sparseforge.nn import convert, fold_batchnorms
+from sparseforge.nn.convert import model_latency_us
+
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}  # issue 13: model outputs, fp32 / fp16
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pattern_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tune-budget", type=float, default=2.0)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32 on both sides
+    dtype = getattr(torch, args.dtype)
+    model = resnet50(seed=0).cuda()
+    sparsities = apply_dlmc_masks(model, args.pattern_dir)
+    calibrate_batchnorm(model, input_shape=(8, 3, 224, 224))
+    x = torch.randn(args.batch, 3, 224, 224, generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        reference = copy.deepcopy(model).double()(x.double())  # the masked model in float64
+    dense = copy.deepcopy(model).to(dtype)
+    folded = fold_batchnorms(dense)
+    xd = x.to(dtype)
+    dense_nchw = model_latency_us(dense, (xd,))
+    dense_cl = model_latency_us(dense.to(memory_format=torch.channels_last), (xd.to(memory_format=torch.channels_last),))
+    sparse = copy.deepcopy(model).to(dtype)
+    report = convert(sparse, xd, tune_budget=args.tune_budget, time_model=True)
+    with torch.no_grad():
+        out = sparse(xd).double()
+    error = float((out - reference).norm() / reference.norm())
+    dense_us = min(dense_nchw, dense_cl)
+    result = {"provenance": provenance(sys.argv), "model": "rn50", "patterns": str(args.pattern_dir),
+              "sparsity": float(sum(sparsities.values()) / len(sparsities)), "dtype": args.dtype, "batch": args.batch,
+              "layout": "nchw", "dense_us": dense_us, "dense_nchw_us": dense_nchw, "dense_channels_last_us": dense_cl,
+              "sparse_us": report.latency_after_us, "speedup_vs_cudnn": dense_us / report.latency_after_us,
+              "geomean_speedup_vs_cublas": None, "rel_error_vs_float64": error,
+              "error_ok": error <= TOLERANCE[args.dtype], "batchnorms_folded_dense": len(folded.folded),
+              "report": report.as_dict(), "seconds": time.perf_counter() - started}
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(report)
+    print(f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us (NCHW {dense_nchw:.1f}, channels_last "
+          f"{dense_cl:.1f}), converted {report.latency_after_us:.1f} us: {result['speedup_vs_cudnn']:.2f}x; "
+          f"rel. error vs float64 {error:.1e} ({'ok' if result['error_ok'] else 'FAIL'})")
+    return 0 if result["error_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""`sparseforge convert IN OUT` and `sparseforge profile IN`: a whole model saved with torch.save(model), every
+Linear / Conv2d measured dense, unstructured and 2:4 on the shapes an example input feeds it (nn.convert).
+convert saves the converted model (loadable in any process that imports sparseforge); profile only reports,
+with a per-layer table and a PNG of per-layer times."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def add_model_parsers(sub) -> None:
+    for name, help_text in (("convert", "convert a saved model's Linear / Conv2d layers to the fastest of dense, "
+                                        "unstructured sparse and 2:4, by measurement"),
+                            ("profile", "measure every Linear / Conv2d of a saved model dense and sparse, "
+                                        "without converting it")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("input", type=Path, help="a model saved with torch.save(model)")
+        if name == "convert":
+            p.add_argument("output", type=Path, help="where the converted model is saved (torch.save)")
+        p.add_argument("--example-shape", required=True,
+                       help="the shape of one example input, comma-separated, e.g. 1,3,224,224 (random values)")
+        p.add_argument("--dtype", choices=list(DTYPES), default=None, help="cast the model first")
+        p.add_argument("--policy", choices=("measure", "sparse", "dense"), default="measure")
+        p.add_argument("--tune-budget", type=float, default=5.0, help="seconds of kernel timing per layer and shape")
+        p.add_argument("--include", help="regex: only layers whose qualified name matches")
+        p.add_argument("--exclude", help="regex: leave layers whose name matches as they are")
+        p.add_argument("--no-fold-bn", action="store_true", help="keep BatchNorm2d layers apart from the convolutions")
+        p.add_argument("--report", type=Path, default=None, help="write the per-layer report here (JSON)")
+        if name == "profile":
+            p.add_argument("--plot", type=Path, default=None, help="a PNG of per-layer times, dense against sparse")
+        p.add_argument("--cpu", action="store_true", help="stay on the CPU (policy 'sparse' or 'dense' only)")
+        p.set_defaults(run=_run)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(v < 1 for v in shape):
+        raise ValueError(f"--example-shape {text!r}: give positive integers separated by commas, e.g. 1,3,224,224")
+    return shape
+
+
+def _run(args) -> int:
+    import torch
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .console import check_output_path, console
+    from .nn import convert
+
+    for option, path in (("--report", args.report), ("--plot", getattr(args, "plot", None)),
+                         ("OUTPUT", getattr(args, "output", None))):
+        if path is not None:
+            check_output_path(path, option)
+    shape = _shape(args.example_shape)
+    if not args.input.is_file():
+        raise ValueError(f"{args.input}: no such file (a model saved with torch.save(model))")
+    model = torch.load(args.input, weights_only=False, map_location="cpu")
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{args.input} holds a {type(model).__name__}, not a model: save the module itself "
+                         "(torch.save(model, path)), not its state_dict")
+    device = "cpu" if args.cpu else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA GPU here: measuring needs one. Pass --cpu with --policy sparse or dense")
+    if args.command == "profile":
+        model = copy.deepcopy(model)
+    model.to(device)
+    dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else next(model.parameters()).dtype
+    example = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("measuring layers", total=None)
+
+        def progress(name, index, total):
+            bar.update(task, total=total, completed=index, description=f"measuring {name}")
+
+        report = convert(model, example, dtype=dtype if args.dtype else None, include=args.include,
+                         exclude=args.exclude, policy=args.policy, tune_budget=args.tune_budget,
+                         fold_bn=not args.no_fold_bn, time_model=device == "cuda", progress=progress)
+    table = Table(title=f"sparseforge {args.command}: {args.input.name}")
+    for col in ("layer", "kind", "weight", "sparsity", "choice", "mapping", "dense us", "chosen us", "speedup"):
+        table.add_column(col, justify="left" if col in ("layer", "kind", "choice", "mapping") else "right")
+    for layer in report.layers:
+        dense, chosen = layer.times_us.get("dense"), layer.times_us.get(layer.choice)
+        table.add_row(layer.name, layer.kind, "x".join(map(str, layer.weight_shape)), f"{layer.sparsity:.1%}",
+                      layer.choice, layer.mapping or "-", _fmt(dense), _fmt(chosen), _fmt(layer.speedup, "{:.2f}x"))
+    console.print(table)
+    console.print(str(report).splitlines()[-3] if report.latency_before_us else "")
+    console.print("\n".join(str(report).splitlines()[-2:]))
+    if args.report:
+        args.report.write_text(json.dumps(report.as_dict(), indent=1, default=str))
+        console.print(f"wrote {args.report}")
+    if getattr(args, "plot", None):
+        plot_layers(args.plot, report)
+        console.print(f"wrote {args.plot}")
+    if args.command == "convert":
+        torch.save(model, args.output)
+        console.print(f"wrote {args.output} (torch.load it in a process that imports sparseforge)")
+    return 0
+
+
+def _fmt(value, spec: str = "{:.2f}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def plot_layers(path: Path, report) -> None:
+    """Per-layer bars: dense time and the chosen path's time (where measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = report.layers
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(layers) + 2), 5))
+    xs = range(len(layers))
+    ax.bar([x - 0.2 for x in xs], [layer.times_us.get("dense") or 0 for layer in layers], width=0.4, label="dense")
+    ax.bar([x + 0.2 for x in xs], [layer.times_us.get(layer.choice) or 0 for layer in layers], width=0.4,
+           label="chosen")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([layer.name for layer in layers], rotation=90, fontsize=7)
+    ax.set_ylabel("time per call (us, CUDA graph replay)")
+    ax.set_title("per-layer time: dense against the chosen path")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

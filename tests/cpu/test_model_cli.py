@@ -1,0 +1,56 @@
+"""`sparseforge convert` and `sparseforge profile` (model_cli.py) on the CPU: policies that need no timing,
+the saved model loads back and computes the same, the report and plot are written, and bad input is
+refused with the fix named (exit code 2, no traceback)."""
+import json
+
+import torch
+from torch import nn
+
+from sparseforge.cli import main
+from sparseforge.nn import SparseConv2d, SparseLinear
+
+
+def _saved_model(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 6 * 6, 10)).eval()
+    with torch.no_grad():
+        for layer in (model[0], model[4]):
+            layer.weight.mul_((torch.rand_like(layer.weight) < 0.2).float())
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    return model, path
+
+
+def test_convert_saves_a_model_that_loads_and_computes_the_same(tmp_path):
+    model, path = _saved_model(tmp_path)
+    out, report = tmp_path / "sparse.pt", tmp_path / "report.json"
+    assert main(["convert", str(path), str(out), "--example-shape", "2,3,6,6", "--cpu", "--policy", "sparse",
+                 "--report", str(report)]) == 0
+    converted = torch.load(out, weights_only=False)
+    assert isinstance(converted[0], SparseConv2d) and isinstance(converted[4], SparseLinear)
+    x = torch.randn(2, 3, 6, 6)
+    assert torch.allclose(converted(x), model(x), atol=1e-5)
+    layers = json.loads(report.read_text())["layers"]
+    assert [layer["choice"] for layer in layers] == ["unstructured", "unstructured"]
+
+
+def test_profile_writes_a_plot_and_leaves_the_model_file_alone(tmp_path):
+    _, path = _saved_model(tmp_path)
+    before = path.read_bytes()
+    plot = tmp_path / "layers.png"
+    assert main(["profile", str(path), "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense",
+                 "--plot", str(plot)]) == 0
+    assert plot.stat().st_size > 1000 and path.read_bytes() == before
+
+
+def test_bad_input_is_named(tmp_path, capsys):
+    _, path = _saved_model(tmp_path)
+    state = tmp_path / "state.pt"
+    torch.save(torch.load(path, weights_only=False).state_dict(), state)
+    assert main(["profile", str(state), "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense"]) == 2
+    assert "not a model" in capsys.readouterr().err
+    assert main(["profile", str(path), "--example-shape", "1,x", "--cpu", "--policy", "dense"]) == 2
+    assert "positive integers" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "o.pt"), "--example-shape", "1,3,6,6", "--cpu"]) == 2
+    assert "CUDA device" in capsys.readouterr().err
