@@ -1,4 +1,5 @@
 """Whole models for the end-to-end figures (issue 13), built here with seeded weights (no downloads)."""
+from .llama import LLAMA3_8B, LlamaDecoder, LlamaShape, llama_decoder
 from .resnet import ResNet50, apply_dlmc_masks, calibrate_batchnorm, dlmc_mask, dlmc_name_map, resnet50
 
-__all__ = ["ResNet50", "apply_dlmc_masks", "calibrate_batchnorm", "dlmc_mask", "dlmc_name_map", "resnet50"]
+__all__ = ["LLAMA3_8B", "LlamaDecoder", "LlamaShape", "ResNet50", "llama_decoder", "apply_dlmc_masks", "calibrate_batchnorm", "dlmc_mask", "dlmc_name_map", "resnet50"]
