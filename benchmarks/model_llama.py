@@ -10,14 +10,13 @@ in float64.
 """
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from sparseforge.bench.report import provenance
+from sparseforge.bench.report import finish_model_run, provenance
 from sparseforge.models import llama_decoder
 from sparseforge.nn import convert
 from sparseforge.nn.convert import model_latency_us
@@ -57,12 +56,9 @@ def main() -> int:
               "speedup_vs_cublas": dense_us / report.latency_after_us, "rel_error_vs_float64": error,
               "error_ok": error <= TOLERANCE[args.dtype], "report": report.as_dict(),
               "seconds": time.perf_counter() - started}
-    args.out.write_text(json.dumps(result, indent=1, default=str))
-    print(report)
-    print(f"llama decode {args.dtype} batch {args.batch} ({args.nm or args.sparsity}): dense {dense_us:.1f} us, "
-          f"converted {report.latency_after_us:.1f} us per token: {result['speedup_vs_cublas']:.2f}x; rel. error "
-          f"{error:.1e} ({'ok' if result['error_ok'] else 'FAIL'})")
-    return 0 if result["error_ok"] else 1
+    return finish_model_run(args.out, result, report, f"llama decode {args.dtype} batch {args.batch} "
+                            f"({args.nm or args.sparsity}): dense {dense_us:.1f} us, converted "
+                            f"{report.latency_after_us:.1f} us per token: {result['speedup_vs_cublas']:.2f}x")
 
 
 if __name__ == "__main__":

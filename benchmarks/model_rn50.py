@@ -9,14 +9,13 @@ CUDA-graph replay; the converted model's output against the masked model in floa
 """
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from sparseforge.bench.report import provenance
+from sparseforge.bench.report import finish_model_run, provenance
 from sparseforge.models import apply_dlmc_masks, calibrate_batchnorm, resnet50
 from sparseforge.nn import convert, fold_batchnorms
 from sparseforge.nn.convert import model_latency_us
@@ -46,7 +45,8 @@ def main() -> int:
     folded = fold_batchnorms(dense)
     xd = x.to(dtype)
     dense_nchw = model_latency_us(dense, (xd,))
-    dense_cl = model_latency_us(dense.to(memory_format=torch.channels_last), (xd.to(memory_format=torch.channels_last),))
+    channels_last = torch.channels_last
+    dense_cl = model_latency_us(dense.to(memory_format=channels_last), (xd.to(memory_format=channels_last),))
     sparse = copy.deepcopy(model).to(dtype)
     report = convert(sparse, xd, tune_budget=args.tune_budget, time_model=True)
     with torch.no_grad():
@@ -60,12 +60,9 @@ def main() -> int:
               "geomean_speedup_vs_cublas": None, "rel_error_vs_float64": error,
               "error_ok": error <= TOLERANCE[args.dtype], "batchnorms_folded_dense": len(folded.folded),
               "report": report.as_dict(), "seconds": time.perf_counter() - started}
-    args.out.write_text(json.dumps(result, indent=1, default=str))
-    print(report)
-    print(f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us (NCHW {dense_nchw:.1f}, channels_last "
-          f"{dense_cl:.1f}), converted {report.latency_after_us:.1f} us: {result['speedup_vs_cudnn']:.2f}x; "
-          f"rel. error vs float64 {error:.1e} ({'ok' if result['error_ok'] else 'FAIL'})")
-    return 0 if result["error_ok"] else 1
+    return finish_model_run(args.out, result, report, f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us "
+                            f"(NCHW {dense_nchw:.1f}, channels_last {dense_cl:.1f}), converted "
+                            f"{report.latency_after_us:.1f} us: {result['speedup_vs_cudnn']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -173,3 +173,13 @@ def plot_plans(path: Path, records: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def finish_model_run(path: Path, result: dict, report, line: str) -> int:
+    """The end of a whole-model benchmark (benchmarks/model_*.py): the JSON written, the per-layer report and
+    one summary line printed with the correctness verdict; the exit code (1 when the output was wrong)."""
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(report)
+    print(f"{line}; rel. error vs float64 {result['rel_error_vs_float64']:.1e} "
+          f"({'ok' if result['error_ok'] else 'FAIL'})")
+    return 0 if result["error_ok"] else 1
