@@ -108,9 +108,11 @@ class _SparseWeight(nn.Module):
         return dense
 
     def _refresh(self) -> None:
-        # in-place updates (load_state_dict) bump _version; moves change the pointer: forget what was built
-        key = tuple((t.data_ptr(), t._version) for t in (self.weight_indptr, self.weight_indices, self.weight_values)) \
-            + ((self.bias.data_ptr(), self.bias._version) if self.bias is not None else ())
+        # Runs on every call, so it looks at two version counters only: load_state_dict and .to() / .half()
+        # reset the layer themselves (_load_from_state_dict, _apply); what is left is an in-place edit of the
+        # values or the bias (a pattern change goes through _set_weight, which resets too).
+        bias = self._parameters.get("bias")
+        key = (self._buffers["weight_values"]._version, None if bias is None else bias._version)
         if key != self._key:
             self._reset()
             self._key = key
