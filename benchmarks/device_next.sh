@@ -67,7 +67,19 @@ case "${1:-}" in
       --dtype float16 --mappings bitmap,csr > "$L/designs_bitmap3.log" 2>&1; tail -4 "$L/designs_bitmap3.log"
     timeout 130 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 1 --out "$OUT/conv_rn50_0.9_fp32.json" \
       > "$L/conv_rn50_fp32.log" 2>&1; tail -2 "$L/conv_rn50_fp32.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last"; exit 2 ;;
+  models)  # the ninth session's first figures of issue 13 (after `tests`): ResNet-50 end to end, Llama decode
+    timeout 330 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.9 "$OUT/model_rn50_0.9_fp32_b1.json" \
+      --tune-budget 1 > "$L/model_rn50.log" 2>&1; tail -3 "$L/model_rn50.log"
+    timeout 230 python3 benchmarks/model_llama.py "$OUT/model_llama_0.7_fp16_b1.json" --sparsity 0.7 \
+      --tune-budget 1 > "$L/model_llama.log" 2>&1; tail -3 "$L/model_llama.log" ;;
+  conv95)  # issue 12's cases not measured with the generated mapping yet
+    timeout 200 $SF bench conv:$D/rn50/magnitude_pruning/0.95 --dtype fp32 --tune-budget 1 --out "$OUT/conv_rn50_0.95_fp32.json" \
+      > "$L/conv95.log" 2>&1; tail -1 "$L/conv95.log"
+    timeout 150 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp16 --tune-budget 1 --out "$OUT/conv_rn50_0.9_fp16.json" \
+      > "$L/conv90h.log" 2>&1; tail -1 "$L/conv90h.log"
+    timeout 200 $SF bench conv:vgg16:0.9 --dtype fp32 --tune-budget 1 --out "$OUT/conv_vgg16_0.9_fp32.json" \
+      > "$L/vgg.log" 2>&1; tail -1 "$L/vgg.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"
