@@ -24,7 +24,7 @@ from .plan.csr import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
 from .spmm import (_CONFIG_FAMILIES, _checked_bias, _config_record, _describe, _device_index, _dtype_name, _plans,
-                   _predicted_best, _renderable)
+                   _predicted_best, _renderable, within_compile_limit)
 from .tune.choose import choose, Choice, chooser_digest
 from .tune.space import csr_columns, search_space
 
@@ -62,7 +62,7 @@ def _candidates(geometry: ConvGeometry, w: SparseMatrix, relu: bool = False) -> 
             config = dataclasses.replace(config, vec=conv_vector_width(geometry, config.vec))
             if config not in generated:
                 generated.append(config)
-    return columns + generated
+    return within_compile_limit(columns + generated, w.nnz)
 
 
 def _planner(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, relu: bool, residual: bool,

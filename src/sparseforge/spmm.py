@@ -14,7 +14,7 @@ from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
 from .tune.choose import Choice, choose, chooser_digest, rank
-from .tune.cost import estimate
+from .tune.cost import estimate, tile_compile_seconds
 from .tune.space import search_space
 
 
@@ -179,7 +179,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
-    space = search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
+    space = within_compile_limit(search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
+                                              deterministic), w.nnz)
     if residual:
         space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
             [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
@@ -201,6 +202,15 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
 # Candidates whose cold compile the cost model puts over this are not proposed (per-nonzero code for
 # millions of nonzeros: a 1.7M-nonzero layer took 44 s); the small-N kernel and smaller tilings remain.
 COMPILE_LIMIT_S = 60.0
+
+
+def within_compile_limit(space: list, nnz: int) -> list:
+    """The configs whose kernels the cost model does not put over COMPILE_LIMIT_S to compile, judged from W's
+    nonzero count before any plan is made (sketching a generated candidate of a 29M-nonzero LLM layer costs
+    seconds of host time, only to be dropped); all of them if none would stay."""
+    fits = [c for c in space if not isinstance(c, TileConfig)
+            or tile_compile_seconds(nnz, c.vec, c.inline) <= COMPILE_LIMIT_S]
+    return fits or space
 
 
 def _plans(make, space) -> list:
@@ -233,7 +243,8 @@ def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: b
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
     w = _as_sparse(W).astype(_dtype_name(dtype))
     name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
-    space = search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu, deterministic)
+    space = within_compile_limit(search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
+                                              deterministic), w.nnz)
     return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())
 

@@ -120,3 +120,22 @@ def test_residual_with_a_kernel_family_that_cannot_add_one_is_named_before_the_g
     w = np.eye(8, dtype=np.float32)
     with pytest.raises(ValueError, match="does not add a residual yet"):
         compile_spmm(w, 4, residual=True, config=TileConfig())
+
+
+def test_generated_candidates_over_the_compile_limit_are_dropped_before_planning():
+    """A 29M-nonzero LLM layer's generated candidates would take minutes to compile (and seconds each to
+    sketch): they are dropped from W's nonzero count alone; the CSR kernels stay. A small layer keeps all."""
+    from sparseforge.plan import TileConfig
+    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.spmm import COMPILE_LIMIT_S, within_compile_limit
+    from sparseforge.tune.cost import tile_compile_seconds
+    from sparseforge.tune.space import search_space
+
+    space = search_space(1, "nk", 14336, 2048.0)
+    assert any(isinstance(c, TileConfig) for c in space)
+    kept = within_compile_limit(space, 29_000_000)
+    assert kept and not any(isinstance(c, TileConfig) for c in kept) and any(isinstance(c, CsrConfig) for c in kept)
+    assert within_compile_limit(space, 20_000) == space
+    assert tile_compile_seconds(29_000_000, 1, False) > COMPILE_LIMIT_S
+    only_tiles = [c for c in space if isinstance(c, TileConfig)]
+    assert within_compile_limit(only_tiles, 29_000_000) == only_tiles  # none would stay: all kept

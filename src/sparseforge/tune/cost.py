@@ -112,11 +112,17 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
         g = plan.geometry
         border = gpu.border_copy_us + 2 * g.channels * g.height * g.width * es * batch / gpu.hbm_bytes_per_s * 1e6
         terms["border"] = border
-    if c.inline:  # one module compiled whole, superlinear (ptxas 13.0: 0.17 s at 1.6k FMAs, 4.1 s at 30k)
-        compile_s = 0.05 + (plan.nnz * vec) ** 1.1 / 2e4
-    else:  # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores
-        compile_s = 0.3 + plan.nnz * vec / 6e4
+    compile_s = tile_compile_seconds(plan.nnz, vec, c.inline)
     return Estimate(gpu.launch_us + border + max(v for k, v in terms.items() if k != "border"), terms, compile_s)
+
+
+def tile_compile_seconds(nnz: int, vec: int, inline: bool) -> float:
+    """Predicted cold compile of a generated kernel with `nnz` nonzeros at vector width `vec` (one FMA a
+    nonzero and column of the vector): known from the config and W's nonzero count alone, so a config can be
+    dropped before its plan is made."""
+    if inline:  # one module compiled whole, superlinear (ptxas 13.0: 0.17 s at 1.6k FMAs, 4.1 s at 30k)
+        return 0.05 + (nnz * vec) ** 1.1 / 2e4
+    return 0.3 + nnz * vec / 6e4  # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores
 
 
 def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
