@@ -99,7 +99,8 @@ def _run(args) -> int:
         console.print(f"wrote {args.plot}")
     if args.command == "convert":
         torch.save(model, args.output)
-        console.print(f"wrote {args.output} (torch.load it in a process that imports sparseforge)")
+        console.print(f"wrote {args.output} (load it with torch.load(path, weights_only=False) in a process that "
+                      "imports sparseforge)")
     return 0
 
 

@@ -5,12 +5,21 @@ Ops take tensors and integers, not modules: a module registers itself in LAYERS 
 id. The registry lives here, below nn/, so nothing here imports a module class (the flow runs one way)."""
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
 
 # layer id -> a module with sparse_forward(x); weak, so a dropped module leaves no entry behind
 LAYERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_next_id = itertools.count()
+
+
+def register(module) -> int:
+    """A new id for `module` in LAYERS: one counter for every module kind, so no two layers ever share one."""
+    layer_id = next(_next_id)
+    LAYERS[layer_id] = module
+    return layer_id
 
 
 @torch.library.custom_op("sparseforge::linear24", mutates_args=())

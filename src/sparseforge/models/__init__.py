@@ -2,4 +2,5 @@
 from .llama import LLAMA3_8B, LlamaDecoder, LlamaShape, llama_decoder
 from .resnet import ResNet50, apply_dlmc_masks, calibrate_batchnorm, dlmc_mask, dlmc_name_map, resnet50
 
-__all__ = ["LLAMA3_8B", "LlamaDecoder", "LlamaShape", "ResNet50", "llama_decoder", "apply_dlmc_masks", "calibrate_batchnorm", "dlmc_mask", "dlmc_name_map", "resnet50"]
+__all__ = ["LLAMA3_8B", "LlamaDecoder", "LlamaShape", "ResNet50", "apply_dlmc_masks", "calibrate_batchnorm", "dlmc_mask",
+           "dlmc_name_map", "llama_decoder", "resnet50"]

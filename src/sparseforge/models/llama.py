@@ -102,23 +102,33 @@ class LlamaDecoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_table", emb.cos(), persistent=False)
         self.register_buffer("sin_table", emb.sin(), persistent=False)
-        self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")) for i in range(len(self.layers))
+                if hasattr(self, f"k_cache{i}")]
 
     def reset_cache(self, batch: int) -> None:
-        """Static caches for `batch` sequences, on the model's device and dtype (zeros)."""
+        """Static caches for `batch` sequences, on the model's device and dtype (zeros): buffers (not saved),
+        so .to() / .half() / deepcopy move them with the weights."""
         p = next(self.parameters())
         shape = (batch, self.shape.kv_heads, self.max_len, self.shape.head_dim)
-        self.caches = [(torch.zeros(shape, device=p.device, dtype=p.dtype), torch.zeros(shape, device=p.device,
-                                                                                      dtype=p.dtype))
-                       for _ in self.layers]
+        for i in range(len(self.layers)):
+            for kind in ("k", "v"):
+                self.register_buffer(f"{kind}_cache{i}", torch.zeros(shape, device=p.device, dtype=p.dtype),
+                                     persistent=False)
 
     def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """x: (batch, T, hidden) embedded tokens at positions position.. (a 0-d long tensor)."""
+        caches = self.caches
+        if len(caches) != len(self.layers) or caches[0][0].shape[0] != x.shape[0]:
+            raise ValueError(f"the KV cache is not set up for a batch of {x.shape[0]}: call reset_cache({x.shape[0]}) "
+                             "first")
         t = x.shape[1]
         index = position + torch.arange(t, device=x.device)
         cos = self.cos_table.index_select(0, index).to(x.dtype)[None, None]
         sin = self.sin_table.index_select(0, index).to(x.dtype)[None, None]
-        for layer, (k_cache, v_cache) in zip(self.layers, self.caches):
+        for layer, (k_cache, v_cache) in zip(self.layers, caches):
             x = layer(x, cos, sin, k_cache, v_cache, position)
         return self.norm(x)
 

@@ -138,7 +138,8 @@ class ModelReport:
         if self.latency_before_us and self.latency_after_us:
             lines.append(f"whole model: {self.latency_before_us:.1f} us -> {self.latency_after_us:.1f} us "
                          f"({self.latency_before_us / self.latency_after_us:.2f}x, CUDA graph replay)")
-        lines.append(f"memory: {self.memory_before_bytes / 2**20:.1f} MiB -> {self.memory_after_bytes / 2**20:.1f} MiB; "
+        before, after = self.memory_before_bytes / 2**20, self.memory_after_bytes / 2**20
+        lines.append(f"memory: {before:.1f} MiB -> {after:.1f} MiB; "
                      f"conversion took {self.seconds:.1f} s")
         return "\n".join(lines)
 
@@ -168,9 +169,10 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
     started = time.perf_counter()
-    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    inputs = tuple(example_inputs) if isinstance(example_inputs, tuple) else (example_inputs,)
     if dtype is not None:
         model.to(dtype)
+        inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
     on_gpu = any(p.is_cuda for p in itertools.chain(model.parameters(), model.buffers()))
     if policy == "measure" and not on_gpu:
         raise ValueError("convert(policy='measure') times the kernels on a CUDA device: move the model and "
@@ -179,7 +181,7 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     report = ModelReport(memory_before_bytes=_model_bytes(model))
     if time_model and on_gpu:
         report.latency_before_us = model_latency_us(model, inputs)
-    if fold_bn:
+    if fold_bn and policy != "dense":  # "dense" changes nothing
         folded = fold_batchnorms(model)
         report.folded, report.skipped = folded.folded, list(folded.skipped)
     chosen, skipped = select_layers(model, include, exclude)
@@ -194,7 +196,8 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
         layer, replacement = measure_layer(name, module, shapes[module], policy, tune_budget)
         report.layers.append(layer)
         if replacement is not None:
-            _replace(model, name, replacement)
+            for alias in _names_of(model, module):  # a module shared under several names: every one
+                _replace(model, alias, replacement)
     report.memory_after_bytes = _model_bytes(model)
     if time_model and on_gpu:
         report.latency_after_us = model_latency_us(model, inputs)
@@ -221,14 +224,20 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
         return layer, None
     unstructured_policy = "sparse" if policy == "sparse" else "measure"
     make = SparseLinear if is_linear else SparseConv2d
-    sparse = make.from_dense(module, policy=unstructured_policy, tune_budget=tune_budget)
+    try:
+        sparse = make.from_dense(module, policy=unstructured_policy, tune_budget=tune_budget)
+    except ValueError as exc:
+        layer.reason = f"the sparse {kind} refuses it ({exc}): kept dense"
+        return layer, None
     if policy == "sparse":
         layer.choice, layer.reason = UNSTRUCTURED, "policy='sparse'"
         return layer, sparse
-    widths = [math.prod(s[:-1]) for s in input_shapes] if is_linear else input_shapes
+    # one measurement per distinct width (Linear: tokens; Conv2d: the input shape, whose H x W keys a kernel)
+    widths = sorted({math.prod(s[:-1]) for s in input_shapes}) if is_linear else list(dict.fromkeys(input_shapes))
     decisions = sparse.prepare(widths)
-    layer.times_us["dense"] = sum(d.dense_us or 0.0 for d in decisions) or None
-    layer.times_us[UNSTRUCTURED] = sum(d.sparse_us or 0.0 for d in decisions) or None
+    layer.times_us["dense"] = _summed(decisions, "dense")
+    # what the module costs: per width its kernel, or dense where dense was kept
+    layer.times_us[UNSTRUCTURED] = _summed(decisions, "chosen")
     kernels = [k for k in sparse._paths.values() if k is not None]
     layer.mapping = kernels[0].mapping if kernels else None
     candidates = {UNSTRUCTURED: sparse}
@@ -239,11 +248,12 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
             pass
         else:
             semi = SparseLinear24.from_dense(module, policy="measure")
+            generator = torch.Generator(device="cpu").manual_seed(0)
             made = []
             for n in widths:
-                x = torch.randn(n, module.in_features, device=weight.device, dtype=weight.dtype)
+                x = torch.randn(n, module.in_features, generator=generator).to(weight.device, weight.dtype)
                 made += [d for d in semi.runtime().prepare(x)[0].decisions() if d.mode in ("graph", "any")]
-            layer.times_us[SPARSE] = sum(d.sparse_us or 0.0 for d in made) or None
+            layer.times_us[SPARSE] = _summed(made, "chosen")
             candidates[SPARSE] = semi
     measured = {path: t for path, t in layer.times_us.items() if t}
     if "dense" not in measured or len(measured) < 2:
@@ -256,16 +266,32 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     return layer, candidates.get(picked)
 
 
+def _summed(decisions: list, which: str) -> float | None:
+    """Sum over widths of each decision's dense time ("dense") or of the time of the path it kept ("chosen");
+    None unless every width was measured."""
+    total = 0.0
+    for d in decisions:
+        t = d.dense_us if which == "dense" or d.path == DENSE else d.sparse_us
+        if not t:
+            return None
+        total += t
+    return total or None
+
+
+def _names_of(model: nn.Module, module: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules(remove_duplicate=False) if m is module and name]
+
+
 def _input_shapes(model: nn.Module, inputs, modules) -> dict:
     """The input shape(s) each of `modules` sees when the model runs `inputs` (forward hooks, no grad)."""
     seen: dict = {}
 
-    def hook(module, args):
-        shape = tuple(args[0].shape)
-        if shape not in seen.setdefault(module, []):
-            seen[module].append(shape)
+    def hook(module, args, kwargs):
+        first = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        if first is not None and tuple(first.shape) not in seen.setdefault(module, []):
+            seen[module].append(tuple(first.shape))
 
-    handles = [m.register_forward_pre_hook(hook) for m in modules]
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     try:
         with torch.no_grad():
             model(*inputs)

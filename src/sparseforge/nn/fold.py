@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.fx
 from torch import nn
 
 from ..prune.targets import Skipped
@@ -27,19 +28,37 @@ def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
     if bn.running_mean is None or bn.running_var is None:
         raise ValueError("the BatchNorm tracks no running statistics (track_running_stats=False): there is no "
                          "fixed affine map to fold")
+    from torch.nn.utils import parametrize
+
+    if parametrize.is_parametrized(conv, "weight"):
+        # a pruning mask (prune.FixedMask): conv.weight is computed, original * mask. A per-row scale commutes
+        # with the mask, so scaling the original is exact; any other parametrization may not commute.
+        if not all(type(p).__name__ == "FixedMask" for p in conv.parametrizations.weight):
+            raise ValueError("the convolution's weight is parametrized by something other than a pruning mask: "
+                             "remove it first (torch.nn.utils.parametrize.remove_parametrizations)")
+        target = conv.parametrizations.weight.original
+    else:
+        target = conv.weight
     with torch.no_grad():
         var, mean = bn.running_var.double(), bn.running_mean.double()
         gamma = bn.weight.double() if bn.weight is not None else torch.ones_like(var)
         beta = bn.bias.double() if bn.bias is not None else torch.zeros_like(var)
         scale = gamma / torch.sqrt(var + bn.eps)
-        weight = conv.weight.double() * scale.view(-1, 1, 1, 1)
+        weight = target.double() * scale.view(-1, 1, 1, 1)
         bias = conv.bias.double() if conv.bias is not None else torch.zeros_like(mean)
         shift = (bias - mean) * scale + beta
-        conv.weight.copy_(weight.to(conv.weight.dtype))
+        target.copy_(weight.to(target.dtype))
         if conv.bias is None:
             conv.bias = nn.Parameter(shift.to(conv.weight.dtype), requires_grad=conv.weight.requires_grad)
         else:
             conv.bias.copy_(shift.to(conv.bias.dtype))
+
+
+class _LeafTracer(torch.fx.Tracer):
+    """fx's tracer with sparseforge's own layers as leaves: their forward checks and dispatches at run time."""
+
+    def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
+        return type(m).__module__.startswith("sparseforge.") or super().is_leaf_module(m, qualified_name)
 
 
 def fold_batchnorms(model: nn.Module) -> FoldReport:
@@ -47,9 +66,7 @@ def fold_batchnorms(model: nn.Module) -> FoldReport:
     The model should be in eval mode: folding uses the running statistics."""
     report = FoldReport()
     try:
-        import torch.fx
-
-        graph = torch.fx.symbolic_trace(model).graph
+        graph = _LeafTracer().trace(model)
     except Exception as exc:  # data-dependent control flow and the like
         report.skipped.append(Skipped("(model)", f"torch.fx cannot trace the model ({type(exc).__name__}: "
                                                  f"{str(exc)[:120]}): no BatchNorm folded"))
@@ -69,8 +86,15 @@ def fold_batchnorms(model: nn.Module) -> FoldReport:
             report.skipped.append(Skipped(node.target, f"{source.target}'s output is used elsewhere too"))
         elif calls[node.target] != 1 or calls[source.target] != 1:
             report.skipped.append(Skipped(node.target, "the module is called at more than one place"))
+        elif model.get_submodule(node.target).training:
+            report.skipped.append(Skipped(node.target, "in training mode (batch statistics): call model.eval() "
+                                                       "first; folding uses the running statistics"))
         else:
-            fold_conv_bn(conv, model.get_submodule(node.target))
+            try:
+                fold_conv_bn(conv, model.get_submodule(node.target))
+            except ValueError as exc:
+                report.skipped.append(Skipped(node.target, str(exc)))
+                continue
             parent, _, child = node.target.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, nn.Identity())
             report.folded.append((source.target, node.target))

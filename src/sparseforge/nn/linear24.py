@@ -2,18 +2,15 @@
 widths where that measured faster than dense cuBLAS, and dense everywhere else."""
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import LAYERS
+from ..ops import register
 from ..semi.cusparselt import ALIGN_BYTES, Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, Decision, fixed
 from ..semi.runtime import Linear24Runtime, check_policy
 
-_ids = itertools.count()
 
 
 class SparseLinear24(nn.Module):
@@ -44,8 +41,7 @@ class SparseLinear24(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype),
                                  requires_grad=False) if bias else None
-        self.layer_id = next(_ids)
-        LAYERS[self.layer_id] = self
+        self.layer_id = register(self)
         self._runtime: Linear24Runtime | None = None
         self._runtime_key: tuple | None = None
         self._capture_fallbacks: dict[int, Decision] = {}
@@ -156,8 +152,7 @@ class SparseLinear24(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.layer_id = next(_ids)  # a copy is its own layer for the torch.library op's registry
-        LAYERS[self.layer_id] = self
+        self.layer_id = register(self)  # a copy is its own layer for the torch.library op's registry
 
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .half(): the runtime belongs to the old tensors; forget it.

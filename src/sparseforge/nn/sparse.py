@@ -15,18 +15,15 @@ replay and keeps the sparse kernel only with the margin MIN_SPEEDUP (`policy="me
 """
 from __future__ import annotations
 
-import itertools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..formats import SparseMatrix
-from ..ops import LAYERS
+from ..ops import register
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
 
 POLICIES = ("measure", "sparse", "dense")
-_ids = itertools.count()
 
 
 class SparseShapeError(ValueError):
@@ -50,8 +47,7 @@ class _SparseWeight(nn.Module):
         self.register_buffer("weight_indices", torch.zeros(nnz, dtype=torch.int32, device=device))
         self.register_buffer("weight_values", torch.zeros(nnz, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(rows, device=device, dtype=dtype), requires_grad=False) if bias else None
-        self.layer_id = next(_ids)
-        LAYERS[self.layer_id] = self
+        self.layer_id = register(self)
         self._reset()
 
     def _reset(self) -> None:
@@ -94,25 +90,35 @@ class _SparseWeight(nn.Module):
         return self._matrix
 
     def dense_weight_2d(self) -> torch.Tensor:
-        """W dense (rows x cols) on the layer's device and dtype; kept where dense runs or keep_dense."""
+        """W dense (rows x cols) on the layer's device and dtype. Made only when something asks for it (a shape
+        decided dense, the CPU or autograd path, to_dense(), keep_dense) and kept from then on; under
+        torch.compile made from the buffers each time (a traced function keeps no Python state)."""
+        if torch.compiler.is_compiling():
+            return self._build_dense()
         self._refresh()
-        if self._dense is not None:
-            return self._dense
+        if self._dense is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"this {self._kind} runs dense for an input shape first seen during CUDA graph "
+                                   "capture: run that shape once (or call prepare()) before capturing")
+            self._dense = self._build_dense()
+        return self._dense
+
+    def _build_dense(self) -> torch.Tensor:
         rows, cols = self._shape2d
-        dense = torch.zeros(rows, cols, dtype=self.weight_values.dtype, device=self.weight_values.device)
-        which = torch.repeat_interleave(torch.arange(rows, device=dense.device), torch.diff(self.weight_indptr))
-        dense[which, self.weight_indices.to(torch.int64)] = self.weight_values.detach()
-        if self.keep_dense or self.weight_values.device.type != "cuda" or any(
-                p is None for p in self._paths.values()):
-            self._dense = dense
+        values = self.weight_values.detach()
+        dense = torch.zeros(rows, cols, dtype=values.dtype, device=values.device)
+        which = torch.repeat_interleave(torch.arange(rows, device=dense.device), torch.diff(self.weight_indptr),
+                                        output_size=values.numel())  # output_size: no device-to-host sync
+        dense[which, self.weight_indices.to(torch.int64)] = values
         return dense
 
     def _refresh(self) -> None:
         # Runs on every call, so it looks at two version counters only: load_state_dict and .to() / .half()
         # reset the layer themselves (_load_from_state_dict, _apply); what is left is an in-place edit of the
-        # values or the bias (a pattern change goes through _set_weight, which resets too).
+        # values or the bias (a pattern change goes through _set_weight, which resets too). Inference tensors
+        # keep no version counter: they cannot be edited in place outside inference mode either.
         bias = self._parameters.get("bias")
-        key = (self._buffers["weight_values"]._version, None if bias is None else bias._version)
+        key = (_version(self._buffers["weight_values"]), None if bias is None else _version(bias))
         if key != self._key:
             self._reset()
             self._key = key
@@ -137,7 +143,11 @@ class _SparseWeight(nn.Module):
         if key in self._paths:
             return self._paths[key]
         n = key if isinstance(key, int) else key[0] * key[1]
-        if torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            if self._dense is None:
+                raise RuntimeError(f"this {self._kind} sees an input shape ({key}) for the first time during CUDA "
+                                   "graph capture, where nothing can be compiled or timed: run that shape once "
+                                   "(or call prepare()) before capturing")
             self._decided[key] = fixed(n, DENSE, "first seen during CUDA graph capture, before the layer was "
                                                  "prepared: dense (call prepare first)")
             self._paths[key] = None
@@ -145,21 +155,25 @@ class _SparseWeight(nn.Module):
         if self.policy == "dense":
             kernel, decision = None, fixed(n, DENSE, "policy='dense'")
         else:
-            kernel = self._compile(example)
-            choice = kernel.choice
-            if self.policy == "sparse" or choice is None or choice.dense_us is None or choice.sparse_us is None:
-                decision = fixed(n, UNSTRUCTURED, f"policy={self.policy!r}: {kernel.mapping} kernel")
+            try:
+                kernel = self._compile(example)
+            except ValueError as exc:  # a shape or layer the kernels refuse (taps, offsets, batch): dense
+                kernel, decision = None, fixed(n, DENSE, f"the sparse kernels refuse it ({exc}): dense")
             else:
-                decision = decide(n, choice.sparse_us, choice.dense_us, MIN_SPEEDUP, path=UNSTRUCTURED, mode="graph")
-                if decision.path == DENSE:
-                    kernel = None
+                choice = kernel.choice
+                if self.policy == "sparse" or choice is None or choice.dense_us is None or choice.sparse_us is None:
+                    decision = fixed(n, UNSTRUCTURED, f"policy={self.policy!r}: {kernel.mapping} kernel")
+                else:
+                    decision = decide(n, choice.sparse_us, choice.dense_us, MIN_SPEEDUP, path=UNSTRUCTURED,
+                                      mode="graph")
+                    if decision.path == DENSE:
+                        kernel = None
         self._paths[key], self._decided[key] = kernel, decision
         if kernel is None:
-            self._dense = None  # kept from now on (dense runs for this shape)
-            self.dense_weight_2d()
+            self.dense_weight_2d()  # made now, not at the call, which may be a graph capture
         return kernel
 
-    def _input_problem(self, x: torch.Tensor, what: str) -> str | None:
+    def _input_problem(self, x: torch.Tensor) -> str | None:
         if x.device != self.weight_values.device:
             return f"input on {x.device}, {self._kind} on {self.weight_values.device}: move one of them"
         if x.dtype != self.weight_values.dtype:
@@ -174,12 +188,19 @@ class _SparseWeight(nn.Module):
     # -- module plumbing ------------------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # another weight may have another number of nonzeros: take the incoming buffers' sizes
-        for name in ("weight_indptr", "weight_indices", "weight_values"):
-            incoming = state_dict.get(prefix + name)
+        # another weight may have another number of nonzeros: take the incoming buffers' sizes, once they are
+        # checked to be a CSR matrix of this layer's shape
+        incoming = {name: state_dict.get(prefix + name) for name in ("weight_indptr", "weight_indices",
+                                                                      "weight_values")}
+        problem = _csr_problem(incoming, self._shape2d) if all(isinstance(t, torch.Tensor)
+                                                                for t in incoming.values()) else None
+        if problem:
+            error_msgs.append(f"{prefix or 'the layer'}: {problem}")
+            return
+        for name, tensor in incoming.items():
             current = getattr(self, name)
-            if isinstance(incoming, torch.Tensor) and incoming.shape != current.shape:
-                setattr(self, name, torch.empty(incoming.shape, dtype=current.dtype, device=current.device))
+            if isinstance(tensor, torch.Tensor) and tensor.shape != current.shape:
+                setattr(self, name, torch.empty(tensor.shape, dtype=current.dtype, device=current.device))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         self._reset()
@@ -192,13 +213,32 @@ class _SparseWeight(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.layer_id = next(_ids)
-        LAYERS[self.layer_id] = self
+        self.layer_id = register(self)
 
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .half(): kernels and the dense copy belong to the old tensors
         self._reset()
         return super()._apply(fn, recurse)
+
+
+def _version(t: torch.Tensor) -> int:
+    return 0 if t.is_inference() else t._version
+
+
+def _csr_problem(buffers: dict, shape: tuple[int, int]) -> str | None:
+    """Why these CSR buffers are not a matrix of `shape`, or None."""
+    rows, cols = shape
+    indptr, indices, values = buffers["weight_indptr"], buffers["weight_indices"], buffers["weight_values"]
+    if indptr.dim() != 1 or indptr.numel() != rows + 1:
+        return f"weight_indptr has {indptr.numel()} entries; this layer's {rows} rows need {rows + 1}"
+    if indices.numel() != values.numel() or int(indptr[-1]) != values.numel() or int(indptr[0]) != 0:
+        return (f"weight_indptr ends at {int(indptr[-1])} but there are {indices.numel()} indices and "
+                f"{values.numel()} values: not one CSR matrix")
+    if bool((torch.diff(indptr) < 0).any()):
+        return "weight_indptr decreases: not a CSR matrix"
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= cols):
+        return f"weight_indices reach {int(indices.max())}; this layer has {cols} columns"
+    return None
 
 
 class SparseLinear(_SparseWeight):
@@ -248,7 +288,7 @@ class SparseLinear(_SparseWeight):
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this layer takes (..., {self.in_features})")
-        problem = self._input_problem(x, "x")
+        problem = self._input_problem(x)
         if problem and not (self._dense_path(x) and torch.is_autocast_enabled(x.device.type)):
             raise SparseShapeError(problem)
         if self._dense_path(x):
@@ -293,8 +333,8 @@ class SparseLinear(_SparseWeight):
 class SparseConv2d(_SparseWeight):
     """A Conv2d (NCHW) whose unstructured sparse weight runs on the direct sparse convolution (compile_conv2d:
     implicit im2col, the generated and csr-columns mappings), per image size H x W (any batch), where that
-    measured faster than cuDNN; fused bias (a folded BatchNorm's shift) and optionally ReLU (relu=True, set
-    by convert() where a ReLU follows). Input x: (batch, Cin, H, W) of the layer's dtype and device."""
+    measured faster than cuDNN; fused bias (a folded BatchNorm's shift) and optionally ReLU (relu=True; convert()
+    does not fuse a following ReLU yet). Input x: (batch, Cin, H, W) of the layer's dtype and device."""
 
     _kind = "convolution"
 
@@ -321,7 +361,7 @@ class SparseConv2d(_SparseWeight):
         if isinstance(padding, str):  # 'valid' or 'same' (stride 1): resolve to numbers
             padding = (0, 0) if padding == "valid" else tuple(d * (k - 1) // 2 for d, k in zip(conv.dilation,
                                                                                                 conv.kernel_size))
-            if padding != (0, 0) and any(d * (k - 1) % 2 for d, k in zip(conv.dilation, conv.kernel_size)):
+            if any(d * (k - 1) % 2 for d, k in zip(conv.dilation, conv.kernel_size)):
                 raise ValueError("padding='same' with an even kernel extent pads unevenly: not supported")
         weight = conv.weight.detach()
         layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, padding, conv.dilation,
@@ -361,7 +401,7 @@ class SparseConv2d(_SparseWeight):
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this convolution takes (batch, {self.in_channels}, "
                                    "H, W)")
-        problem = self._input_problem(x, "x")
+        problem = self._input_problem(x)
         if problem and not (self._dense_path(x) and torch.is_autocast_enabled(x.device.type)):
             raise SparseShapeError(problem)
         if self._dense_path(x):

@@ -88,3 +88,17 @@ def test_a_pruned_decoder_converts_and_decodes_the_same():
     model.reset_cache(2)
     with torch.no_grad():
         assert torch.allclose(model(x, position), want, atol=1e-5)
+
+
+def test_the_cache_moves_with_the_model_and_is_required():
+    import pytest
+
+    model = llama_decoder(TINY, max_len=8)
+    x = torch.randn(1, 1, 64)
+    with pytest.raises(ValueError, match=r"call reset_cache\(1\)"):
+        model(x, torch.tensor(0))
+    model.reset_cache(1)
+    model.double()
+    assert all(k.dtype == torch.float64 and v.dtype == torch.float64 for k, v in model.caches)
+    assert model(x.double(), torch.tensor(0)).dtype == torch.float64
+    assert not any("cache" in key for key in model.state_dict())  # not saved

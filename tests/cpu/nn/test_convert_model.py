@@ -70,7 +70,8 @@ def test_policy_sparse_puts_in_the_unstructured_modules_and_keeps_the_outputs():
     x = torch.randn(2, 3, 6, 6)
     want = model(x)
     report = convert(model, x, policy="sparse")
-    assert isinstance(model[0], SparseConv2d) and isinstance(model[4], SparseLinear) and isinstance(model[1], nn.Identity)
+    assert isinstance(model[0], SparseConv2d) and isinstance(model[4], SparseLinear)
+    assert isinstance(model[1], nn.Identity)
     assert [layer.choice for layer in report.layers] == ["unstructured", "unstructured"]
     assert report.layers[1].input_shapes == [[2, 288]] and report.folded == [("0", "1")]
     assert torch.allclose(model(x), want, atol=1e-5)
@@ -103,3 +104,65 @@ def test_measured_pick_keeps_sparse_only_with_the_margin(monkeypatch, sparse_us,
         assert isinstance(replacement, SparseLinear) and layer.speedup == pytest.approx(dense_us / sparse_us)
     else:
         assert "kept dense" in layer.reason
+
+
+def test_folding_into_a_masked_convolution_scales_the_original_weight():
+    """prune_model keeps its masks as parametrizations by default: conv.weight is computed, so folding must
+    scale the stored original (a per-row scale commutes with the mask)."""
+    from sparseforge.prune import prune_model
+
+    model = _model()
+    prune_model(model, sparsity=0.8, include=r"^0$")  # masks kept
+    x = torch.randn(2, 3, 6, 6)
+    want = model(x)
+    report = convert(model, x, policy="sparse")
+    assert report.folded == [("0", "1")] and torch.allclose(model(x), want, atol=1e-5)
+
+
+def test_batchnorms_without_running_statistics_or_in_training_are_skipped_with_the_reason():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False), nn.Conv2d(4, 4, 1),
+                          _bn(4, 9))
+    model[1].eval()
+    model[3].train()
+    report = fold_batchnorms(model)
+    assert report.folded == []
+    reasons = {s.name: s.reason for s in report.skipped}
+    assert "no running statistics" in reasons["1"] and "training mode" in reasons["3"]
+
+
+def test_dtype_casts_the_example_inputs_too_and_shared_layers_are_replaced_everywhere():
+    shared = nn.Linear(16, 16)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    with torch.no_grad():
+        shared.weight.mul_((torch.rand_like(shared.weight) < 0.3).float())
+    x = torch.randn(2, 16)
+    report = convert(model, x, dtype=torch.bfloat16, policy="sparse")
+    assert isinstance(model[0], SparseLinear) and model[2] is model[0] and len(report.layers) == 1
+    assert model(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_a_layer_the_kernels_refuse_stays_dense_with_the_reason(monkeypatch):
+    from sparseforge.nn import SparseConv2d
+
+    def refuse(self, x):
+        raise ValueError("an 11 x 11 kernel has 121 taps; at most 63")
+
+    monkeypatch.setattr(SparseConv2d, "_compile", refuse)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    conv = nn.Conv2d(3, 8, 11)
+    layer, replacement = measure_layer("stem", conv, [(1, 3, 32, 32)], "measure", 1.0)
+    assert replacement is None and layer.choice == "dense" and "not measured" in layer.reason
+
+
+def test_a_width_kept_dense_counts_its_dense_time_for_the_unstructured_module(monkeypatch):
+    """The unstructured module runs dense where dense won: its cost is the kernel's time at n = 1 plus
+    dense's at n = 512, not the slower kernel's; repeated widths count once."""
+    def prepare(self, widths):
+        assert widths == [1, 512]
+        return [Decision(1, "unstructured", "stub", 5.0, 10.0, mode="graph"),
+                Decision(512, "dense", "stub", 200.0, 50.0, mode="graph")]
+
+    monkeypatch.setattr(SparseLinear, "prepare", prepare)
+    layer, replacement = measure_layer("fc", nn.Linear(64, 32), [(1, 64), (512, 64), (2, 256, 64)], "measure", 5.0)
+    assert layer.times_us == {"dense": 60.0, "unstructured": 55.0}
+    assert layer.choice == "unstructured" and isinstance(replacement, SparseLinear)

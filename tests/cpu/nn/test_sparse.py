@@ -100,3 +100,46 @@ def test_conv_with_relu_fused_and_refusals():
         layer(torch.randn(1, 3, 7, 7))
     with pytest.raises(ValueError, match="zeros only"):
         SparseConv2d.from_dense(nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"))
+
+
+def test_every_sparse_module_kind_gets_its_own_id_in_the_op_registry():
+    """SparseLinear and SparseLinear24 share torch.library's registry: one counter, no collisions."""
+    from sparseforge.nn import SparseLinear24
+    from sparseforge.ops import LAYERS
+
+    a = SparseLinear(16, 16)
+    b = SparseLinear24(16, 16)
+    assert a.layer_id != b.layer_id and LAYERS[a.layer_id] is a and LAYERS[b.layer_id] is b
+    del b
+    assert LAYERS.get(a.layer_id) is a
+
+
+def test_a_layer_built_in_inference_mode_runs_and_keeps_its_dense_copy():
+    with torch.inference_mode():
+        layer = SparseLinear.from_dense(_pruned(nn.Linear(16, 8), 0.5))
+        x = torch.randn(2, 16)
+        first = layer(x)
+        assert torch.equal(layer(x), first) and layer._dense is not None
+
+
+def test_dense_path_compiles_fullgraph_at_several_widths():
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(16, 8), 0.5), policy="dense")
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    for n in (3, 5, 7):
+        x = torch.randn(n, 16)
+        assert torch.allclose(compiled(x), layer(x))
+
+
+def test_state_dict_of_another_shape_is_refused_with_the_reason():
+    small = SparseLinear.from_dense(_pruned(nn.Linear(16, 8), 0.5))
+    other = SparseLinear.from_dense(_pruned(nn.Linear(32, 4), 0.5))
+    with pytest.raises(RuntimeError, match="weight_indptr has 5 entries; this layer's 8 rows need 9"):
+        small.load_state_dict(other.state_dict())
+    wide = SparseLinear.from_dense(_pruned(nn.Linear(64, 8), 0.5))
+    with pytest.raises(RuntimeError, match="weight_indices reach .*; this layer has 16 columns"):
+        small.load_state_dict(wide.state_dict())
+
+
+def test_padding_same_with_an_even_kernel_is_refused():
+    with pytest.raises(ValueError, match="pads unevenly"):
+        SparseConv2d.from_dense(nn.Conv2d(4, 4, (1, 2), padding="same"))
