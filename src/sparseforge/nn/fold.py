@@ -55,10 +55,11 @@ def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
 
 
 class _LeafTracer(torch.fx.Tracer):
-    """fx's tracer with sparseforge's own layers as leaves: their forward checks and dispatches at run time."""
+    """fx's tracer with sparseforge's layers (sparseforge.nn) as leaves: their forward checks and dispatches at
+    run time. Models built in sparseforge.models are traced through like any other."""
 
     def is_leaf_module(self, m: nn.Module, qualified_name: str) -> bool:
-        return type(m).__module__.startswith("sparseforge.") or super().is_leaf_module(m, qualified_name)
+        return type(m).__module__.startswith("sparseforge.nn.") or super().is_leaf_module(m, qualified_name)
 
 
 def fold_batchnorms(model: nn.Module) -> FoldReport:

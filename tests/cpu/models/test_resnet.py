@@ -61,3 +61,23 @@ def test_masked_model_has_the_files_sparsity_and_calibrated_activations_fit_fp16
     with torch.no_grad():
         out = model(torch.randn(2, 3, 64, 64))
     assert torch.isfinite(out).all() and out.abs().max() < 6e4
+
+
+def test_the_masked_resnet_converts_whole_and_computes_the_same(rn50_dir):
+    """Every conv and the FC become sparse modules (policy 'sparse': no timing on the CPU), BatchNorms fold
+    into the convolutions they follow (the residual adds and shared ReLUs stay), and the output is kept."""
+    from sparseforge.nn import SparseConv2d, SparseLinear, convert
+
+    model = resnet50()
+    apply_dlmc_masks(model, rn50_dir)
+    calibrate_batchnorm(model, input_shape=(2, 3, 64, 64), passes=1)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        want = model(x)
+    report = convert(model, x, policy="sparse")
+    assert len(report.layers) == 54 and len(report.folded) == 53  # every BatchNorm follows its conv alone
+    assert sum(isinstance(m, SparseConv2d) for m in model.modules()) == 53
+    assert isinstance(model.fc, SparseLinear)
+    with torch.no_grad():
+        got = model(x)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

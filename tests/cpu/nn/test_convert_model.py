@@ -166,3 +166,12 @@ def test_a_width_kept_dense_counts_its_dense_time_for_the_unstructured_module(mo
     layer, replacement = measure_layer("fc", nn.Linear(64, 32), [(1, 64), (512, 64), (2, 256, 64)], "measure", 5.0)
     assert layer.times_us == {"dense": 60.0, "unstructured": 55.0}
     assert layer.choice == "unstructured" and isinstance(replacement, SparseLinear)
+
+
+def test_folding_traces_past_sparse_layers_already_in_the_model():
+    model = _model()
+    model[4] = SparseLinear.from_dense(model[4])
+    x = torch.randn(2, 3, 6, 6)
+    want = model(x)
+    assert fold_batchnorms(model).folded == [("0", "1")]
+    assert torch.allclose(model(x), want, atol=1e-5)
