@@ -81,7 +81,9 @@ def main():
     layers = encoder_linears(student)
     zeros = sum(int((m.weight == 0).sum()) for m in layers.values())
     total = sum(m.weight.numel() for m in layers.values())
-    result = {"model": "all-MiniLM-L6-v2", "device": args.device, "target_sparsity": args.sparsity,
+    from sparseforge.bench.report import provenance
+
+    result = {"provenance": provenance(sys.argv), "model": "all-MiniLM-L6-v2", "device": args.device, "target_sparsity": args.sparsity,
               "achieved_sparsity": zeros / total, "layers_pruned": len(layers), "train": len(train),
               "held_out": len(held_out), "cosine_one_shot": cosine_one_shot,
               "cosine_retrained": history[-1] if history else None, "cosine_by_epoch": history,
