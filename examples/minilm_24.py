@@ -80,16 +80,18 @@ def setup(device: str, model_dir: Path | None):
     return sentences, train, held_out, teacher, teacher_eval, copy.deepcopy(teacher)
 
 
-def distill_epoch(student, teacher, train, batch_size: int, optimizer, schedule, after_step=None) -> None:
-    """One pass over `train` in a random order: the student learns the teacher's embeddings
-    (distillation_loss); after_step() runs after each optimizer step (a pruner's step, say)."""
+def distill_epoch(student, teacher, train, batch_size: int, optimizer, schedule, after_step=None,
+                  loss_fn=None) -> None:
+    """One pass over `train` in a random order: the student learns the teacher's embeddings (loss_fn, by
+    default distillation_loss); after_step() runs after each optimizer step (a pruner's step, say)."""
+    loss_fn = loss_fn or distillation_loss
     student.train()
     order = torch.randperm(len(train)).tolist()
     for i in range(0, len(train), batch_size):
         batch = [train[j] for j in order[i:i + batch_size]]
         with torch.no_grad():
             target = forward(teacher, batch)
-        loss = distillation_loss(forward(student, batch, grad=True), target)
+        loss = loss_fn(forward(student, batch, grad=True), target)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -20,9 +20,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from minilm_24 import add_training_arguments, distill_epoch, encoder_linears, mean_cosine, setup  # noqa: E402
+from minilm_24 import (add_training_arguments, distill_epoch, distillation_loss, encoder_linears,  # noqa: E402
+                       mean_cosine, setup)
 
 from sparseforge.prune import GradualPruner, remove_masks  # noqa: E402
+
+
+def layerwise_loss(student_out: dict, teacher_out: dict) -> torch.Tensor:
+    """distillation_loss plus, averaged over the encoder layers, 1 - cosine of every unpadded token's state:
+    a pruned layer is told what its own output should be, not only the last one."""
+    cos = torch.nn.functional.cosine_similarity
+    mask = teacher_out["attention_mask"].bool()
+    pairs = list(zip(student_out["all_layer_embeddings"][1:], teacher_out["all_layer_embeddings"][1:]))
+    layers = sum(1.0 - cos(s[mask], t[mask], dim=1).mean() for s, t in pairs) / len(pairs)
+    return distillation_loss(student_out, teacher_out) + layers
 
 
 def recombined(train: list[str], count: int, seed: int) -> list[str]:
@@ -47,6 +58,8 @@ def main():
                         help="extra unlabelled sentences per epoch, each the first half of one training sentence "
                              "joined to the second half of another (the teacher labels them; held-out ones never "
                              "take part)")
+    parser.add_argument("--layerwise", action="store_true",
+                        help="also distil every encoder layer's token states (1 - cosine, averaged over layers)")
     parser.add_argument("--save", type=Path, default=None)
     add_training_arguments(parser)
     args = parser.parse_args()
@@ -71,9 +84,15 @@ def main():
                                                    pct_start=0.1, anneal_strategy="cos")
     history = []
     pruner.step()  # step 0: the schedule's first masks
+    loss_fn = None
+    if args.layerwise:
+        for model in (teacher, student):
+            transformer = model[0]
+            (getattr(transformer, "model", None) or transformer.auto_model).config.output_hidden_states = True
+        loss_fn = layerwise_loss
     for epoch in range(args.epochs):
         distill_epoch(student, teacher, train + recombined(train, args.augment, epoch), args.batch, optimizer,
-                      schedule, after_step=pruner.step)
+                      schedule, after_step=pruner.step, loss_fn=loss_fn)
         history.append(mean_cosine(student, teacher_eval, held_out))
         sparsity = pruner.sparsity_at(pruner.step_count - 1)
         print(f"epoch {epoch + 1}: target sparsity {sparsity:.3f}, held-out mean cosine {history[-1]:.4f}", flush=True)
@@ -87,7 +106,8 @@ def main():
               "achieved_sparsity": zeros / total, "layers_pruned": len(layers), "train": len(train),
               "held_out": len(held_out), "cosine_one_shot": cosine_one_shot,
               "cosine_retrained": history[-1] if history else None, "cosine_by_epoch": history,
-              "epochs": args.epochs, "augment_per_epoch": args.augment, "prune_steps": end,
+              "epochs": args.epochs, "augment_per_epoch": args.augment, "layerwise": args.layerwise,
+              "prune_steps": end,
               "frequency": args.frequency, "lr": args.lr,
               "seconds": time.perf_counter() - started}
     print(json.dumps({k: v for k, v in result.items() if k != "cosine_by_epoch"}, indent=1))
