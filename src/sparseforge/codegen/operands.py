@@ -121,12 +121,12 @@ class BorderedConvInput(DirectKN):
 
     def __init__(self, plan: ConvTilePlan):
         self.plan = plan
-        self.bases = RegionBases("rdb", [plan.input_offset(plan.K - 1) * plan.element_bytes])
+        self.bases = RegionBases("rdb", [plan.operand_offset(k) * plan.element_bytes for k in range(plan.K)])
         self.global_bases = RegionBases("rdg", [])
 
     def prologue(self, e) -> None:
         p, g = self.plan, self.plan.geometry
-        plane = g.channels * g.bordered_height * g.bordered_width
+        plane = p.plane * p.shifts  # one image's copies (plan.shifts: shifted by 0..shifts-1 elements)
         e.comment(f"input base: xp + (batch*{plane} + (oh*{g.stride[0]})*{g.bordered_width} + ow*{g.stride[1]}) * "
                   f"{p.element_bytes}, (oh, ow) = divmod(n, {g.out_width})")
         e.lines([f"div.u32 %rt1, %rn, {g.out_width};", f"rem.u32 %rt3, %rn, {g.out_width};",
@@ -136,7 +136,7 @@ class BorderedConvInput(DirectKN):
                  f"mad.lo.u64 %rdb, %rdt0, {p.element_bytes}, %rdB;"])
 
     def address(self, k: int) -> str:
-        return self.bases.address(self.plan.input_offset(k) * self.plan.element_bytes)
+        return self.bases.address(self.plan.operand_offset(k) * self.plan.element_bytes)
 
 
 class StagedNK(_Staged):

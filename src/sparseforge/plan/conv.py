@@ -256,6 +256,25 @@ class ConvTilePlan(Plan):
         r, s = divmod(tap, g.kernel[1])
         return (channel * g.bordered_height + r * g.dilation[0]) * g.bordered_width + s * g.dilation[1]
 
+    @property
+    def shifts(self) -> int:
+        """Copies of the bordered image the kernel reads (conv_shifts): 1, or vec where a tap's offset is not
+        a multiple of the vector width."""
+        return conv_shifts(self.geometry, self.config.vec)
+
+    @property
+    def plane(self) -> int:
+        """Elements of one bordered image (Cin x Hp x Wp), one copy's length in the kernel's buffer."""
+        g = self.geometry
+        return g.channels * g.bordered_height * g.bordered_width
+
+    def operand_offset(self, k: int) -> int:
+        """Elements from a lane's base, in the buffer of shifted copies, to column k's vector: the copy
+        shifted by j = input_offset % shifts holds xp[i + j] at i, so the vector starts at a multiple of vec."""
+        offset = self.input_offset(k)
+        j = offset % self.shifts
+        return j * self.plane + offset - j
+
     def describe(self) -> str:
         g = self.geometry
         return (f"{super().describe()}\n  as Conv2d {g.channels} -> {g.out_channels}, kernel {g.kernel}, stride "
@@ -275,17 +294,25 @@ def expand_groups(w: SparseMatrix, geometry: ConvGeometry) -> SparseMatrix:
 
 
 def conv_vector_width(geometry: ConvGeometry, wanted: int) -> int:
-    """The widest vector (<= wanted) of pixels a lane can load as one aligned piece: its pixels must be
-    consecutive in the bordered input (stride 1 along rows, OW a multiple of it) and every offset from its
-    base a multiple of it (Wp, and dw unless the kernel is one column wide). So a 3x3 layer runs at 1: tap
-    s of a row sits s*dw elements along, and the vector of s = 1 would be misaligned (copies of the
-    bordered input shifted by 0..vec-1 elements would lift that; not built)."""
+    """The widest vector (<= wanted) of pixels a lane can load as one aligned piece: its pixels consecutive
+    in the bordered input (stride 1 along rows, OW a multiple of it) and its base a multiple of it (Wp too).
+    A tap s*dw elements along a row that is not a multiple of vec reads a copy of the bordered image shifted
+    by that remainder (conv_shifts), so 3x3 layers take vectors too."""
     g = geometry
     for vec in (4, 2):
-        if vec <= wanted and g.stride[1] == 1 and g.out_width % vec == 0 and g.bordered_width % vec == 0 and \
-                (g.kernel[1] == 1 or g.dilation[1] % vec == 0):
+        if vec <= wanted and g.stride[1] == 1 and g.out_width % vec == 0 and g.bordered_width % vec == 0:
             return vec
     return 1
+
+
+def conv_shifts(geometry: ConvGeometry, vec: int) -> int:
+    """How many copies of the bordered image, each shifted one element further, the generated kernel at
+    vector width vec reads: vec when some tap's column offset s*dw is not a multiple of vec (copy j holds
+    xp[i + j] at i, so every tap's vector is aligned in one of them), else 1. The copies cost the input's
+    bytes once more each per call, against vec pixels a load and a decoded FMA operand for all of them."""
+    if vec == 1 or geometry.kernel[1] == 1 or geometry.dilation[1] % vec == 0:
+        return 1
+    return vec
 
 
 def _make_tile_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config: TileConfig, bias, relu: bool,

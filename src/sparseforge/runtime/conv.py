@@ -40,13 +40,12 @@ class ConvKernel(LoadedPlanKernel):
     def _bordered_buffer(self, batch: int):
         import torch
 
-        g = self.plan.geometry
-        return torch.zeros((batch, g.channels, g.bordered_height, g.bordered_width), dtype=self._dtype,
-                           device=self._device)
+        return torch.zeros((batch, self.plan.shifts, self.plan.plane), dtype=self._dtype, device=self._device)
 
     def bordered(self, x, batch: int):
-        """x ([batch,] Cin x H x W) copied into the interior of the kernel's zero-bordered buffer, as the
-        [batch, Cin, Hp, Wp] view the generated kernel reads."""
+        """x ([batch,] Cin x H x W) copied into the interior of the kernel's zero-bordered buffer, and, where
+        the plan reads shifted copies (plan.shifts > 1), copy j filled from copy 0 shifted by j elements (one
+        more launch); the [batch, shifts, plane] buffer the generated kernel reads."""
         import torch
 
         g = self.plan.geometry
@@ -57,9 +56,16 @@ class ConvKernel(LoadedPlanKernel):
                                  "outlive it): call the kernel once with this batch before capturing, or compile "
                                  "with input_shape's batch at least this large")
             self._bordered = self._bordered_buffer(batch)
-        (ph, pw), xp = g.padding, self._bordered[:batch]
+        (ph, pw), buffer = g.padding, self._bordered[:batch]
+        shifts, plane = buffer.shape[1], buffer.shape[2]
+        xp = buffer[:, 0].view(batch, g.channels, g.bordered_height, g.bordered_width)
         xp[:, :, ph:ph + g.height, pw:pw + g.width].copy_(x.view(batch, *self.in_shape))
-        return xp
+        if shifts > 1:  # copy j (1 <= j < shifts) at i: copy 0 at i + j; its last j elements are never read
+            length = plane - shifts + 1
+            source = torch.as_strided(buffer, (batch, shifts - 1, length), (shifts * plane, 1, 1),
+                                      buffer.storage_offset() + 1)
+            buffer[:, 1:, :length].copy_(source)
+        return buffer
 
     def _check(self, t, what: str, shape: tuple[int, int, int]) -> None:
         import torch

@@ -110,7 +110,9 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     border = 0.0
     if isinstance(plan, ConvTilePlan):  # x read and its copy written inside the border, before the kernel
         g = plan.geometry
-        border = gpu.border_copy_us + 2 * g.channels * g.height * g.width * es * batch / gpu.hbm_bytes_per_s * 1e6
+        copies = plan.shifts  # shifted copies: one more launch and the image's bytes once more each
+        border = gpu.border_copy_us * (1 if copies == 1 else 2) \
+            + 2 * copies * g.channels * g.height * g.width * es * batch / gpu.hbm_bytes_per_s * 1e6
         terms["border"] = border
     compile_s = tile_compile_seconds(plan.nnz, vec, c.inline)
     return Estimate(gpu.launch_us + border + max(v for k, v in terms.items() if k != "border"), terms, compile_s)

@@ -119,7 +119,11 @@ def run_generated(plan, x: np.ndarray, residual: np.ndarray | None = None, guard
     g = plan.geometry
     batch = x.shape[0] if x.ndim == 4 else 1
     (ph, pw), size = g.padding, batch * int(np.prod(g.output_shape[1:]))
-    bordered = np.pad(x.reshape(batch, *g.input_shape[1:]), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    flat = np.pad(x.reshape(batch, *g.input_shape[1:]), ((0, 0), (0, 0), (ph, ph), (pw, pw))).reshape(batch, -1)
+    # the buffer of shifted copies ConvKernel.bordered fills: copy j at i holds copy 0 at i + j
+    bordered = np.zeros((batch, plan.shifts, plan.plane))
+    for j in range(plan.shifts):
+        bordered[:, j, :plan.plane - j] = flat[:, j:]
     out = _poisoned(size + guard, plan.dtype)
     y = out[:size].reshape(batch, *g.output_shape[1:])
     y[:, list(plan.partial_rows)] = _encode(np.zeros(1), plan.dtype)[0]
@@ -214,7 +218,10 @@ def _real_plans(name: str, dtype: str, arch: int):
     configs = [TileConfig(**min(generated, key=lambda r: r["predicted_us"])["config"])]
     if name == "rn50_3x3_64":
         configs += [TileConfig(4, 8, 1, 16), TileConfig(1, 4, 1, 16), TileConfig(4, 8, 1, 16, segment_nnz=64),
-                    TileConfig(1, 4, 1, 16, inline=True)]
+                    TileConfig(1, 4, 1, 16, inline=True),
+                    # pairs of pixels a lane over two shifted copies (56 x 56, Wp = 58)
+                    TileConfig(rows_per_group=4, warps_per_block=8, vec=2, load_batch=16),
+                    TileConfig(rows_per_group=1, warps_per_block=4, vec=2, load_batch=16, inline=True)]
     elif name.startswith("rn50"):
         configs += [TileConfig(1, 4, 1, 16)]
     return [make_conv_plan(w, g, dtype, c, np.ones(cout), not c.segment_nnz, not c.segment_nnz, arch)
@@ -227,3 +234,21 @@ def _real_plans(name: str, dtype: str, arch: int):
 def test_generated_kernels_of_real_layers_assemble_without_spills(name, dtype, arch):
     for plan in _real_plans(name, dtype, arch):
         _assemble_without_spills_and_link(render(plan), arch)
+
+
+@pytest.mark.parametrize("shape, kernel, padding, vec, dtype", [
+    ((2, 3, 6, 8), 3, 1, 2, "float32"),    # Wp = 10: pairs, two copies
+    ((1, 2, 8, 8), 5, 2, 4, "float16"),    # Wp = 12, OW = 8: fours, four copies
+    ((1, 2, 7, 8), (3, 5), (1, 2), 4, "bfloat16"),
+])
+def test_vectors_over_shifted_copies_of_the_bordered_input(shape, kernel, padding, vec, dtype):
+    """A lane's vec pixels read each tap as one aligned vector from the copy shifted by the tap's column
+    offset mod vec (the harness fills the copies as ConvKernel.bordered does)."""
+    rng = np.random.default_rng(vec)
+    g = ConvGeometry.of(shape, 5, kernel, 1, padding)
+    w4 = np.where(rng.random((5, shape[1], *g.kernel)) < 0.6, rng.standard_normal((5, shape[1], *g.kernel)), 0)
+    w = SparseMatrix.from_dense(w4.reshape(5, -1).astype(np.float32)).astype(dtype)
+    plan = make_conv_plan(w, g, dtype, TileConfig(rows_per_group=2, warps_per_block=1, vec=vec), relu=True)
+    assert plan.config.vec == vec and plan.shifts == vec
+    x = rng.standard_normal(shape)
+    assert_matches(run_generated(plan, x), _reference(x, w4.astype(np.float32), g, dtype, None, None, True), dtype)

@@ -145,20 +145,26 @@ def test_groups_expand_to_the_input_channels_and_offsets_follow_the_bordered_lay
     assert expand_groups(w, ConvGeometry.of((1, 2, 6, 5), 2, 3)) is w
 
 
-@pytest.mark.parametrize("geometry, wanted, vec", [
-    (((1, 4, 8, 8), 4, 1), 4, 4),                    # 1x1, rows of 8: vectors of 4
-    (((1, 4, 8, 6), 4, 1), 4, 2),                    # rows of 6: pairs
-    (((1, 4, 8, 8), 4, 3, 1, 1), 4, 1),              # 3x3: tap s = 1 would be misaligned
-    (((1, 4, 8, 8), 4, 1, 2), 4, 1),                 # a stride spreads a lane's pixels apart
-    (((1, 4, 8, 8), 4, (3, 1), 1, (1, 0)), 2, 2),    # one column wide: every offset a multiple of Wp
-    (((1, 4, 8, 8), 4, 3, 1, 2, 2), 4, 2),           # dilation 2: offsets even, OW = 8, Wp = 12
+@pytest.mark.parametrize("geometry, wanted, vec, shifts", [
+    (((1, 4, 8, 8), 4, 1), 4, 4, 1),                    # 1x1, rows of 8: vectors of 4
+    (((1, 4, 8, 6), 4, 1), 4, 2, 1),                    # rows of 6: pairs
+    (((1, 4, 8, 8), 4, 3, 1, 1), 4, 2, 2),              # 3x3, Wp = 10: pairs; tap s = 1 reads the copy shifted by 1
+    (((1, 4, 8, 8), 4, 5, 1, 2), 4, 4, 4),              # 5x5, Wp = 12, OW = 8: fours, from four copies
+    (((1, 4, 8, 8), 4, 1, 2), 4, 1, 1),                 # a stride spreads a lane's pixels apart
+    (((1, 4, 8, 8), 4, (3, 1), 1, (1, 0)), 2, 2, 1),    # one column wide: every offset a multiple of Wp
+    (((1, 4, 8, 8), 4, 3, 1, 2, 2), 4, 4, 4),           # dilation 2, OW = 8, Wp = 12: fours, offsets 0, 2, 4
 ])
-def test_vector_width_only_where_a_lanes_pixels_are_one_aligned_piece(geometry, wanted, vec):
+def test_vector_width_only_where_a_lanes_pixels_are_one_aligned_piece(geometry, wanted, vec, shifts):
     g = ConvGeometry.of(*geometry)
     assert conv_vector_width(g, wanted) == vec
     plan = make_conv_plan(SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32)), g,
                           config=TileConfig(1, 1, wanted))
-    assert plan.config.vec == vec
+    assert plan.config.vec == vec and plan.shifts == shifts
+    # every column's vector starts aligned in its copy, and that copy holds the right element there
+    for k in range(plan.K):
+        offset, place = plan.input_offset(k), plan.operand_offset(k)
+        assert place % vec == 0 and place // plan.plane == offset % shifts
+        assert place % plan.plane + place // plan.plane == offset
 
 
 def test_generated_plan_refusals_name_the_problem_and_the_fix():

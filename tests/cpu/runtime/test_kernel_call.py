@@ -269,15 +269,27 @@ def test_generated_conv_calls_copy_x_inside_a_kept_zero_border_and_launch_withou
     out = conv(x, out=torch.full((1, 3, 5, 6), float("nan")))
     x_ptr, y_ptr, batch, _ = conv.launches[-1]
     assert x_ptr == first.data_ptr() and y_ptr == out.data_ptr() and batch == 1
-    border = first.clone()
+    assert first.shape == (1, 1, 2 * 7 * 8)  # [batch, shifts, plane]: one copy at vector width 1
+    image = first.view(1, 2, 7, 8)
+    border = image.clone()
     border[:, :, 1:6, 2:6] = 0
-    assert torch.equal(first[:, :, 1:6, 2:6], x) and (border == 0).all() and (out == 0).all()
+    assert torch.equal(image[:, :, 1:6, 2:6], x) and (border == 0).all() and (out == 0).all()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     conv(torch.randn(3, 2, 5, 4))
-    assert conv._bordered.shape == (3, 2, 7, 8) and conv.launches[-1][2] == 3
+    assert conv._bordered.shape == (3, 1, 112) and conv.launches[-1][2] == 3
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(ValueError, match="before capturing"):  # no allocation may outlive a graph capture
         conv(torch.randn(4, 2, 5, 4))
+
+    # pairs of pixels a lane (3x3, OW = 8, Wp = 10): copy 1 is copy 0 shifted by one element
+    pairs = ConvGeometry.of((2, 2, 6, 8), 3, 3, padding=1)
+    conv = cpu_conv_kernel(make_conv_plan(SparseMatrix.from_dense(np.ones(pairs.weight_shape, np.float32)), pairs,
+                                          config=TileConfig(rows_per_group=1, warps_per_block=1, vec=2)))
+    x = torch.randn(2, 2, 6, 8)
+    conv(x)
+    buffer = conv._bordered
+    assert buffer.shape == (2, 2, 2 * 8 * 10) and torch.equal(buffer[:, 0].view(2, 2, 8, 10)[:, :, 1:7, 1:9], x)
+    assert torch.equal(buffer[:, 1, :-1], buffer[:, 0, 1:])
 
     loaded_calls = []
     residual_plan = make_conv_plan(w, g, config=TileConfig(2, 1, 1), residual=True)
