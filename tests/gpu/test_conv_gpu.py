@@ -188,3 +188,24 @@ def test_generated_mapping_in_a_cuda_graph_and_the_chooser_can_pick_it():
     chosen = compile_conv2d(w, (1, 64, 56, 56), padding=1, tune_budget=3.0)
     timed = [r for r in chosen.choice.records if r.get("us") is not None]
     assert {"conv-csr-columns"} < {r["mapping"] for r in timed} and chosen.plan.name in chosen.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("config", [TileConfig(rows_per_group=4, warps_per_block=8, vec=2, load_batch=16),
+                                    TileConfig(rows_per_group=1, warps_per_block=4, vec=2, load_batch=16, inline=True)],
+                         ids=lambda c: c.short())
+def test_pairs_of_pixels_over_shifted_copies_on_an_rn50_layer(config, dtype):
+    """rn50's 64-channel 3x3 layer at 56 x 56 (Wp = 58): two pixels a lane, each tap from the copy of the
+    bordered input shifted by its column offset's remainder; a batch of 2, then 3 (the buffer regrows)."""
+    weight = _pruned((64, 64, 3, 3), 0.1, seed=11).to(dtype)
+    bias = torch.linspace(-1, 1, 64)
+    k = compile_conv2d(weight, (2, 64, 56, 56), 1, 1, 1, 1, dtype, bias=bias, relu=True, config=config)
+    assert k.plan.config.vec == 2 and k.plan.shifts == 2
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for batch in (2, 3):
+        x = torch.randn((batch, 64, 56, 56), device="cuda", generator=gen).to(dtype)
+        out = torch.full((batch, 64, 56, 56), float("nan"), device="cuda", dtype=dtype)
+        k(x, out=out)
+        ref = _reference(x, weight, bias, 1, 1, 1, 1, None, True)
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
