@@ -79,7 +79,11 @@ case "${1:-}" in
       > "$L/conv90h.log" 2>&1; tail -1 "$L/conv90h.log"
     timeout 200 $SF bench conv:vgg16:0.9 --dtype fp32 --tune-budget 1 --out "$OUT/conv_vgg16_0.9_fp32.json" \
       > "$L/vgg.log" 2>&1; tail -1 "$L/vgg.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95"; exit 2 ;;
+  ninth)  # the ninth session's first call: every GPU test (nn modules, shifted copies untested so far), then Llama decode
+    timeout 330 python3 -m pytest tests/gpu -q -p no:cacheprovider > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 190 python3 benchmarks/model_llama.py "$OUT/model_llama_0.7_fp16_b1.json" --sparsity 0.7 \
+      --tune-budget 1 > "$L/model_llama.log" 2>&1; tail -5 "$L/model_llama.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"
