@@ -6,6 +6,7 @@ holds each layer's winner.
 
     PYTHONPATH=src python benchmarks/designs.py OUT.json DLMC_ROOT CASE[:N] ... [--dtype float32] [--layout kn]
         [--mappings csr-columns,row-groups]   (only these mappings' candidates: a quick look at one family)
+        [--rotate]   (also the best of each mapping and cuBLAS with W rotated through HBM, bench's protocol)
 CASE: a path under DLMC_ROOT without .smtx (rn50 cases take N from rn50_batchsizes.txt unless :N is given),
 or an LLM suite spec with N after a slash: llm:0.9:llama_4096x4096/16 (every case it names, at N = 16).
 """
@@ -29,11 +30,13 @@ from sparseforge.runtime import build_kernel, compile_plan
 from sparseforge.tune.choose import TOP, choose, shortlist
 from sparseforge.plan.bitmap import BitmapConfig
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+from sparseforge.plan.tc_scatter import TcScatterConfig
 from sparseforge.tune.space import search_space
 
 # the mappings each config family can give: --mappings drops a family before its plans are made (sketching
 # every generated candidate of a million-nonzero LLM layer costs minutes)
-FAMILY_MAPPINGS = {CsrConfig: {"csr"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"}}
+FAMILY_MAPPINGS = {CsrConfig: {"csr"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"},
+                   TcScatterConfig: {"tc-scatter"}}
 TILE_MAPPINGS = {"row-groups", "row-per-block", "split-k", "staged-x", "inline"}
 
 
@@ -56,10 +59,11 @@ def weights(root: Path, spec: str, dtype: str):
     yield name, SparseMatrix.from_smtx(root / f"{name}.smtx", seed=0).astype(dtype), n
 
 
-def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: set | None = None) -> dict:
+def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: set | None = None,
+        rotate: bool = False) -> dict:
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
-    space = search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True)
+    space = search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True, dtype=dtype)
     if mappings:
         space = [c for c in space if FAMILY_MAPPINGS.get(type(c), TILE_MAPPINGS) & mappings]
     plans = _plans(make, space)
@@ -72,7 +76,7 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
     out = torch.empty(out_shape, device="cuda", dtype=tdt)
     dense = w.to_torch("cuda")
     ref = dense.double() @ inputs[0].double() if layout == "kn" else inputs[0].double() @ dense.double().T
-    errors = {}
+    errors, kernels = {}, {}
 
     def compile_one(plan):
         real = _renderable(make, plan)
@@ -83,6 +87,7 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
         check = torch.full(out_shape, float("nan"), device="cuda", dtype=tdt)
         kernel(inputs[0], out=check)
         errors[kernel.plan.config.short()] = relative_error(check, ref)
+        kernels[kernel.plan.config.short()] = kernel
         return kernel, graph_time_us(lambda b: kernel(b, out=out), inputs)
 
     def dense_us():
@@ -101,7 +106,18 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
     best = min(timed, key=lambda i: records[i]["us"])
     picked = min((i for i in shortlist(records, TOP) if records[i].get("us")), key=lambda i: records[i]["us"])
     predicted = min(range(len(records)), key=lambda i: records[i]["predicted_us"])
-    return {"case": name, "M": w.shape[0], "K": w.shape[1], "N": n, "nnz": w.nnz, "dtype": dtype, "layout": layout,
+    rotating = {}
+    if rotate:  # the fastest correct candidate of each mapping, and cuBLAS, streaming W from HBM
+        from sparseforge.bench.gpu import _rotating_times
+
+        for mapping in sorted({records[i]["mapping"] for i in timed}):
+            i = min((j for j in timed if records[j]["mapping"] == mapping and records[j]["error_ok"]),
+                    key=lambda j: records[j]["us"], default=None)
+            if i is not None:
+                rotating[records[i]["label"]] = _rotating_times(kernels[records[i]["label"]], dense, layout, tdt,
+                                                                shape, 11)
+    kernels.clear()
+    return {"rotating": rotating, "case": name, "M": w.shape[0], "K": w.shape[1], "N": n, "nnz": w.nnz, "dtype": dtype, "layout": layout,
             "cublas_us": choice.dense_us, "candidates": records, "best": records[best]["label"],
             "best_mapping": records[best]["mapping"], "best_us": records[best]["us"],
             "chooser_us": records[picked]["us"], "chooser_label": records[picked]["label"],
@@ -112,6 +128,10 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
 def report(out: str, results: list[dict], r: dict) -> None:
     """Rewrite the results file (a run cut by a timeout keeps what it measured) and print r's line."""
     Path(out).write_text(json.dumps({"provenance": provenance(sys.argv), "cases": results}, indent=1))
+    for label, t in r.get("rotating", {}).items():
+        print(f"    rotating {label:20s} {t['sparseforge_rotating_us']:7.2f} us ({t['sparseforge_rotating_tbs']:.2f} TB/s)"
+              f"  cuBLAS {t['cublas_rotating_us']:7.2f} us ({t['cublas_rotating_tbs']:.2f} TB/s)  "
+              f"x{t['speedup_vs_cublas_rotating']:.2f}", flush=True)
     print(f"{r['case'][-48:]:48s} {r['M']:5d}x{r['K']:<5d} N={r['N']:<5d} cuBLAS {r['cublas_us']:7.2f}  best "
           f"{r['best_us']:7.2f} {r['best_mapping']:13s} {r['best']:20s} chooser {r['chooser_us']:7.2f}  "
           f"model-top1 {r['model_top1_us'] or float('nan'):7.2f}  ok={r['all_correct']}  {r['seconds']:.0f}s",
@@ -126,12 +146,13 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--layout", default="kn")
     parser.add_argument("--mappings", default="", help="comma-separated mappings to keep (default: all)")
+    parser.add_argument("--rotate", action="store_true", help="also time with W rotated through HBM")
     args = parser.parse_args()
     results = []
     for spec in args.cases:
         for name, w, n in weights(args.root, spec, args.dtype):
             try:
-                r = run(name, w, n, args.dtype, args.layout, set(filter(None, args.mappings.split(","))))
+                r = run(name, w, n, args.dtype, args.layout, set(filter(None, args.mappings.split(","))), args.rotate)
             except ValueError as exc:  # e.g. --mappings keeps no candidate of this case
                 print(f"{name}: skipped ({exc})", flush=True)
                 continue

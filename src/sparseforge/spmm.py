@@ -12,6 +12,7 @@ from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
 from .plan.plan import clusters_of, fp32_bias, remember_clusters
 from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+from .plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
 from .tune.choose import Choice, choose, chooser_digest, rank
 from .tune.cost import estimate, tile_compile_seconds
@@ -69,7 +70,7 @@ def _checked_bias(bias, m: int):
 
 
 # the config families whose kernels add a residual (C = W B + bias + R) in their epilogue so far
-RESIDUAL_CONFIGS = (CsrConfig, CsrColumnsConfig, BitmapConfig)
+RESIDUAL_CONFIGS = (CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig)
 
 
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
@@ -77,7 +78,10 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
     if residual and not isinstance(config, RESIDUAL_CONFIGS):
         raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
-                         "use a CsrConfig, CsrColumnsConfig or BitmapConfig (or no config: the chooser takes those)")
+                         "use a CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig (or no config: the "
+                         "chooser takes those)")
+    if isinstance(config, TcScatterConfig):
+        return make_tc_scatter_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     if isinstance(config, BitmapConfig):
         return make_bitmap_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     if isinstance(config, (CsrConfig, CsrColumnsConfig)):
@@ -86,7 +90,8 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
 
 
 # config classes by the name a cached choice records them under
-_CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "bitmap": BitmapConfig, "tile": TileConfig}
+_CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "bitmap": BitmapConfig,
+                    "tc-scatter": TcScatterConfig, "tile": TileConfig}
 
 
 def _config_record(config) -> dict:
@@ -112,7 +117,8 @@ def _config_from_record(record: dict):
 
 
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
-                 device="cuda", config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | None = None,
+                 device="cuda",
+                 config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | None = None,
                  tune_budget: float | None = 5.0,
                  deterministic: bool = False, time_dense: bool = True, residual: bool = False):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
@@ -123,13 +129,14 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     are rounded to dtype). bias: M values added before relu.
 
     The choice (tune/choose.py): the cost model ranks every candidate of tune/space.py (row groups, row
-    per block, split K, the small-N kernel for n <= 64); with tune_budget seconds (default 5) the top few
+    per block, split K, the small-N kernel for n <= 64, the tensor-core tc-scatter kernel for float16 /
+    bfloat16 at n <= 64); with tune_budget seconds (default 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
     them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
-    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig instead. deterministic: no atomics
-    (bitwise-reproducible runs). residual=True: the kernel takes k(B, residual=R) and adds R (laid out as the
-    output) before relu; only the kernels that read W as data (csr, csr-columns, bitmap) add one so far, so
-    the chooser picks among those.
+    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig / TcScatterConfig instead.
+    deterministic: no atomics (bitwise-reproducible runs). residual=True: the kernel takes k(B, residual=R)
+    and adds R (laid out as the output) before relu; only the kernels that read W as data (csr, csr-columns,
+    bitmap, tc-scatter) add one so far, so the chooser picks among those.
 
     Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
     k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every
@@ -144,11 +151,12 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         raise ValueError(f"n must be a positive integer, got {n!r}")
     n = int(n)
     if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
-        raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig or BitmapConfig, got "
-                        f"{type(config).__name__}")
+        raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig, "
+                        f"got {type(config).__name__}")
     if residual and config is not None and not isinstance(config, RESIDUAL_CONFIGS):
         raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
-                         "use a CsrConfig, CsrColumnsConfig or BitmapConfig (or no config: the chooser takes those)")
+                         "use a CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig (or no config: the "
+                         "chooser takes those)")
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
@@ -180,7 +188,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
     space = within_compile_limit(search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
-                                              deterministic), w.nnz)
+                                              deterministic, dtype=name), w.nnz)
     if residual:
         space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
             [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
@@ -244,7 +252,7 @@ def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: b
     w = _as_sparse(W).astype(_dtype_name(dtype))
     name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
     space = within_compile_limit(search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
-                                              deterministic), w.nnz)
+                                              deterministic, dtype=name), w.nnz)
     return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())
 

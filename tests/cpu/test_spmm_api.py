@@ -93,7 +93,7 @@ def test_a_problem_every_candidate_refuses_raises_their_reason(monkeypatch):
     from sparseforge.plan import TileConfig
 
     spmm_module = importlib.import_module("sparseforge.spmm")
-    monkeypatch.setattr(spmm_module, "search_space", lambda *args: [TileConfig(transpose_x=True)])
+    monkeypatch.setattr(spmm_module, "search_space", lambda *args, **kwargs: [TileConfig(transpose_x=True)])
     with pytest.raises(ValueError, match="transpose_x applies to layout 'nk'"):
         spmm_module.plan_spmm(W, 8, layout="kn")
 

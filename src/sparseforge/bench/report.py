@@ -17,12 +17,16 @@ def plan_traffic(plan) -> dict[str, int]:
     atomics, C written once) and the floor (B and C moved once): their ratio is the plan's traffic cost."""
     from ..plan import operand_bytes
     from ..plan.csr import csr_bytes
+    from ..plan.tc_scatter import scatter_bytes
 
     output = plan.M * plan.N * plan.element_bytes
     if plan.family == "bitmap":  # W's bitmap and values streamed once, B's rows per nonzero
         b_reads = plan.nnz * plan.N * plan.element_bytes
         return {"fetched_bytes": plan.bytes_read() + b_reads + output,
                 "floor_bytes": plan.bytes_read() + plan.K * plan.N * plan.element_bytes + output}
+    if plan.family == "tc-scatter":  # W's entries streamed once per column group, B's columns per strip
+        traffic = scatter_bytes(plan)
+        return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}
     if plan.family == "csr":
         traffic = csr_bytes(plan)
         return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}

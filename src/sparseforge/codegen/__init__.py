@@ -2,7 +2,8 @@
 
 ptx.py: the generated row-group kernels (every nonzero an FMA immediate: row groups, row per block, split
 K, staged or transposed X; a convolution over its zero-bordered input through operands.py); csr.py: the kernels over padded CSR (W as data: the small-N kernel, lanes over
-nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a bitmap + packed values; conv.py: the direct sparse convolution
+nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a bitmap + packed values; tc_scatter.py: the tensor-core kernel over
+entries scattered into dense tiles (half precision, small N); conv.py: the direct sparse convolution
 (csr-columns over an implicit im2col);
 gemv24.py: the packed
 2:4 GEMV. render(plan) picks the module by plan.mapping.
@@ -12,6 +13,7 @@ from .conv import render_conv
 from .csr import render_csr, render_csr_columns
 from .ptx import PTX_VERSION, KernelSource
 from .ptx import render as render_groups
+from .tc_scatter import render_tc_scatter
 
 
 def render(plan) -> KernelSource:
@@ -20,9 +22,12 @@ def render(plan) -> KernelSource:
         return render_csr_columns(plan)
     if plan.mapping == "bitmap":
         return render_bitmap(plan)
+    if plan.mapping == "tc-scatter":
+        return render_tc_scatter(plan)
     if plan.mapping == "conv-csr-columns":
         return render_conv(plan)
     return render_csr(plan) if plan.mapping == "csr" else render_groups(plan)
 
 
-__all__ = ["PTX_VERSION", "KernelSource", "render", "render_bitmap", "render_conv", "render_csr", "render_csr_columns", "render_groups"]
+__all__ = ["PTX_VERSION", "KernelSource", "render", "render_bitmap", "render_conv", "render_csr", "render_csr_columns", "render_groups",
+           "render_tc_scatter"]

@@ -16,6 +16,9 @@
 - bitmap (plan/bitmap.py, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
   the weight's bytes bound the layer (issue 11). Its second design (lanes over interleaved columns, x and
   the values in shared memory) is proposed only with unmeasured=True until designs.py has measured it;
+- tc-scatter (plan/tc_scatter.py, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
+  tiles for the tensor cores (mma.m16n8k16): a few instructions a nonzero whatever N is, where the CUDA-core
+  kernels gather B per nonzero (issue 11's decode and small batches);
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ import dataclasses
 from ..plan import TileConfig, pick_vec
 from ..plan.bitmap import BitmapConfig
 from ..plan.csr import CsrColumnsConfig, CsrConfig
+from ..plan.tc_scatter import TcScatterConfig
 from .autotune import _column_warps, candidates
 
 # Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
@@ -82,6 +86,19 @@ def decode(n: int, layout: str) -> list[BitmapConfig]:
             ((4, 2, 2), (4, 4, 2), (4, 2, 4), (8, 2, 2))]
 
 
+TC_SCATTER_MAX_N = 64  # the tensor cores do every 16 x 16 tile's dense work: past a few n-tiles the
+# cuBLAS GEMM it then resembles is as fast (issue 11 asks for N = 1..16, and up to 64 where it still wins)
+
+
+def tc_scatter(n: int, dtype: str) -> list[TcScatterConfig]:
+    """tc-scatter configs for 16-bit dtypes at N <= 64: 16 or 8 warps on a strip with 2 or 4 rounds read
+    ahead, and 4 warps with 4 (more warps and more read-ahead: more bytes in flight for layers of few strips;
+    fewer: less partial-sum traffic and fewer registers)."""
+    if dtype not in ("float16", "bfloat16") or n > TC_SCATTER_MAX_N:
+        return []
+    return [TcScatterConfig(warps_per_block=w, ahead=a) for w, a in ((16, 2), (16, 4), (8, 4), (8, 2), (4, 4))]
+
+
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     """Row per block with every row's code inline (the shape of issue 10's NVRTC reference kernel, which
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
@@ -96,9 +113,10 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
 
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
-                 deterministic: bool = False, unmeasured: bool = False) -> list:
-    """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig or BitmapConfig) for an M-row weight with row_nnz
-    nonzeros per row on average, at width n. deterministic: no candidate that adds partial sums with atomics.
+                 deterministic: bool = False, unmeasured: bool = False, dtype: str = "float32") -> list:
+    """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig) for an
+    M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
+    16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
     benchmarks/designs.py has measured them (bitmap today; inline and csr-columns were measured on the
     H200, 2026-12-01, and won layers: benchmarks/NOTES.md, sixth session)."""
@@ -107,6 +125,7 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
         configs += csr_columns(n, row_nnz)
     if n <= SMALL_N_MAX:
         configs += small_n(n, row_nnz)
+    configs += tc_scatter(n, dtype)
     if unmeasured:
         configs += decode(n, layout)
     if deterministic:

@@ -147,7 +147,7 @@ class Thread:
                 raise RuntimeError(f"{name} does not terminate")
             guard, op, args = code[i]
             i += 1
-            if guard and not self.preds[guard]:
+            if guard and self.preds[guard.lstrip("!")] == guard.startswith("!"):
                 continue
             if op == "call":
                 yield from self._call_block(args)
@@ -167,6 +167,16 @@ class Thread:
                 self.regs[dst] = value
                 if pred:
                     self.preds[pred] = lane >= delta
+            elif op.startswith("ldmatrix.sync.aligned.m8n8"):  # the warp reads 8x8 tiles: lanes give row addresses
+                targets = _vector(args[0])
+                words = yield ("ldsm", self._address(args[1]), op + str(len(targets)))
+                for t, word in zip(targets, words):
+                    self.regs[t] = word
+            elif op.startswith("mma.sync.aligned.m16n8k16"):  # the warp's fragments meet at the tensor cores
+                d, a, b, c = (_vector(x) for x in args)
+                out = yield ("mma", tuple(tuple(self._val(x) for x in part) for part in (a, b, c)), op)
+                for t, word in zip(d, out):
+                    self.regs[t] = word
             elif op == "ret":
                 return params
             elif op in ("bra", "bra.uni"):
@@ -412,10 +422,10 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
                     thread = Thread(functions, headers, memory, tid, (x, y, z))
                     thread.special.update(symbols)
                     block.append(thread.run(entry, {k: bytearray(val) for k, val in params.items()}))
-                _run_block(block)
+                _run_block(block, memory)
 
 
-def _run_block(block: list) -> None:
+def _run_block(block: list, memory: Memory) -> None:
     """Threads of one block in turns, each up to its next bar.sync or warp shuffle. A thread at bar.sync
     waits until every live thread of the block is there (threads that exited count as arrived, as on
     sm_70+). At a shuffle every
@@ -446,9 +456,61 @@ def _run_block(block: list) -> None:
             if len(kinds) > 1 or any(t not in stops for t in lanes):
                 raise RuntimeError(f"warp {warp}: its lanes are not all at one shuffle ({sorted(kinds)}; "
                                    f"{sum(t in stops for t in lanes)} of {len(lanes)} live lanes there)")
+        for warp, kinds in warps.items():
+            kind, op = next(iter(kinds))
+            if kind in _COLLECTIVE:  # every lane's reply depends on all 32 lanes' operands
+                lanes = {tid & 31: stop[1] for tid, stop in stops.items() if tid >> 5 == warp}
+                if len(lanes) != 32:
+                    raise RuntimeError(f"warp {warp}: {op} needs all 32 lanes, {len(lanes)} are there")
+                for lane, reply in _COLLECTIVE[kind](op, lanes, memory).items():
+                    replies[(warp << 5) | lane] = reply
         for tid, stop in stops.items():  # butterfly (lane ^ offset), indexed (lane b), up (lane - b)
+            if stop[0] in _COLLECTIVE:
+                continue
             partner = {"bfly": lambda: tid ^ stop[2], "idx": lambda: (tid & ~31) | (stop[2] & 31), "wsync": lambda: tid,
                        "up": lambda: tid - stop[2] if (tid & 31) >= stop[2] else tid}[stop[0]]()
             if partner not in stops:
                 raise RuntimeError(f"lane {tid} shuffles with {partner}, which is not at the shuffle")
             replies[tid] = stops[partner][1]
+
+
+def _ldmatrix(op: str, addresses: dict[int, int], memory: Memory) -> dict[int, tuple[int, ...]]:
+    """ldmatrix .x1/.x2/.x4 (b16, no .trans): matrix i's 8 rows of 16 bytes start at the addresses of lanes
+    8 i .. 8 i + 7; lane l receives, of each matrix, the word holding row l // 4, elements 2 (l % 4) and
+    2 (l % 4) + 1."""
+    count = int(op[-1])
+    if ".trans" in op:
+        raise NotImplementedError("ldmatrix .trans")
+    for lane in range(8 * count):
+        if addresses[lane] % 16:
+            raise RuntimeError(f"misaligned {op}: row address {addresses[lane]:#x} of lane {lane}")
+    return {lane: tuple(memory.read(addresses[8 * i + lane // 4] + 4 * (lane % 4), 4) for i in range(count))
+            for lane in range(32)}
+
+
+def _mma(op: str, fragments: dict[int, tuple], memory: Memory) -> dict[int, tuple[int, ...]]:
+    """mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: D = A B + C, A 16 x 16, B 16 x 8, fp32 C and D. Lane l
+    (g = l // 4, t = l % 4) holds A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..] (pairs), B[2t..][g],
+    B[2t+8..][g] and C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. The products are exact in float64, the sum
+    rounded once to fp32 (the hardware's own accumulation order differs in the last bits)."""
+    if ".row.col.f32." not in op or not op.endswith(".f32"):
+        raise NotImplementedError(op)
+    bf16 = ".bf16." in op
+    A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+    for lane, (a, b, c) in fragments.items():
+        g, t = divmod(lane, 4)
+        for reg, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[row, col], A[row, col + 1] = _half(a[reg] & 0xFFFF, bf16), _half(a[reg] >> 16 & 0xFFFF, bf16)
+        for reg, k in enumerate((2 * t, 2 * t + 8)):
+            B[k, g], B[k + 1, g] = _half(b[reg] & 0xFFFF, bf16), _half(b[reg] >> 16 & 0xFFFF, bf16)
+        C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1] = (_f32(x) for x in c)
+    with np.errstate(invalid="ignore", over="ignore"):
+        D = A @ B + C
+    out = {}
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        out[lane] = tuple(_bits32(D[row, col]) for row, col in ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)))
+    return out
+
+
+_COLLECTIVE = {"ldsm": _ldmatrix, "mma": _mma}
