@@ -66,7 +66,8 @@ def test_every_width_matches_float64(n, dtype):
 
 @pytest.mark.parametrize("density", DENSITIES, ids=str)
 @pytest.mark.parametrize("m,k", [(16, 64), (33, 70), (130, 1000), (8, 4104)])
-@pytest.mark.parametrize("config", [TcScatterConfig(8, 4), TcScatterConfig(4, 1)], ids=lambda c: c.short())
+@pytest.mark.parametrize("config", [TcScatterConfig(8, 4), TcScatterConfig(4, 1), TcScatterConfig(16, 2)],
+                         ids=lambda c: c.short())
 def test_densities_and_tails_match_float64(density, m, k, config):
     w = _weight(m, k, density, seed=m + k)
     for n, layout in ((1, "kn"), (8, "nk"), (16, "kn")):

@@ -13,9 +13,9 @@ the strip's chunks [w * per_warp, (w + 1) * per_warp), whose rounds are consecut
 - a round: the lane's tile from the record (popc over the lanes that begin tiles, then the record's tile
   list), its 4 entries stored as 16-bit values at their positions (4 shared stores);
 - a chunk's last round: warp barrier, per tile ldmatrix.x4 (A) and one mma.m16n8k16 per n-tile with the
-  chunk's B (fp32 accumulators), the B of the chunk two ahead requested into the same registers (every chunk
-  has a round, so chunk c + 2 is known; one 16-byte load a lane per 32 columns: plan/tc_scatter.py's column
-  permutation), barrier, the 4 tiles zeroed (one 16-byte store each), barrier;
+  chunk's B (fp32 accumulators), barrier, the 4 tiles zeroed (one 16-byte store each), barrier, and the next
+  chunk's B requested (its index from the next round's record; one 16-byte load a lane per 32 columns:
+  plan/tc_scatter.py's column permutation);
 - at the end the warps' accumulators meet in shared memory (the tile buffers' space), and each thread adds
   its outputs' partial sums in warp order, then bias, residual, ReLU (max.NaN), rounding and the store.
 """
@@ -47,16 +47,17 @@ def _load_entries(e: Emitter, slot: int, record: int) -> None:
              f"and.b32 %t, %rh{record}, 63;", f"mad.lo.u32 %re, %t, {QUAD}, %re;"])
 
 
-def _load_b(e: Emitter, plan: TcScatterPlan, chunk: str, bset: int) -> None:
-    """B for chunk `chunk` (a register) into register set `bset`: per 32-column window and n-tile, the lane's 8
-    values (columns k0 + 32 w + 8 tq ..+7 of its row n) as 4 words; zeros past K or N (a column past K meets
-    A's zero columns: it must be finite)."""
+def _load_b(e: Emitter, plan: TcScatterPlan, record: int) -> None:
+    """B for the chunk record slot `record` names: per 32-column window and n-tile, the lane's 8 values
+    (columns k0 + 32 w + 8 tq ..+7 of its row n) as 4 words; zeros past K or N (a column past K meets A's
+    zero columns: it must be finite). One register set: measured on the H200, a second set to request B two
+    chunks ahead (82 registers instead of 57) cost more in occupancy than it hid in latency."""
     nt_count = plan.n_tiles
-    e.lines([f"mul.lo.u32 %kb, {chunk}, {CHUNK_COLUMNS};", "mad.lo.u32 %kb, %tq, 8, %kb;"])
+    e.lines([f"shr.u32 %kb, %rh{record}, 16;", f"mul.lo.u32 %kb, %kb, {CHUNK_COLUMNS};", "mad.lo.u32 %kb, %tq, 8, %kb;"])
     for w in range(TILES_PER_CHUNK // 2):
         e.lines([f"add.u32 %o, %kb, {w * WINDOW};", f"setp.lt.u32 %pk, %o, {plan.K};"])
         for nt in range(nt_count):
-            regs = [_b(bset, w, nt, i) for i in range(4)]
+            regs = [_b(w, nt, i) for i in range(4)]
             if plan.vector_b:
                 e.lines([f"and.pred %pq, %pk, %pn{nt};", "mad.wide.u32 %rdt, %o, 2, " + f"%rdx{nt};"])
                 e.lines([f"@!%pq mov.b32 {r}, 0;" for r in regs])
@@ -74,8 +75,8 @@ def _load_b(e: Emitter, plan: TcScatterPlan, chunk: str, bset: int) -> None:
                     e.line(f"mov.b32 {regs[i // 2]}, {{%h0, %h1}};")
 
 
-def _b(bset: int, window: int, nt: int, i: int) -> str:
-    return f"%bx{bset}_{window}_{nt}_{i}"
+def _b(window: int, nt: int, i: int) -> str:
+    return f"%bx{window}_{nt}_{i}"
 
 
 def _scatter(e: Emitter, slot: int, ring: int) -> None:
@@ -95,28 +96,20 @@ def _scatter(e: Emitter, slot: int, ring: int) -> None:
 
 
 def _multiply(e: Emitter, plan: TcScatterPlan, slot: int, i: int) -> None:
-    """At the last round of a chunk: its 4 tiles times B (register set chunk & 1) into the accumulators, B of
-    the chunk two ahead requested into that set (so its loads have a whole chunk's rounds to land), the
-    tiles zeroed, the chunk count advanced."""
+    """At the last round of a chunk: its 4 tiles times B into the accumulators, the tiles zeroed, the next
+    chunk's B requested (the round after this one, the next chunk's first, is in the next record slot)."""
     e.lines([f"and.b32 %t, %rh{slot}, 16384;", "setp.eq.u32 %pt, %t, 0;", f"@%pt bra KEPT{i};",
-             "bar.warp.sync -1;", "and.b32 %t, %rc, 1;", "setp.ne.u32 %pt, %t, 0;", f"add.u32 %t, %rc, 2;",
-             f"@%pt bra ODD{i};"])
-    for bset in (0, 1):
-        if bset:
-            e.label(f"ODD{i}")
-        for t in range(TILES_PER_CHUNK):
-            e.line(f"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%a0, %a1, %a2, %a3}}, [%ra+{t * TILE_BYTES}];")
-            for nt in range(plan.n_tiles):
-                c = ", ".join(f"%c{nt}_{q}" for q in range(4))
-                b = f"{_b(bset, t // 2, nt, 2 * (t % 2))}, {_b(bset, t // 2, nt, 2 * (t % 2) + 1)}"
-                e.line(f"{_mma(plan)} {{{c}}}, {{%a0, %a1, %a2, %a3}}, {{{b}}}, {{{c}}};")
-        _load_b(e, plan, "%t", bset)  # the mma has read this set: the loads may overwrite it
-        if not bset:
-            e.line(f"bra.uni MULTIPLIED{i};")
-    e.label(f"MULTIPLIED{i}")
+             "bar.warp.sync -1;"])
+    for t in range(TILES_PER_CHUNK):
+        e.line(f"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%a0, %a1, %a2, %a3}}, [%ra+{t * TILE_BYTES}];")
+        for nt in range(plan.n_tiles):
+            c = ", ".join(f"%c{nt}_{q}" for q in range(4))
+            b = f"{_b(t // 2, nt, 2 * (t % 2))}, {_b(t // 2, nt, 2 * (t % 2) + 1)}"
+            e.line(f"{_mma(plan)} {{{c}}}, {{%a0, %a1, %a2, %a3}}, {{{b}}}, {{{c}}};")
     e.line("bar.warp.sync -1;")  # every lane's ldmatrix has read the tiles before they are zeroed
     e.lines([f"st.shared.v4.b32 [%rzl+{t * TILE_BYTES}], {{%zero, %zero, %zero, %zero}};" for t in range(TILES_PER_CHUNK)])
-    e.lines(["bar.warp.sync -1;", "add.u32 %rc, %rc, 1;"])  # zeroed before the next chunk's values land
+    e.line("bar.warp.sync -1;")  # zeroed before the next chunk's values land
+    _load_b(e, plan, (slot + 1) % (2 * plan.config.ahead))
     e.label(f"KEPT{i}")
 
 
@@ -198,8 +191,8 @@ def render_tc_scatter(plan: TcScatterPlan) -> KernelSource:
     for nt in range(nt_count):
         e.lines([f"mad.lo.u32 %t, %rgx, {plan.block_columns}, %g;", f"add.u32 %t, %t, {8 * nt};",
                  f"setp.lt.u32 %pn{nt}, %t, {plan.N};", f"mad.wide.u32 %rdx{nt}, %t, {row_stride}, %rdb;"])
-    e.comment("this warp's chunks [rc, ..), their rounds [rr, rre) and first entry re")
-    e.lines([f"mul.lo.u32 %t, %warp, {per_warp};", f"min.u32 %t, %t, {per_strip};", "mov.u32 %rc, %t;",
+    e.comment("this warp's chunks, their rounds [rr, rre) and first entry re")
+    e.lines([f"mul.lo.u32 %t, %warp, {per_warp};", f"min.u32 %t, %t, {per_strip};",
              f"add.u32 %o, %t, {per_warp};", f"min.u32 %o, %o, {per_strip};", "ld.param.u64 %rdt, [p_chunks];", "cvta.to.global.u64 %rdt, %rdt;",
              f"mad.lo.u32 %t, %rs, {per_strip}, %t;", "mad.wide.u32 %rdc, %t, 8, %rdt;",
              "ld.global.nc.v2.u32 {%rr, %re}, [%rdc];", f"mad.lo.u32 %o, %rs, {per_strip}, %o;",
@@ -211,16 +204,13 @@ def render_tc_scatter(plan: TcScatterPlan) -> KernelSource:
              f"mad.wide.u32 %rdval, %lane, {QUAD * es}, %rdval;"])
     e.lines([f"mov.f32 %c{nt}_{q}, 0f00000000;" for nt in range(nt_count) for q in range(4)])
     e.comment(f"read-ahead: records of rounds rr .. rr + {records_ahead - 1}, entries of rr .. rr + "
-              f"{entries_ahead - 1}, B of the first two chunks (register set: chunk & 1)")
+              f"{entries_ahead - 1}, B of the first chunk")
     for slot in range(records_ahead):
         e.line(f"add.u32 %t, %rr, {slot};")
         _load_record(e, slot, "%t")
     for ring in range(entries_ahead):
         _load_entries(e, ring, ring)
-    e.lines(["and.b32 %kp, %rc, 1;", "add.u32 %kc, %rc, %kp;"])  # the first even chunk
-    _load_b(e, plan, "%kc", 0)
-    e.lines(["add.u32 %kc, %rc, 1;", "sub.u32 %kc, %kc, %kp;"])  # the first odd one
-    _load_b(e, plan, "%kc", 1)
+    _load_b(e, plan, 0)
     e.label("ROUNDS")
     for i in range(records_ahead):
         ring = i % entries_ahead
@@ -236,11 +226,10 @@ def render_tc_scatter(plan: TcScatterPlan) -> KernelSource:
     e.label("WALKED")
     _epilogue(e, plan)
     e.line("ret;")
-    b_regs = [_b(s, w, nt, i) for s in (0, 1) for w in range(TILES_PER_CHUNK // 2) for nt in range(nt_count)
-              for i in range(4)]
+    b_regs = [_b(w, nt, i) for w in range(TILES_PER_CHUNK // 2) for nt in range(nt_count) for i in range(4)]
     decl = [".reg .pred %pt, %pa, %pk, %pq, " + ", ".join(f"%pn{nt}" for nt in range(nt_count)) + ";",
-            ".reg .b32 %zero, %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %rbuf, %rzl, %ra, %lmask, %rr, %rre, %re, %rc, "
-            "%kc, %kp, %kb, %t, "
+            ".reg .b32 %zero, %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %rbuf, %rzl, %ra, %lmask, %rr, %rre, %re, "
+            "%kb, %t, "
             "%o, %o2, %ad, %tb, %act, %hv, %rw, %cl, %n, %m, %a0, %a1, %a2, %a3, "
             + ", ".join([f"%rl{s}, %rh{s}" for s in range(records_ahead)]
                         + [f"%ep{r}, %ev{r}_0, %ev{r}_1" for r in range(entries_ahead)] + b_regs) + ";",

@@ -246,6 +246,15 @@ class Thread:
             else:
                 buf[offset:offset + size] = (v(args[1]) & _MASK[size * 8]).to_bytes(size, "little")
             return
+        if op.startswith("cp.async.ca.shared.global"):  # done at once: wait_group then has nothing to wait for
+            size = int(args[2])
+            dst, src = self._address(args[0]), self._address(args[1])
+            _check_aligned(op, dst, size)
+            _check_aligned(op, src, size)
+            self.memory.write(dst, size, self.memory.read(src, size))
+            return
+        if op in ("cp.async.commit_group", "cp.async.wait_all") or op.startswith("cp.async.wait_group"):
+            return
         if head == "ld":  # ld.{global[.nc],shared}.{b16,u16,b32,v2.b32,v4.b32}
             size = int(parts[-1][1:]) // 8
             targets = _vector(args[0])
