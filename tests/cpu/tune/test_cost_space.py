@@ -177,3 +177,27 @@ def test_bitmap_estimate_streams_fewer_bytes_than_dense_and_is_deterministic():
     dense_bytes_us = 512 * 4096 * 2 / H200.hbm_bytes_per_s * 1e6
     assert e.terms["operand"] < dense_bytes_us / 4  # ~6x fewer bytes of W at 90%
     assert dense_estimate(512, 4096, 1, "float16") > H200.launch_us
+
+
+def test_tc_scatter_is_proposed_for_half_precision_up_to_n_64_only():
+    from sparseforge.plan.tc_scatter import TcScatterConfig
+
+    def proposed(n, dtype):
+        return [c for c in search_space(n, "nk", 4096, 1200.0, dtype=dtype) if isinstance(c, TcScatterConfig)]
+
+    assert proposed(1, "float16") and proposed(64, "bfloat16")
+    assert not proposed(65, "float16") and not proposed(1, "float32") and not proposed(16, "float32")
+
+
+def test_tc_scatter_estimates_fall_with_sparsity_and_stay_finite():
+    from sparseforge.plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
+    from sparseforge.suite.llm import magnitude_prune, seeded_weight
+
+    dense = seeded_weight(1024, 4096, seed=0)
+    times = []
+    for sparsity in (0.5, 0.9):
+        plan = make_tc_scatter_plan(magnitude_prune(dense, sparsity), 8, "float16", "nk", TcScatterConfig(8, 2))
+        e = estimate(plan)
+        assert np.isfinite(e.us) and e.us > 0 and set(e.terms) == {"issue", "operand", "ifetch", "latency"}
+        times.append(e.us)
+    assert times[1] < times[0]
