@@ -137,14 +137,17 @@ def position(rows: np.ndarray, logical: np.ndarray) -> np.ndarray:
     return r * TILE + (((L >> 3) ^ ((r >> 2) & 1)) << 3) + (L & 7)
 
 
-_FORMATS: dict[str, ScatterFormat] = {}  # by W's digest: every config of a layer shares one format
+# By W's digest: every config the chooser tries for a layer shares one format. Two are kept: the chooser
+# plans one layer at a time, and a 14336 x 4096 layer's format at 50% is ~150 MB of host memory.
+_FORMATS: dict[str, ScatterFormat] = {}
+FORMATS_KEPT = 2
 
 
 def scatter_format(w: SparseMatrix) -> ScatterFormat:
-    """W's tc-scatter layout, built once per weight (numpy; ~2 s for a 4096 x 4096 layer at 50% on one core)."""
+    """W's tc-scatter layout, built once per weight (numpy; ~3 s for a 4096 x 4096 layer at 50% on one core)."""
     key = w.digest()
     if key not in _FORMATS:
-        if len(_FORMATS) >= 8:
+        while len(_FORMATS) >= FORMATS_KEPT:
             _FORMATS.pop(next(iter(_FORMATS)))
         _FORMATS[key] = _build(w)
     return _FORMATS[key]
