@@ -125,9 +125,32 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
             "all_correct": all(r["error_ok"] for r in records if r.get("us"))}
 
 
+def summarize_designs(results: list[dict]) -> list[dict]:
+    """Summary rows with the keys of every benchmark file, per (model, sparsity, dtype, N, layout): the
+    geomean over the group's cases of cuBLAS over the best candidate and over the chooser's pick (weights in
+    L2), and over the best of each rotated mapping where --rotate timed them (weights streamed from HBM)."""
+    from sparseforge.bench.report import geomean
+
+    groups: dict = {}
+    for r in results:
+        model, _, sparsity = Path(r["case"]).name.partition("@")
+        groups.setdefault((model, sparsity or None, r["dtype"], r["N"], r["layout"]), []).append(r)
+    rows = []
+    for (model, sparsity, dtype, n, layout), items in groups.items():
+        rotated = [max(v["speedup_vs_cublas_rotating"] for v in r["rotating"].values()) for r in items if r.get("rotating")]
+        rows.append({"model": model, "sparsity": float(sparsity) if sparsity else None, "dtype": dtype, "batch": n,
+                     "layout": layout, "cases": len(items),
+                     "geomean_speedup_vs_cublas": geomean(r["cublas_us"] / r["best_us"] for r in items),
+                     "geomean_speedup_vs_cublas_chooser": geomean(r["cublas_us"] / r["chooser_us"] for r in items),
+                     **({"geomean_speedup_vs_cublas_rotating": geomean(rotated)} if rotated else {}),
+                     "all_correct": all(r["all_correct"] for r in items)})
+    return rows
+
+
 def report(out: str, results: list[dict], r: dict) -> None:
     """Rewrite the results file (a run cut by a timeout keeps what it measured) and print r's line."""
-    Path(out).write_text(json.dumps({"provenance": provenance(sys.argv), "cases": results}, indent=1))
+    Path(out).write_text(json.dumps({"provenance": provenance(sys.argv), "summary": summarize_designs(results),
+                                     "cases": results}, indent=1))
     for label, t in r.get("rotating", {}).items():
         print(f"    rotating {label:20s} {t['sparseforge_rotating_us']:7.2f} us ({t['sparseforge_rotating_tbs']:.2f} TB/s)"
               f"  cuBLAS {t['cublas_rotating_us']:7.2f} us ({t['cublas_rotating_tbs']:.2f} TB/s)  "

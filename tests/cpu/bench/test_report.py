@@ -1,0 +1,9 @@
+"""bench/report.py: what every benchmark file carries."""
+def test_model_results_carry_the_summary_keys_of_every_benchmark_file():
+    from sparseforge.bench.report import model_summary_keys
+
+    linear = model_summary_keys({"model": "llama", "speedup_vs_cublas": 1.15})
+    cnn = model_summary_keys({"model": "rn50", "speedup_vs_cudnn": 3.0, "geomean_speedup_vs_cublas": None})
+    assert linear["geomean_speedup_vs_cublas"] == 1.15 and "geomean_speedup_vs_cudnn" not in linear
+    assert cnn["geomean_speedup_vs_cudnn"] == 3.0 and "geomean_speedup_vs_cublas" not in cnn
+    assert model_summary_keys({"speedup_vs_cublas": 2.0, "geomean_speedup_vs_cublas": 1.5})["geomean_speedup_vs_cublas"] == 1.5
