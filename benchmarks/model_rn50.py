@@ -9,6 +9,7 @@ CUDA-graph replay; the converted model's output against the masked model in floa
 """
 import argparse
 import copy
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tune-budget", type=float, default=2.0)
+    parser.add_argument("--dense-only", action="store_true",
+                        help="measure the dense model (latency, its own error against float64) and stop")
     args = parser.parse_args()
     started = time.perf_counter()
     torch.backends.cudnn.benchmark = True
@@ -47,6 +50,14 @@ def main() -> int:
     dense_nchw = model_latency_us(dense, (xd,))
     channels_last = torch.channels_last
     dense_cl = model_latency_us(dense.to(memory_format=channels_last), (xd.to(memory_format=channels_last),))
+    with torch.no_grad():  # what the dtype itself costs: the dense model's own error against float64
+        dense_error = float((dense(xd).double() - reference).norm() / reference.norm())
+    if args.dense_only:
+        args.out.write_text(json.dumps({"provenance": provenance(sys.argv), "model": "rn50", "dtype": args.dtype,
+                                        "batch": args.batch, "dense_nchw_us": dense_nchw, "dense_channels_last_us":
+                                        dense_cl, "dense_rel_error_vs_float64": dense_error}, indent=1))
+        print(f"rn50 dense {args.dtype} batch {args.batch}: rel. error vs float64 {dense_error:.1e}")
+        return 0
     sparse = copy.deepcopy(model).to(dtype)
     report = convert(sparse, xd, tune_budget=args.tune_budget, time_model=True)
     with torch.no_grad():
@@ -57,7 +68,10 @@ def main() -> int:
               "sparsity": float(sum(sparsities.values()) / len(sparsities)), "dtype": args.dtype, "batch": args.batch,
               "layout": "nchw", "dense_us": dense_us, "dense_nchw_us": dense_nchw, "dense_channels_last_us": dense_cl,
               "sparse_us": report.latency_after_us, "speedup_vs_cudnn": dense_us / report.latency_after_us,
-              "rel_error_vs_float64": error,
+              "rel_error_vs_float64": error, "dense_rel_error_vs_float64": dense_error,
+              # the model amplifies rounding (rn50_conditioning.py: fp16-rounded weights alone give 1.7e-2 at
+              # 95%), so beside the issue's bound: the converted error against the dense model's in the dtype
+              "error_over_dense_error": error / dense_error if dense_error else None,
               "error_ok": error <= TOLERANCE[args.dtype], "batchnorms_folded_dense": len(folded.folded),
               "report": report.as_dict(), "seconds": time.perf_counter() - started}
     return finish_model_run(args.out, result, report, f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us "

@@ -97,6 +97,9 @@ class LayerReport:
     input_shapes: list                # the shapes the example run fed it
     choice: str                       # "dense", "unstructured" or "2:4"
     times_us: dict = field(default_factory=dict)  # path -> summed graph-replay time over input_shapes
+    # path -> the sparse kernels' own summed time, where every width was measured: where a width kept dense,
+    # times_us counts dense's time for it (what the module costs) and this the kernel that lost there
+    kernel_us: dict = field(default_factory=dict)
     mapping: str | None = None        # the unstructured kernel's mapping, where measured
     reason: str = ""
 
@@ -238,6 +241,7 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     layer.times_us["dense"] = _summed(decisions, "dense")
     # what the module costs: per width its kernel, or dense where dense was kept
     layer.times_us[UNSTRUCTURED] = _summed(decisions, "chosen")
+    layer.kernel_us[UNSTRUCTURED] = _summed(decisions, "sparse")
     kernels = [k for k in sparse._paths.values() if k is not None]
     layer.mapping = kernels[0].mapping if kernels else None
     candidates = {UNSTRUCTURED: sparse}
@@ -254,6 +258,7 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
                 x = torch.randn(n, module.in_features, generator=generator).to(weight.device, weight.dtype)
                 made += [d for d in semi.runtime().prepare(x)[0].decisions() if d.mode in ("graph", "any")]
             layer.times_us[SPARSE] = _summed(made, "chosen")
+            layer.kernel_us[SPARSE] = _summed(made, "sparse")
             candidates[SPARSE] = semi
     measured = {path: t for path, t in layer.times_us.items() if t}
     if "dense" not in measured or len(measured) < 2:
@@ -267,11 +272,11 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
 
 
 def _summed(decisions: list, which: str) -> float | None:
-    """Sum over widths of each decision's dense time ("dense") or of the time of the path it kept ("chosen");
-    None unless every width was measured."""
+    """Sum over widths of each decision's dense time ("dense"), of its sparse kernel's ("sparse") or of the
+    time of the path it kept ("chosen"); None unless every width was measured."""
     total = 0.0
     for d in decisions:
-        t = d.dense_us if which == "dense" or d.path == DENSE else d.sparse_us
+        t = d.sparse_us if which == "sparse" else d.dense_us if which == "dense" or d.path == DENSE else d.sparse_us
         if not t:
             return None
         total += t

@@ -99,6 +99,7 @@ def test_measured_pick_keeps_sparse_only_with_the_margin(monkeypatch, sparse_us,
     linear = nn.Linear(64, 32)
     layer, replacement = measure_layer("fc", linear, [(4, 64), (1, 64)], "measure", 5.0)
     assert layer.times_us == {"dense": dense_us, "unstructured": sparse_us}
+    assert layer.kernel_us == {"unstructured": sparse_us}
     assert layer.choice == choice and (replacement is not None) == (choice == "unstructured")
     if choice == "unstructured":
         assert isinstance(replacement, SparseLinear) and layer.speedup == pytest.approx(dense_us / sparse_us)
@@ -165,6 +166,8 @@ def test_a_width_kept_dense_counts_its_dense_time_for_the_unstructured_module(mo
     monkeypatch.setattr(SparseLinear, "prepare", prepare)
     layer, replacement = measure_layer("fc", nn.Linear(64, 32), [(1, 64), (512, 64), (2, 256, 64)], "measure", 5.0)
     assert layer.times_us == {"dense": 60.0, "unstructured": 55.0}
+    assert layer.kernel_us == {"unstructured": 205.0}  # the report keeps what the kernel measured where it lost
+    assert layer.as_dict()["kernel_us"] == {"unstructured": 205.0}
     assert layer.choice == "unstructured" and isinstance(replacement, SparseLinear)
 
 
