@@ -18,7 +18,7 @@ import torch
 
 from sparseforge.bench.report import finish_model_run, provenance
 from sparseforge.models import apply_dlmc_masks, calibrate_batchnorm, resnet50
-from sparseforge.nn import convert, fold_batchnorms
+from sparseforge.nn import convert, fold_batchnorms, fuse_epilogues
 from sparseforge.nn.convert import model_latency_us
 
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}  # issue 13: model outputs, fp32 / fp16
@@ -31,6 +31,8 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--tune-budget", type=float, default=2.0)
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="time the converted model as convert() leaves it (no ReLU / residual fusion)")
     parser.add_argument("--dense-only", action="store_true",
                         help="measure the dense model (latency, its own error against float64) and stop")
     args = parser.parse_args()
@@ -60,6 +62,11 @@ def main() -> int:
         return 0
     sparse = copy.deepcopy(model).to(dtype)
     report = convert(sparse, xd, tune_budget=args.tune_budget, time_model=True)
+    unfused_us = report.latency_after_us
+    fused_report = None
+    if not args.no_fuse:  # each SparseConv2d takes the ReLU / shortcut add after it (nn/fuse.py)
+        sparse, fused_report = fuse_epilogues(sparse, (xd,))
+        report.latency_after_us = model_latency_us(sparse, (xd,))
     with torch.no_grad():
         out = sparse(xd).double()
     error = float((out - reference).norm() / reference.norm())
@@ -73,10 +80,14 @@ def main() -> int:
               # 95%), so beside the issue's bound: the converted error against the dense model's in the dtype
               "error_over_dense_error": error / dense_error if dense_error else None,
               "error_ok": error <= TOLERANCE[args.dtype], "batchnorms_folded_dense": len(folded.folded),
+              "converted_unfused_us": unfused_us,
+              "fused": None if fused_report is None else [list(f) for f in fused_report.fused],
+              "not_fused": None if fused_report is None else [s.__dict__ for s in fused_report.skipped],
               "report": report.as_dict(), "seconds": time.perf_counter() - started}
     return finish_model_run(args.out, result, report, f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us "
                             f"(NCHW {dense_nchw:.1f}, channels_last {dense_cl:.1f}), converted "
-                            f"{report.latency_after_us:.1f} us: {result['speedup_vs_cudnn']:.2f}x")
+                            f"{report.latency_after_us:.1f} us: {result['speedup_vs_cudnn']:.2f}x (unfused {unfused_us:.1f} us; "
+                            f"{0 if fused_report is None else len(fused_report.fused)} layers took their epilogue)")
 
 
 if __name__ == "__main__":

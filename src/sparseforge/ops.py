@@ -59,14 +59,15 @@ def _(x, values, bias, layer_id, out_features):
 
 @torch.library.custom_op("sparseforge::sparse_conv2d", mutates_args=())
 def sparse_conv2d(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, layer_id: int,
-                  out_channels: int, out_height: int, out_width: int) -> torch.Tensor:
-    """SparseConv2d `layer_id`'s forward: x (batch, Cin, H, W) -> (batch, out_channels, OH, OW)."""
+                  out_channels: int, out_height: int, out_width: int,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """SparseConv2d `layer_id`'s forward: x (batch, Cin, H, W) [+ residual] -> (batch, out_channels, OH, OW)."""
     layer = LAYERS.get(layer_id)
     if layer is None:
         raise RuntimeError(f"sparseforge::sparse_conv2d: layer {layer_id} no longer exists")
-    return layer.sparse_forward(x)
+    return layer.sparse_forward(x, residual)
 
 
 @sparse_conv2d.register_fake
-def _(x, values, bias, layer_id, out_channels, out_height, out_width):
+def _(x, values, bias, layer_id, out_channels, out_height, out_width, residual=None):
     return x.new_empty(x.shape[0], out_channels, out_height, out_width)

@@ -95,3 +95,48 @@ def test_convert_measures_every_layer_and_keeps_the_outputs(monkeypatch):
     assert report.latency_before_us > 0 and report.latency_after_us > 0
     with torch.no_grad():
         _close(model(x), want, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_relu_and_residual_kernels_match_float64_under_graph_replay(dtype):
+    """fuse_epilogues on GPU kernels: each conv's kernel rebuilt with its ReLU / shortcut add (the winning
+    config, not timed again) computes what the unfused model does, inside a CUDA graph too."""
+    from sparseforge.nn import fuse_epilogues
+    from sparseforge.nn.convert import model_latency_us
+
+    torch.manual_seed(1)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(32, 32, 3, padding=1)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            out = self.relu(self.conv1(x))
+            out = self.conv2(out)
+            out += x
+            return self.relu(out)
+
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), Block(), Block())
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            _pruned(m, 0.1, seed=3)
+    model = model.cuda().eval()
+    x = torch.randn(2, 16, 14, 14, device="cuda")
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+    model = model.to(dtype)
+    convert(model, x.to(dtype), policy="sparse", tune_budget=None, time_model=False)
+    fused, report = fuse_epilogues(model, (x.to(dtype),))
+    expected = {"0": "relu", "2.conv1": "relu", "2.conv2": "residual+relu", "3.conv1": "relu", "3.conv2": "residual+relu"}
+    fused_kinds = dict(report.fused)
+    assert all(expected[name] == kind for name, kind in fused_kinds.items()) and len(fused_kinds) >= 3
+    # a layer left out is one whose picked config is split K (it takes no epilogue), and it says so
+    assert all("takes no epilogue" in s.reason for s in report.skipped)
+    assert set(fused_kinds) | {s.name for s in report.skipped} == set(expected)
+    assert all(fused.get_submodule(name)._paths and all(k is not None for k in fused.get_submodule(name)._paths.values())
+               for name, _ in report.fused)
+    with torch.no_grad():
+        _close(fused(x.to(dtype)), want, dtype)
+    assert model_latency_us(fused, (x.to(dtype),)) > 0  # captures and replays

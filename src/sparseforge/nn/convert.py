@@ -164,7 +164,8 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     fold_bn: fold each BatchNorm2d into the Conv2d it follows (eval mode; fold.py says which pairs).
     Returns a ModelReport: per layer its shape, sparsity, choice and measured times; whole-model latency
     before and after (graph replay, time_model); memory before and after; the conversion time.
-    progress: called as progress(name, index, total) before each layer is measured (a progress bar)."""
+    progress: called as progress(name, index, total) before each layer is measured (a progress bar).
+    Afterwards nn.fuse_epilogues(model, example_inputs) fuses each sparse convolution's ReLU / shortcut add."""
     import time
 
     from .fold import fold_batchnorms

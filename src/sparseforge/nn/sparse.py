@@ -333,28 +333,30 @@ class SparseLinear(_SparseWeight):
 class SparseConv2d(_SparseWeight):
     """A Conv2d (NCHW) whose unstructured sparse weight runs on the direct sparse convolution (compile_conv2d:
     implicit im2col, the generated and csr-columns mappings), per image size H x W (any batch), where that
-    measured faster than cuDNN; fused bias (a folded BatchNorm's shift) and optionally ReLU (relu=True; convert()
-    does not fuse a following ReLU yet). Input x: (batch, Cin, H, W) of the layer's dtype and device."""
+    measured faster than cuDNN; fused bias (a folded BatchNorm's shift), optionally a residual added before the
+    ReLU (residual=True: forward(x, residual=r), r shaped like the output: ResNet's shortcut) and ReLU
+    (relu=True); nn.fuse_epilogues sets both from the model's graph. Input x: (batch, Cin, H, W) of the layer's
+    dtype and device."""
 
     _kind = "convolution"
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, nnz: int = 0, device=None, dtype=torch.float32,
                  policy: str = "measure", tune_budget: float | None = 5.0, keep_dense: bool = False,
-                 relu: bool = False):
+                 relu: bool = False, residual: bool = False):
         if isinstance(padding, str):
             raise ValueError(f"padding={padding!r}: give the padding as numbers (SparseConv2d.from_dense resolves "
                              "'same' and 'valid' of an nn.Conv2d)")
         pair = lambda v: (int(v), int(v)) if isinstance(v, int) else tuple(int(i) for i in v)  # noqa: E731
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.padding, self.dilation = map(pair, (kernel_size, stride, padding, dilation))
-        self.relu = relu
+        self.relu, self.residual = bool(relu), bool(residual)
         cols = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
         super().__init__(out_channels, cols, nnz, bias, device, dtype, policy, tune_budget, keep_dense)
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, policy: str = "measure", tune_budget: float | None = 5.0,
-                   keep_dense: bool = False, relu: bool = False) -> "SparseConv2d":
+                   keep_dense: bool = False, relu: bool = False, residual: bool = False) -> "SparseConv2d":
         if conv.padding_mode != "zeros":
             raise ValueError(f"padding_mode={conv.padding_mode!r}: the sparse convolution pads with zeros only")
         padding = conv.padding
@@ -366,7 +368,7 @@ class SparseConv2d(_SparseWeight):
         weight = conv.weight.detach()
         layer = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, padding, conv.dilation,
                     conv.groups, conv.bias is not None, 0, weight.device, weight.dtype, policy, tune_budget,
-                    keep_dense, relu)
+                    keep_dense, relu, residual)
         layer._set_weight(weight.reshape(weight.shape[0], -1))
         if conv.bias is not None:
             with torch.no_grad():
@@ -381,7 +383,33 @@ class SparseConv2d(_SparseWeight):
             conv.weight.copy_(self.dense_weight())
             if self.bias is not None:
                 conv.bias.copy_(self.bias)
+        if self.residual:
+            return ConvEpilogue(conv, relu=self.relu)
         return nn.Sequential(conv, nn.ReLU()) if self.relu else conv
+
+    def set_epilogue(self, relu: bool, residual: bool) -> None:
+        """Change what follows the convolution (fuse_epilogues): the kernels are rebuilt for each input shape
+        already decided, in the mapping and config that won there, without timing again (ValueError if one of
+        them cannot take the epilogue, the layer then unchanged); shapes kept dense stay dense."""
+        old = (self.relu, self.residual, dict(self._paths), dict(self._decided), self._key)
+        self.relu, self.residual = bool(relu), bool(residual)
+        rebuilt = {}
+        try:
+            for key, kernel in old[2].items():
+                rebuilt[key] = None if kernel is None else self._rebuild(kernel)
+        except ValueError:
+            self.relu, self.residual = old[0], old[1]
+            raise
+        self._paths, self._decided, self._key = rebuilt, old[3], old[4]
+
+    def _rebuild(self, kernel):
+        from ..conv import compile_conv2d
+
+        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+        return compile_conv2d(self.sparse_matrix(), kernel.plan.geometry.input_shape, self.stride, self.padding,
+                              self.dilation, self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
+                              residual=self.residual, device=self.weight_values.device,
+                              kernel_size=self.kernel_size, config=kernel.plan.config)
 
     def dense_weight(self) -> torch.Tensor:
         return self.dense_weight_2d().view(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
@@ -389,40 +417,59 @@ class SparseConv2d(_SparseWeight):
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
                 f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
-                f"bias={self.bias is not None}, relu={self.relu}, sparsity={self.sparsity:.1%}, "
+                f"bias={self.bias is not None}, residual={self.residual}, relu={self.relu}, sparsity={self.sparsity:.1%}, "
                 f"dtype={self.weight_values.dtype}, policy={self.policy!r}")
 
-    def _dense_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _dense_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         y = F.conv2d(x, self.dense_weight(), self.bias, self.stride, self.padding, self.dilation, self.groups)
+        if residual is not None:
+            y = y + residual
         return F.relu(y) if self.relu else y
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_channels:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this convolution takes (batch, {self.in_channels}, "
                                    "H, W)")
-        problem = self._input_problem(x)
+        problem = self._input_problem(x) or self._residual_problem(x, residual)
         if problem and not (self._dense_path(x) and torch.is_autocast_enabled(x.device.type)):
             raise SparseShapeError(problem)
         if self._dense_path(x):
-            return self._dense_forward(x)
+            return self._dense_forward(x, residual)
         if torch.compiler.is_compiling():
             oh, ow = self._out_size(x.shape[2], x.shape[3])
             return torch.ops.sparseforge.sparse_conv2d(x, self.weight_values, self.bias, self.layer_id,
-                                                       self.out_channels, oh, ow)
-        return self.sparse_forward(x)
+                                                       self.out_channels, oh, ow, residual)
+        return self.sparse_forward(x, residual)
+
+    def _residual_problem(self, x: torch.Tensor, residual) -> str | None:
+        if not self.residual:
+            return None if residual is None else ("this convolution adds no residual: build it with "
+                                                  "residual=True (or add the tensor after the call)")
+        expected = (x.shape[0], self.out_channels, *self._out_size(x.shape[2], x.shape[3]))
+        if not isinstance(residual, torch.Tensor):
+            return f"this convolution adds a residual: call it as layer(x, residual=r), r of shape {expected}"
+        if tuple(residual.shape) != expected:
+            return f"residual has shape {tuple(residual.shape)}; the output's is {expected}"
+        if residual.device != x.device or residual.dtype != x.dtype:
+            return (f"residual is {residual.dtype} on {residual.device}; the input is {x.dtype} on {x.device}: "
+                    "give both alike")
+        return None
 
     def _out_size(self, h: int, w: int) -> tuple[int, int]:
         return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1 for size, p, d, k, s in
                      zip((h, w), self.padding, self.dilation, self.kernel_size, self.stride))
 
-    def sparse_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def sparse_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[0] == 0:
             return x.new_empty(0, self.out_channels, *self._out_size(x.shape[2], x.shape[3]))
         kernel = self._path((int(x.shape[2]), int(x.shape[3])), x)
         if kernel is None:
-            return self._dense_forward(x)
-        return kernel(x if x.is_contiguous() else x.contiguous())
+            return self._dense_forward(x, residual)
+        x = x if x.is_contiguous() else x.contiguous()
+        if residual is None:
+            return kernel(x)
+        return kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
 
     def prepare(self, input_shapes) -> list[Decision]:
         """Decide now for each (batch, Cin, H, W) in `input_shapes` (seeded random inputs)."""
@@ -438,5 +485,19 @@ class SparseConv2d(_SparseWeight):
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return compile_conv2d(self.sparse_matrix(), tuple(x.shape), self.stride, self.padding, self.dilation,
                               self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
-                              device=self.weight_values.device, kernel_size=self.kernel_size,
-                              tune_budget=self.tune_budget, time_dense=self.policy == "measure")
+                              residual=self.residual, device=self.weight_values.device,
+                              kernel_size=self.kernel_size, tune_budget=self.tune_budget,
+                              time_dense=self.policy == "measure")
+
+
+class ConvEpilogue(nn.Module):
+    """A dense Conv2d with the epilogue a fused SparseConv2d carries: y = relu?(conv(x) + residual)
+    (SparseConv2d.to_dense of a layer that adds a residual)."""
+
+    def __init__(self, conv: nn.Conv2d, relu: bool):
+        super().__init__()
+        self.conv, self.relu = conv, relu
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x) + residual
+        return F.relu(y) if self.relu else y

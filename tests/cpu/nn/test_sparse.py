@@ -102,6 +102,34 @@ def test_conv_with_relu_fused_and_refusals():
         SparseConv2d.from_dense(nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"))
 
 
+def test_conv_with_a_residual_adds_it_before_the_relu_and_checks_it():
+    conv = _pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3, seed=2).double()
+    layer = SparseConv2d.from_dense(conv, relu=True, residual=True)
+    x, r = torch.randn(2, 4, 7, 7, dtype=torch.float64), torch.randn(2, 6, 7, 7, dtype=torch.float64)
+    assert torch.allclose(layer(x, residual=r), torch.relu(conv(x) + r), rtol=1e-12, atol=1e-12)
+    dense = layer.to_dense()
+    assert torch.allclose(dense(x, r), torch.relu(conv(x) + r), rtol=1e-12, atol=1e-12)
+    assert "residual=True" in repr(layer)
+    with pytest.raises(SparseShapeError, match=r"call it as layer\(x, residual=r\), r of shape \(2, 6, 7, 7\)"):
+        layer(x)
+    with pytest.raises(SparseShapeError, match=r"residual has shape \(2, 6, 7, 6\); the output's is \(2, 6, 7, 7\)"):
+        layer(x, residual=r[..., :6])
+    with pytest.raises(SparseShapeError, match="give both alike"):
+        layer(x, residual=r.float())
+    plain = SparseConv2d.from_dense(conv)
+    with pytest.raises(SparseShapeError, match="adds no residual"):
+        plain(x, residual=r)
+
+
+def test_set_epilogue_on_a_layer_without_kernels_only_changes_what_follows():
+    conv = _pruned(nn.Conv2d(4, 6, 1), 0.3, seed=3).double()
+    layer = SparseConv2d.from_dense(conv)
+    x, r = torch.randn(1, 4, 5, 5, dtype=torch.float64), torch.randn(1, 6, 5, 5, dtype=torch.float64)
+    layer.set_epilogue(relu=True, residual=True)
+    assert layer.relu and layer.residual
+    assert torch.allclose(layer(x, residual=r), torch.relu(conv(x) + r), rtol=1e-12, atol=1e-12)
+
+
 def test_every_sparse_module_kind_gets_its_own_id_in_the_op_registry():
     """SparseLinear and SparseLinear24 share torch.library's registry: one counter, no collisions."""
     from sparseforge.nn import SparseLinear24

@@ -1,0 +1,134 @@
+"""fuse_epilogues (nn/fuse.py) on the CPU, where the sparse layers run their dense path: the fused model
+computes what the unfused one does (float64), the ReLUs and adds it took are gone from the graph, and what it
+cannot fuse (a conv output used twice, a broadcasting add, a layer called twice, an untraceable model) it
+leaves with the reason."""
+import operator
+
+import pytest
+import torch
+from torch import nn
+
+from sparseforge.nn import SparseConv2d, convert, fuse_epilogues
+
+
+class Bottleneck(nn.Module):
+    """torchvision's shape: one ReLU module called three times, `out += identity`, a downsample."""
+
+    def __init__(self, cin: int, mid: int, cout: int, stride: int = 1):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv2, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+        self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), Bottleneck(8, 4, 16, 2), Bottleneck(16, 4, 16))
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            with torch.no_grad():
+                m.weight.mul_(torch.rand(m.weight.shape) > 0.6)
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    return model.double().eval()
+
+
+def _ops(gm) -> dict:
+    counts = {"relu": 0, "add": 0}
+    for node in gm.graph.nodes:
+        name = str(node.target)
+        if "relu" in name or node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.ReLU):
+            counts["relu"] += 1
+        if node.target in (operator.add, operator.iadd, torch.add):
+            counts["add"] += 1
+    return counts
+
+
+def test_a_converted_resnet_block_fuses_every_relu_and_add_and_computes_the_same():
+    model = _model()
+    x = torch.randn(2, 3, 12, 12, dtype=torch.float64)
+    want = model(x)
+    convert(model, x, policy="sparse")
+    assert torch.allclose(model(x), want, rtol=1e-10, atol=1e-10)
+    fused, report = fuse_epilogues(model, x)
+    assert isinstance(fused, torch.fx.GraphModule)
+    got = fused(x)
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-10)
+    kinds = dict(report.fused)
+    # the stem and each block's conv1 / conv2 take their ReLU; conv3 takes the shortcut and the block's ReLU
+    assert kinds["0"] == "relu"
+    for block in ("2", "3"):
+        assert kinds[f"{block}.conv1"] == kinds[f"{block}.conv2"] == "relu"
+        assert kinds[f"{block}.conv3"] == "residual+relu"
+    assert _ops(fused) == {"relu": 0, "add": 0}
+    assert isinstance(fused.get_submodule("2.conv3"), SparseConv2d) and fused.get_submodule("2.conv3").residual
+
+
+def test_what_cannot_be_fused_stays_with_the_reason():
+    class TwoUses(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+            self.bias = nn.Parameter(torch.randn(4, 1, 1))
+
+        def forward(self, x):
+            y = self.a(x)
+            z = self.b(x) + self.bias  # broadcasting: not a residual
+            return torch.relu(y) + y + torch.relu(z)
+
+    model = TwoUses().double().eval()
+    x = torch.randn(1, 3, 5, 5, dtype=torch.float64)
+    want = model(x)
+    convert(model, x, policy="sparse")
+    fused, report = fuse_epilogues(model, x)
+    assert report.fused == []
+    assert [s.name for s in report.skipped] == ["b"] and "shape and dtype" in report.skipped[0].reason
+    assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_model_fx_cannot_trace_comes_back_unchanged():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x)) if x.sum() > 0 else x
+
+    model = Branchy().eval()
+    x = torch.ones(1, 3, 4, 4)
+    convert(model, x, policy="sparse")
+    fused, report = fuse_epilogues(model, x)
+    assert fused is model and "cannot trace" in report.skipped[0].reason
+    assert not model.conv.relu
+
+
+def test_a_layer_called_twice_is_not_fused():
+    conv = nn.Conv2d(3, 3, 1).double()
+
+    class Twice(nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.conv = layer
+
+        def forward(self, x):
+            return torch.relu(self.conv(self.conv(x)))
+
+    twice = Twice(SparseConv2d.from_dense(conv)).eval()
+    x = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+    fused, report = fuse_epilogues(twice, x)
+    assert report.fused == [] and "more than one place" in report.skipped[0].reason
+    assert torch.allclose(fused(x), torch.relu(conv(conv(x))), rtol=1e-12, atol=1e-12)
