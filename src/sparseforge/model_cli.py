@@ -28,6 +28,10 @@ def add_model_parsers(sub) -> None:
         p.add_argument("--include", help="regex: only layers whose qualified name matches")
         p.add_argument("--exclude", help="regex: leave layers whose name matches as they are")
         p.add_argument("--no-fold-bn", action="store_true", help="keep BatchNorm2d layers apart from the convolutions")
+        if name == "convert":
+            p.add_argument("--no-fuse", action="store_true",
+                           help="save the model as convert() leaves it: without fusing each sparse convolution's "
+                                "ReLU / shortcut add into its kernel (the fused model is a torch.fx GraphModule)")
         p.add_argument("--report", type=Path, default=None, help="write the per-layer report here (JSON)")
         if name == "profile":
             p.add_argument("--plot", type=Path, default=None, help="a PNG of per-layer times, dense against sparse")
@@ -51,7 +55,7 @@ def _run(args) -> int:
     from rich.table import Table
 
     from .console import check_output_path, console
-    from .nn import convert
+    from .nn import convert, fuse_epilogues
 
     for option, path in (("--report", args.report), ("--plot", getattr(args, "plot", None)),
                          ("OUTPUT", getattr(args, "output", None))):
@@ -98,6 +102,11 @@ def _run(args) -> int:
         plot_layers(args.plot, report)
         console.print(f"wrote {args.plot}")
     if args.command == "convert":
+        if not args.no_fuse:
+            model, fused = fuse_epilogues(model, (example,))
+            console.print(f"epilogues fused into {len(fused.fused)} sparse convolution(s)"
+                          + (f"; not fused: {', '.join(f'{s.name} ({s.reason})' for s in fused.skipped)}"
+                             if fused.skipped else ""))
         torch.save(model, args.output)
         console.print(f"wrote {args.output} (load it with torch.load(path, weights_only=False) in a process that "
                       "imports sparseforge)")

@@ -2,6 +2,8 @@
 the saved model loads back and computes the same, the report and plot are written, and bad input is
 refused with the fix named (exit code 2, no traceback)."""
 import json
+import subprocess
+import sys
 
 import torch
 from torch import nn
@@ -28,11 +30,32 @@ def test_convert_saves_a_model_that_loads_and_computes_the_same(tmp_path):
     assert main(["convert", str(path), str(out), "--example-shape", "2,3,6,6", "--cpu", "--policy", "sparse",
                  "--report", str(report)]) == 0
     converted = torch.load(out, weights_only=False)
-    assert isinstance(converted[0], SparseConv2d) and isinstance(converted[4], SparseLinear)
+    # fused by default: a GraphModule whose conv took the ReLU after it
+    assert isinstance(converted, torch.fx.GraphModule)
+    conv, fc = converted.get_submodule("0"), converted.get_submodule("4")
+    assert isinstance(conv, SparseConv2d) and conv.relu and isinstance(fc, SparseLinear)
+    assert not any(node.op == "call_module" and isinstance(converted.get_submodule(node.target), nn.ReLU)
+                   for node in converted.graph.nodes)
     x = torch.randn(2, 3, 6, 6)
     assert torch.allclose(converted(x), model(x), atol=1e-5)
     layers = json.loads(report.read_text())["layers"]
     assert [layer["choice"] for layer in layers] == ["unstructured", "unstructured"]
+    # and it loads in a fresh process that imports sparseforge
+    code = (f"import torch, sparseforge; m = torch.load({str(out)!r}, weights_only=False); "
+            "print(tuple(m(torch.randn(2, 3, 6, 6)).shape))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "(2, 10)", done.stderr[-2000:]
+
+
+def test_convert_with_no_fuse_keeps_the_model_class(tmp_path):
+    model, path = _saved_model(tmp_path)
+    out = tmp_path / "sparse.pt"
+    assert main(["convert", str(path), str(out), "--example-shape", "2,3,6,6", "--cpu", "--policy", "sparse",
+                 "--no-fuse"]) == 0
+    converted = torch.load(out, weights_only=False)
+    assert isinstance(converted, nn.Sequential) and isinstance(converted[0], SparseConv2d) and not converted[0].relu
+    x = torch.randn(2, 3, 6, 6)
+    assert torch.allclose(converted(x), model(x), atol=1e-5)
 
 
 def test_profile_writes_a_plot_and_leaves_the_model_file_alone(tmp_path):
