@@ -90,7 +90,15 @@ case "${1:-}" in
       --tune-budget 0.5 --dtype float16 > "$L/model_rn50_h.log" 2>&1; tail -2 "$L/model_rn50_h.log"
     timeout 120 $SF bench conv:$D/rn50/magnitude_pruning/0.95 --dtype fp32 --tune-budget 1 --out "$OUT/conv_rn50_0.95_fp32.json" \
       > "$L/conv95.log" 2>&1; tail -1 "$L/conv95.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh"; exit 2 ;;
+  twelfth)  # the eleventh session's CPU-only work, checked and measured: nn GPU tests (fusion, host-held CSR),
+            # then ResNet-50 fused at 95% fp16 / fp32, then the Llama 70% memory and latency
+    timeout 200 python3 -m pytest tests/gpu/test_nn_sparse_gpu.py tests/gpu/test_conv_gpu.py -q -p no:cacheprovider \
+      > "$L/gpu_tests_nn.log" 2>&1; tail -3 "$L/gpu_tests_nn.log"
+    timeout 330 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.95 "$OUT/model_rn50_0.95_fp16_b1.json" \
+      --tune-budget 0.3 --dtype float16 > "$L/model_rn50_h.log" 2>&1; tail -2 "$L/model_rn50_h.log"
+    timeout 100 python3 benchmarks/model_llama.py "$OUT/model_llama_0.7_fp16_b1.json" --sparsity 0.7 --tune-budget 0.5 \
+      > "$L/llama.log" 2>&1; tail -2 "$L/llama.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"

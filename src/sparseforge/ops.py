@@ -44,8 +44,9 @@ def _(x, weight, bias, layer_id):
 def sparse_linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, layer_id: int,
                   out_features: int) -> torch.Tensor:
     """SparseLinear `layer_id`'s forward: x (..., K) -> (..., out_features), its sparse kernel or dense as
-    that layer decided for the token count. `values` (W's nonzeros) is passed so the compiler sees the
-    dependence on the weight."""
+    that layer decided for the token count. `values`: a tensor on the layer's device standing for W (the
+    layer's empty device anchor: W's CSR buffers may be held in host memory; the layer checks W's version
+    itself at every call), so that every tensor the op sees is on the device it runs on."""
     layer = LAYERS.get(layer_id)
     if layer is None:
         raise RuntimeError(f"sparseforge::sparse_linear: layer {layer_id} no longer exists")

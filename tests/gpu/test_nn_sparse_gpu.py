@@ -140,3 +140,41 @@ def test_fused_relu_and_residual_kernels_match_float64_under_graph_replay(dtype)
     with torch.no_grad():
         _close(fused(x.to(dtype)), want, dtype)
     assert model_latency_us(fused, (x.to(dtype),)) > 0  # captures and replays
+
+
+def test_one_copy_of_w_on_the_gpu_and_the_host_buffers_round_trip(tmp_path):
+    """Once a kernel holds W, the CSR buffers live in host memory (memory_bytes: csr 0, csr_host > 0); the
+    layer still reports its device, and state_dict, deepcopy, torch.save / load, .half() and a new width
+    (its kernel built from the host copy) all keep working."""
+    linear = _pruned(nn.Linear(512, 384), 0.1).to("cuda", torch.float32)
+    layer = SparseLinear.from_dense(linear, policy="sparse", tune_budget=None)
+    x = torch.randn(8, 512, device="cuda")
+    with torch.no_grad():
+        y = layer(x)
+        want = x.double() @ linear.weight.double().T + linear.bias.double()
+    _close(y, want, torch.float32)
+    mem = layer.memory_bytes()
+    assert layer.csr_on_host and layer.device.type == "cuda" and layer.weight_values.device.type == "cpu"
+    assert mem["csr"] == 0 and mem["csr_host"] > 0  # kernels: 0 where the pick has W in its code (inline)
+    state = layer.state_dict()  # the CSR entries as held (host memory), the bias on the GPU
+    assert state["weight_values"].device.type == "cpu" and state["bias"].device.type == "cuda"
+    with torch.no_grad():
+        _close(layer(torch.cat([x, x[:3]])), torch.cat([want, want[:3]]), torch.float32)  # a new width: 11
+        again = SparseLinear(512, 384, device="cuda", policy="sparse", tune_budget=None)
+        again.load_state_dict(layer.state_dict())
+        _close(again(x), want, torch.float32)
+        _close(copy.deepcopy(layer)(x), want, torch.float32)
+        torch.save(layer, tmp_path / "layer.pt")
+        loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
+        assert loaded.csr_on_host and loaded.device.type == "cuda"
+        _close(loaded(x), want, torch.float32)
+        on_cpu = torch.load(tmp_path / "layer.pt", weights_only=False, map_location="cpu")
+        assert not on_cpu.csr_on_host and on_cpu.device.type == "cpu"
+        _close(on_cpu(x.cpu()).cuda(), want, torch.float32)
+        half = layer.half()  # a dtype cast leaves the buffers in host memory; the kernels are rebuilt
+        assert half.csr_on_host and half.weight_values.dtype == torch.float16 and half.device.type == "cuda"
+        _close(half(x.half()), want, torch.float16)
+        moved = copy.deepcopy(half).cpu().float()  # a move to the CPU takes the layer and its buffers there
+        assert not moved.csr_on_host and moved.device.type == "cpu"
+        _close(moved(x.cpu()).cuda(), want, torch.float16)
+        assert torch.equal(layer.to_dense().weight.float().cpu(), linear.weight.half().float().cpu())

@@ -71,7 +71,7 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for module in model.modules():
         if isinstance(module, SparseLinear):
-            if module.weight_values.device.type != "cuda":
+            if module.device.type != "cuda":
                 raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")
             made.extend(module.prepare(widths))
             continue
@@ -308,12 +308,13 @@ def _input_shapes(model: nn.Module, inputs, modules) -> dict:
 
 
 def _model_bytes(model: nn.Module) -> int:
-    """Parameters and buffers, plus what sparse modules hold beyond them (their kernels' copies, dense W)."""
+    """Parameters and buffers, plus what sparse modules hold beyond them (their kernels' copies, dense W),
+    less the CSR buffers a sparse module holds in host memory (memory_bytes()['csr_host'])."""
     total = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
     for module in model.modules():
         if hasattr(module, "memory_bytes"):
             extra = module.memory_bytes()
-            total += extra["kernels"] + extra["dense"]
+            total += extra["kernels"] + extra["dense"] - extra.get("csr_host", 0)
     return total
 
 

@@ -27,6 +27,7 @@ from .sparse import SparseConv2d
 
 _RELU_FUNCTIONS = (torch.relu, F.relu, torch.relu_)
 _ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
+_IN_PLACE_ADDS = (operator.iadd, "add_")
 
 
 @dataclass
@@ -62,6 +63,47 @@ def _sole_user(node: torch.fx.Node) -> torch.fx.Node | None:
     return next(iter(node.users)) if len(node.users) == 1 else None
 
 
+def _differs(a, b) -> str | None:
+    """Why two outputs (tensors, or tuples / lists / dicts of them) differ beyond rounding, or None."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {tuple(a.shape)} {a.dtype} against {tuple(b.shape)} {b.dtype}"
+        if not a.is_floating_point():
+            return None if torch.equal(a, b) else "integer outputs differ"
+        bound = 1e-2 if a.element_size() <= 2 else 1e-4  # the same ops in the same order: rounding only
+        finite = torch.isfinite(b)
+        if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite].isnan(), b[~finite].isnan()):
+            return "non-finite values in other places"
+        a, b = a[finite].double(), b[finite].double()
+        error = float((a - b).norm() / b.norm().clamp_min(1e-30)) if b.numel() else 0.0
+        return None if error <= bound else f"relative difference {error:.1e}"
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
+        return next((p for p in map(_differs, a, b) if p), None)
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return next((p for p in (_differs(a[k], b[k]) for k in a) if p), None)
+    return None if type(a) is type(b) and not isinstance(a, (torch.Tensor, tuple, list, dict)) else \
+        "outputs of different structure"
+
+
+def _between(graph: torch.fx.Graph, first: torch.fx.Node, last: torch.fx.Node) -> list:
+    """The nodes strictly after `first` and before `last`, in graph order."""
+    out, inside = [], False
+    for n in graph.nodes:
+        if n is last:
+            return out
+        if inside:
+            out.append(n)
+        inside = inside or n is first
+    return out
+
+
+def _comes_before(graph: torch.fx.Graph, a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    for n in graph.nodes:
+        if n is a or n is b:
+            return n is a
+    raise ValueError(f"neither {a} nor {b} is in the graph")
+
+
 def _drop_identities(gm: torch.fx.GraphModule) -> None:
     modules = dict(gm.named_modules())
     for node in list(gm.graph.nodes):
@@ -90,7 +132,52 @@ def fuse_epilogues(model: nn.Module, example_inputs) -> tuple[torch.fx.GraphModu
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
     with torch.no_grad():
-        ShapeProp(gm).propagate(*inputs)
+        traced = ShapeProp(gm).propagate(*_cloned(inputs))
+        problem = _differs(traced, model(*_cloned(inputs)))
+    if problem:  # fx records `z += y` as a new tensor: a model that reads an alias of z after it traces wrong
+        report.skipped.append(Skipped("(model)", f"the traced graph does not compute what the model does "
+                                                 f"({problem}; in-place updates of aliased tensors?): nothing fused"))
+        return model, report
+    changed: list[tuple[SparseConv2d, tuple]] = []
+    try:
+        _fuse(gm, modules, calls, report, changed)
+        gm.graph.lint()
+        gm.recompile()
+        with torch.no_grad():  # the backstop: the rewritten graph against the traced one, on the example
+            problem = _differs(gm(*_cloned(inputs)), traced) if changed else None
+    except BaseException:  # not a refusal: put every layer changed so far back as it was
+        _restore(changed)
+        raise
+    if problem:
+        _restore(changed)
+        return model, FuseReport(skipped=report.skipped + [Skipped("(model)", f"the fused graph computes otherwise "
+                                                                              f"({problem}): nothing fused")])
+    return gm, report
+
+
+def _restore(changed: list) -> None:
+    for layer, state in reversed(changed):
+        layer.restore_epilogue(state)
+
+
+def _cloned(inputs: tuple) -> tuple:
+    """The inputs afresh for each run: a model may edit its input in place."""
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _mutates(node: torch.fx.Node, modules: dict) -> bool:
+    """Whether the node may change a tensor in place (a method or function ending in _, an in-place operator,
+    inplace=True, or a module built in place, such as nn.ReLU(inplace=True))."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if node.op == "call_module":
+        return bool(getattr(modules.get(node.target), "inplace", False))
+    if node.op in ("call_method", "call_function"):
+        return name.endswith("_") and not name.endswith("__") or name.startswith("i") and \
+            getattr(operator, name, None) is node.target or bool(node.kwargs.get("inplace", False))
+    return False
+
+
+def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list) -> None:
     for node in list(gm.graph.nodes):
         layer = modules.get(node.target) if node.op == "call_module" else None
         if not isinstance(layer, SparseConv2d) or len(node.args) != 1 or node.kwargs:
@@ -107,6 +194,10 @@ def fuse_epilogues(model: nn.Module, example_inputs) -> tuple[torch.fx.GraphModu
         operands = _add_operands(user)
         if operands is not None:
             other = operands[1] if operands[0] is node else operands[0]
+            if user.target in _IN_PLACE_ADDS and operands[0] is not node:
+                report.skipped.append(Skipped(node.target, "its output is added in place into another tensor, "
+                                                           "which the fused kernel would leave unchanged"))
+                continue
             if other is node or not isinstance(other, torch.fx.Node) or _meta(node) is None or \
                     _meta(other) != _meta(node):
                 report.skipped.append(Skipped(node.target, "its add's other operand is not a tensor of the "
@@ -119,12 +210,21 @@ def fuse_epilogues(model: nn.Module, example_inputs) -> tuple[torch.fx.GraphModu
             last = user
         if residual is None and not relu:
             continue
+        # the fused node runs where the chain's last op ran: nothing between the conv (or its residual, where
+        # that comes first) and there may change a tensor in place, or moving the conv there changes its result
+        first = residual if residual is not None and _comes_before(gm.graph, residual, node) else node
+        if any(_mutates(n, modules) for n in _between(gm.graph, first, last) if n is not add):
+            report.skipped.append(Skipped(node.target, "an in-place operation runs between the convolution and "
+                                                       "its epilogue"))
+            continue
+        state = layer.epilogue_state()
         try:
             layer.set_epilogue(relu=relu, residual=residual is not None)
         except ValueError as exc:  # a winning config that takes no epilogue (split K)
             report.skipped.append(Skipped(node.target, f"its kernel takes no epilogue ({exc})"))
             continue
-        with gm.graph.inserting_before(last):  # after the residual's own node, which may follow the conv
+        changed.append((layer, state))
+        with gm.graph.inserting_before(last):
             fused = gm.graph.call_module(node.target, node.args, {} if residual is None else {"residual": residual})
         fused.meta = dict(last.meta)
         last.replace_all_uses_with(fused)
@@ -133,6 +233,3 @@ def fuse_epilogues(model: nn.Module, example_inputs) -> tuple[torch.fx.GraphModu
                 gm.graph.erase_node(dead)
         report.fused.append((node.target, "+".join(part for part, on in (("residual", residual is not None),
                                                                          ("relu", relu)) if on)))
-    gm.graph.lint()
-    gm.recompile()
-    return gm, report

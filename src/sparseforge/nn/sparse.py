@@ -4,8 +4,9 @@ faster than dense, and dense everywhere else.
 
 The weight is held as CSR buffers (indptr, indices, values: state_dict entries), so a 90%-sparse layer keeps
 about a fifth of the dense bytes (values plus 4-byte indices); the dense weight is made only where dense was
-chosen for some shape, for autograd, on the CPU, or on request (keep_dense=True). `memory_bytes()` says what
-the layer holds, the kernels' own copies of W included.
+chosen for some shape, for autograd, on the CPU, or on request (keep_dense=True). On a GPU the buffers move
+to host memory once a kernel holds W (its own copy, in its own format), so the device keeps one copy of W.
+`memory_bytes()` says what the layer holds, the kernels' own copies of W included.
 
 Each input shape (Linear: the token count n = x.numel() / in_features; Conv2d: the image size H x W) is
 decided once, at its first call or ahead by `prepare` (the kernel and choice caches make a later process
@@ -32,7 +33,16 @@ class SparseShapeError(ValueError):
 
 class _SparseWeight(nn.Module):
     """What both layers share: W as CSR buffers, the bias, the per-shape kernels and decisions, the dense
-    weight made on demand, and a state_dict that loads any number of nonzeros."""
+    weight made on demand, and a state_dict that loads any number of nonzeros.
+
+    One copy of W on the GPU: once a layer on a CUDA device has built a kernel, its CSR buffers move to host
+    memory (the kernels read their own copy of W in their own format; the buffers stay for state_dict, for
+    building the next width's kernel and for a dense W if some width keeps dense, which is copied over then).
+    `device` (an empty buffer that moves with the module) is the layer's device either way. state_dict and
+    pickles hold the buffers where they are (host memory: checkpointing needs no GPU memory; load_state_dict
+    copies across devices); a dtype cast keeps them there, a device move takes them along. A layer whose
+    values require grad keeps them on its device. nn.DataParallel, which wants every buffer on one device,
+    needs them back: call layer._csr_to_device() on each sparse layer first."""
 
     _kind = "layer"
 
@@ -47,8 +57,39 @@ class _SparseWeight(nn.Module):
         self.register_buffer("weight_indices", torch.zeros(nnz, dtype=torch.int32, device=device))
         self.register_buffer("weight_values", torch.zeros(nnz, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(rows, device=device, dtype=dtype), requires_grad=False) if bias else None
+        # an empty tensor that says where the layer computes: it moves with the module (.to(), .cuda()) like
+        # any buffer, is not in state_dict, and stands in for W as the torch.library ops' tensor argument
+        self.register_buffer("_device_anchor", torch.empty(0, device=device, dtype=dtype), persistent=False)
         self.layer_id = register(self)
         self._reset()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the layer computes (its inputs, outputs, kernels and bias)."""
+        anchor = self._buffers.get("_device_anchor")
+        return self.weight_values.device if anchor is None else anchor.device
+
+    @property
+    def csr_on_host(self) -> bool:
+        return self.weight_values.device != self.device
+
+    def _csr_to_host(self) -> None:
+        """Move the CSR buffers to host memory where a kernel holds W on the GPU (not while the values train)."""
+        if self.csr_on_host or self.device.type != "cuda" or self.weight_values.requires_grad or \
+                not any(k is not None for k in self._paths.values()):
+            return
+        self._move_csr("cpu")
+
+    def _csr_to_device(self) -> None:
+        if self.csr_on_host:
+            self._move_csr(self.device)
+
+    def _move_csr(self, device) -> None:
+        with torch.inference_mode(False):  # a first call under inference_mode must not make them inference tensors
+            for name in ("weight_indptr", "weight_indices", "weight_values"):
+                self._buffers[name] = self._buffers[name].detach().to(device)
+        bias = self._parameters.get("bias")  # the same weight: _refresh must not drop the kernels
+        self._key = (_version(self._buffers["weight_values"]), None if bias is None else _version(bias))
 
     def _reset(self) -> None:
         self._paths: dict = {}        # shape key -> kernel, or None for dense
@@ -105,11 +146,12 @@ class _SparseWeight(nn.Module):
 
     def _build_dense(self) -> torch.Tensor:
         rows, cols = self._shape2d
-        values = self.weight_values.detach()
-        dense = torch.zeros(rows, cols, dtype=values.dtype, device=values.device)
-        which = torch.repeat_interleave(torch.arange(rows, device=dense.device), torch.diff(self.weight_indptr),
+        device = self.device
+        values = self.weight_values.detach().to(device)
+        dense = torch.zeros(rows, cols, dtype=values.dtype, device=device)
+        which = torch.repeat_interleave(torch.arange(rows, device=device), torch.diff(self.weight_indptr.to(device)),
                                         output_size=values.numel())  # output_size: no device-to-host sync
-        dense[which, self.weight_indices.to(torch.int64)] = values
+        dense[which, self.weight_indices.to(device, torch.int64)] = values
         return dense
 
     def _refresh(self) -> None:
@@ -124,13 +166,15 @@ class _SparseWeight(nn.Module):
             self._key = key
 
     def memory_bytes(self) -> dict[str, int]:
-        """Bytes the layer holds: the CSR buffers, the kernels' device copies of W (kernels that read W as
-        data), the dense weight where kept, the bias."""
-        csr = sum(t.numel() * t.element_size() for t in (self.weight_indptr, self.weight_indices, self.weight_values))
+        """Bytes the layer holds on its device: the CSR buffers (unless held in host memory: csr_host), the
+        kernels' copies of W (kernels that read W as data), the dense weight where kept, the bias."""
+        held = sum(t.numel() * t.element_size() for t in (self.weight_indptr, self.weight_indices, self.weight_values))
+        csr, host = (0, held) if self.csr_on_host else (held, 0)
         kernels = sum(getattr(k, "weight_bytes", 0) for k in self._paths.values() if k is not None)
         dense = 0 if self._dense is None else self._dense.numel() * self._dense.element_size()
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        return {"csr": csr, "kernels": kernels, "dense": dense, "bias": bias, "total": csr + kernels + dense + bias}
+        return {"csr": csr, "csr_host": host, "kernels": kernels, "dense": dense, "bias": bias,
+                "total": csr + kernels + dense + bias}
 
     # -- decisions ------------------------------------------------------------------------------------------
     @property
@@ -171,11 +215,12 @@ class _SparseWeight(nn.Module):
         self._paths[key], self._decided[key] = kernel, decision
         if kernel is None:
             self.dense_weight_2d()  # made now, not at the call, which may be a graph capture
+        self._csr_to_host()  # a kernel holds W on the device now
         return kernel
 
     def _input_problem(self, x: torch.Tensor) -> str | None:
-        if x.device != self.weight_values.device:
-            return f"input on {x.device}, {self._kind} on {self.weight_values.device}: move one of them"
+        if x.device != self.device:
+            return f"input on {x.device}, {self._kind} on {self.device}: move one of them"
         if x.dtype != self.weight_values.dtype:
             return (f"input dtype {x.dtype}, {self._kind} dtype {self.weight_values.dtype}: cast the input "
                     f"(x.to({self.weight_values.dtype})) or the layer (.to(dtype))")
@@ -197,12 +242,18 @@ class _SparseWeight(nn.Module):
         if problem:
             error_msgs.append(f"{prefix or 'the layer'}: {problem}")
             return
+        self._csr_to_device()  # the incoming W lands on the layer's device; the kernels are rebuilt from it
+        assign = bool(local_metadata.get("assign_to_params_buffers", False))
         for name, tensor in incoming.items():
             current = getattr(self, name)
             if isinstance(tensor, torch.Tensor) and tensor.shape != current.shape:
                 setattr(self, name, torch.empty(tensor.shape, dtype=current.dtype, device=current.device))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if assign:  # the layer now is where the assigned tensors are (a meta-built layer, say): so is its anchor
+            bias, values = self._parameters.get("bias"), self._buffers["weight_values"]
+            self._buffers["_device_anchor"] = torch.empty(0, device=(bias if bias is not None else values).device,
+                                                          dtype=values.dtype)
         self._reset()
 
     def __getstate__(self):
@@ -213,12 +264,21 @@ class _SparseWeight(nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        if "_device_anchor" not in self._buffers:  # pickled before the anchor existed
+            values = self._buffers["weight_values"]
+            self.register_buffer("_device_anchor", torch.empty(0, device=values.device, dtype=values.dtype),
+                                 persistent=False)
         self.layer_id = register(self)
 
     def _apply(self, fn, recurse=True):
-        # .to() / .cuda() / .half(): kernels and the dense copy belong to the old tensors
+        # .to() / .cuda() / .half(): kernels and the dense copy belong to the old tensors. fn meets the CSR
+        # buffers where they are: a device move takes host-held ones to the new device too (.cpu() leaves
+        # them), a dtype cast keeps them in host memory; the anchor says where the layer is afterwards
         self._reset()
-        return super()._apply(fn, recurse)
+        out = super()._apply(fn, recurse)
+        if self.csr_on_host and self.device.type != "cuda":
+            self._csr_to_device()
+        return out
 
 
 def _version(t: torch.Tensor) -> int:
@@ -273,7 +333,7 @@ class SparseLinear(_SparseWeight):
 
     def to_dense(self) -> nn.Linear:
         linear = nn.Linear(self.in_features, self.out_features, self.bias is not None,
-                           device=self.weight_values.device, dtype=self.weight_values.dtype)
+                           device=self.device, dtype=self.weight_values.dtype)
         with torch.no_grad():
             linear.weight.copy_(self.dense_weight_2d())
             if self.bias is not None:
@@ -294,7 +354,7 @@ class SparseLinear(_SparseWeight):
         if self._dense_path(x):
             return F.linear(x, self.dense_weight_2d(), self.bias)
         if torch.compiler.is_compiling():
-            return torch.ops.sparseforge.sparse_linear(x, self.weight_values, self.bias, self.layer_id,
+            return torch.ops.sparseforge.sparse_linear(x, self._device_anchor, self.bias, self.layer_id,
                                                        self.out_features)
         return self.sparse_forward(x)
 
@@ -316,8 +376,7 @@ class SparseLinear(_SparseWeight):
         for n in sorted({int(n) for n in widths}):
             if n < 1:
                 raise ValueError(f"widths must be positive token counts, got {n}")
-            x = torch.randn(n, self.in_features, generator=generator).to(self.weight_values.device,
-                                                                          self.weight_values.dtype)
+            x = torch.randn(n, self.in_features, generator=generator).to(self.device, self.weight_values.dtype)
             self._path(n, x)
         return self.decisions
 
@@ -326,7 +385,7 @@ class SparseLinear(_SparseWeight):
 
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return compile_spmm(self.sparse_matrix(), rows.shape[0], self.weight_values.dtype, "nk", bias=bias,
-                            device=self.weight_values.device, tune_budget=self.tune_budget,
+                            device=self.device, tune_budget=self.tune_budget,
                             time_dense=self.policy == "measure")
 
 
@@ -377,7 +436,7 @@ class SparseConv2d(_SparseWeight):
 
     def to_dense(self) -> nn.Module:
         conv = nn.Conv2d(self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding,
-                         self.dilation, self.groups, self.bias is not None, device=self.weight_values.device,
+                         self.dilation, self.groups, self.bias is not None, device=self.device,
                          dtype=self.weight_values.dtype)
         with torch.no_grad():
             conv.weight.copy_(self.dense_weight())
@@ -391,16 +450,24 @@ class SparseConv2d(_SparseWeight):
         """Change what follows the convolution (fuse_epilogues): the kernels are rebuilt for each input shape
         already decided, in the mapping and config that won there, without timing again (ValueError if one of
         them cannot take the epilogue, the layer then unchanged); shapes kept dense stay dense."""
-        old = (self.relu, self.residual, dict(self._paths), dict(self._decided), self._key)
+        old = self.epilogue_state()
         self.relu, self.residual = bool(relu), bool(residual)
         rebuilt = {}
         try:
             for key, kernel in old[2].items():
                 rebuilt[key] = None if kernel is None else self._rebuild(kernel)
-        except ValueError:
-            self.relu, self.residual = old[0], old[1]
+        except BaseException:  # a refusal (ValueError) or a compile / driver error: the layer as it was
+            self.restore_epilogue(old)
             raise
         self._paths, self._decided, self._key = rebuilt, old[3], old[4]
+
+    def epilogue_state(self) -> tuple:
+        """What set_epilogue changes, for restore_epilogue."""
+        return self.relu, self.residual, dict(self._paths), dict(self._decided), self._key
+
+    def restore_epilogue(self, state: tuple) -> None:
+        self.relu, self.residual = state[0], state[1]
+        self._paths, self._decided, self._key = dict(state[2]), dict(state[3]), state[4]
 
     def _rebuild(self, kernel):
         from ..conv import compile_conv2d
@@ -408,7 +475,7 @@ class SparseConv2d(_SparseWeight):
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return compile_conv2d(self.sparse_matrix(), kernel.plan.geometry.input_shape, self.stride, self.padding,
                               self.dilation, self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
-                              residual=self.residual, device=self.weight_values.device,
+                              residual=self.residual, device=self.device,
                               kernel_size=self.kernel_size, config=kernel.plan.config)
 
     def dense_weight(self) -> torch.Tensor:
@@ -438,7 +505,7 @@ class SparseConv2d(_SparseWeight):
             return self._dense_forward(x, residual)
         if torch.compiler.is_compiling():
             oh, ow = self._out_size(x.shape[2], x.shape[3])
-            return torch.ops.sparseforge.sparse_conv2d(x, self.weight_values, self.bias, self.layer_id,
+            return torch.ops.sparseforge.sparse_conv2d(x, self._device_anchor, self.bias, self.layer_id,
                                                        self.out_channels, oh, ow, residual)
         return self.sparse_forward(x, residual)
 
@@ -475,7 +542,7 @@ class SparseConv2d(_SparseWeight):
         """Decide now for each (batch, Cin, H, W) in `input_shapes` (seeded random inputs)."""
         generator = torch.Generator(device="cpu").manual_seed(0)
         for shape in input_shapes:
-            x = torch.randn(tuple(shape), generator=generator).to(self.weight_values.device, self.weight_values.dtype)
+            x = torch.randn(tuple(shape), generator=generator).to(self.device, self.weight_values.dtype)
             self._path((int(shape[2]), int(shape[3])), x)
         return self.decisions
 
@@ -485,7 +552,7 @@ class SparseConv2d(_SparseWeight):
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return compile_conv2d(self.sparse_matrix(), tuple(x.shape), self.stride, self.padding, self.dilation,
                               self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
-                              residual=self.residual, device=self.weight_values.device,
+                              residual=self.residual, device=self.device,
                               kernel_size=self.kernel_size, tune_budget=self.tune_budget,
                               time_dense=self.policy == "measure")
 

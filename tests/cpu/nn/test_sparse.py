@@ -67,6 +67,11 @@ def test_memory_is_the_csr_bytes_unless_dense_is_kept():
     csr = layer.memory_bytes()["csr"]
     assert csr == layer.nnz * (4 + 4) + 129 * 8
     assert csr < 0.25 * 256 * 128 * 4  # 90% sparse: about a fifth of the dense bytes
+    # on the CPU the buffers are the layer's only copy: they stay where the layer is (the GPU test covers the
+    # move to host memory once a kernel holds W)
+    layer(torch.randn(4, 256))
+    assert not layer.csr_on_host and layer.device == layer.weight_values.device
+    assert layer.memory_bytes()["csr_host"] == 0
 
 
 def test_bad_inputs_are_refused_with_the_problem_named():
@@ -171,3 +176,14 @@ def test_state_dict_of_another_shape_is_refused_with_the_reason():
 def test_padding_same_with_an_even_kernel_is_refused():
     with pytest.raises(ValueError, match="pads unevenly"):
         SparseConv2d.from_dense(nn.Conv2d(4, 4, (1, 2), padding="same"))
+
+
+def test_a_layer_built_on_meta_and_assigned_a_state_computes_where_the_state_is():
+    source = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.3, seed=7))
+    with torch.device("meta"):
+        layer = SparseLinear(32, 16, nnz=source.nnz)
+    layer.load_state_dict(source.state_dict(), assign=True)
+    assert layer.device.type == "cpu" and not layer.csr_on_host
+    x = torch.randn(3, 32)
+    assert torch.equal(layer(x), source(x))
+    assert all(t.device.type == "cpu" for t in layer.state_dict().values())
