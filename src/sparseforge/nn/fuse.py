@@ -203,6 +203,10 @@ def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseRepo
                 report.skipped.append(Skipped(node.target, "its add's other operand is not a tensor of the "
                                                            "output's shape and dtype"))
                 continue
+            partner = modules.get(other.target) if other.op == "call_module" else None
+            if isinstance(partner, SparseConv2d) and not (partner.relu or partner.residual) and \
+                    len(other.users) == 1 and _comes_before(gm.graph, node, other):
+                continue  # two sparse convs meet at the add (ResNet's projection shortcut): the later takes it
             residual, add, last = other, user, user
             user = _sole_user(user)
         relu = user is not None and _is_relu(user, modules)
