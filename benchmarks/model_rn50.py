@@ -55,8 +55,11 @@ def main() -> int:
     with torch.no_grad():  # what the dtype itself costs: the dense model's own error against float64
         dense_error = float((dense(xd).double() - reference).norm() / reference.norm())
     if args.dense_only:
-        args.out.write_text(json.dumps({"provenance": provenance(sys.argv), "model": "rn50", "dtype": args.dtype,
-                                        "batch": args.batch, "dense_nchw_us": dense_nchw, "dense_channels_last_us":
+        args.out.write_text(json.dumps({"provenance": provenance(sys.argv), "model": "rn50",
+                                        "sparsity": float(sum(sparsities.values()) / len(sparsities)),
+                                        "dtype": args.dtype, "batch": args.batch, "layout": "nchw",
+                                        "geomean_speedup_vs_cudnn": None,  # dense only: nothing to compare
+                                        "dense_nchw_us": dense_nchw, "dense_channels_last_us":
                                         dense_cl, "dense_rel_error_vs_float64": dense_error}, indent=1))
         print(f"rn50 dense {args.dtype} batch {args.batch}: rel. error vs float64 {dense_error:.1e}")
         return 0
