@@ -28,6 +28,9 @@ case "${1:-}" in
     llama 0.7_fp16_b1 90 --sparsity 0.7 --dtype float16 ;;
   tests)
     timeout 560 python3 -m pytest tests/gpu -q -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log" ;;
-  *) echo "usage: $0 a|tests"; exit 2 ;;
+  b)  # the whole GPU suite, then ResNet-50 95% fp32 fused
+    timeout 385 python3 -m pytest tests/gpu -q -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log"
+    rn50 0.95_fp32_b1 0.95 185 --tune-budget 0.3 --dtype float32 ;;
+  *) echo "usage: $0 a|b|tests"; exit 2 ;;
 esac
 ls "$OUT"
