@@ -50,6 +50,11 @@ def main() -> int:
     folded = fold_batchnorms(dense)
     xd = x.to(dtype)
     dense_nchw = model_latency_us(dense, (xd,))
+    # the dense model with the converted one's epilogue help too (cuDNN's fused conv + bias (+ add) + ReLU where
+    # it measures faster: nn/dense_epilogue.py), so that the baseline is the fastest dense model we can build
+    dense_fused, dense_fuse_report = fuse_epilogues(copy.deepcopy(dense), (xd,))
+    dense_fused_nchw = model_latency_us(dense_fused, (xd,))
+    del dense_fused
     channels_last = torch.channels_last
     dense_cl = model_latency_us(dense.to(memory_format=channels_last), (xd.to(memory_format=channels_last),))
     with torch.no_grad():  # what the dtype itself costs: the dense model's own error against float64
@@ -73,10 +78,11 @@ def main() -> int:
     with torch.no_grad():
         out = sparse(xd).double()
     error = float((out - reference).norm() / reference.norm())
-    dense_us = min(dense_nchw, dense_cl)
+    dense_us = min(dense_nchw, dense_cl, dense_fused_nchw)
     result = {"provenance": provenance(sys.argv), "model": "rn50", "patterns": str(args.pattern_dir),
               "sparsity": float(sum(sparsities.values()) / len(sparsities)), "dtype": args.dtype, "batch": args.batch,
               "layout": "nchw", "dense_us": dense_us, "dense_nchw_us": dense_nchw, "dense_channels_last_us": dense_cl,
+              "dense_fused_nchw_us": dense_fused_nchw, "dense_fused": [list(f) for f in dense_fuse_report.fused],
               "sparse_us": report.latency_after_us, "speedup_vs_cudnn": dense_us / report.latency_after_us,
               "rel_error_vs_float64": error, "dense_rel_error_vs_float64": dense_error,
               # the model amplifies rounding (rn50_conditioning.py: fp16-rounded weights alone give 1.7e-2 at
@@ -88,7 +94,8 @@ def main() -> int:
               "not_fused": None if fused_report is None else [s.__dict__ for s in fused_report.skipped],
               "report": report.as_dict(), "seconds": time.perf_counter() - started}
     return finish_model_run(args.out, result, report, f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us "
-                            f"(NCHW {dense_nchw:.1f}, channels_last {dense_cl:.1f}), converted "
+                            f"(NCHW {dense_nchw:.1f}, channels_last {dense_cl:.1f}, NCHW with {len(dense_fuse_report.fused)} "
+                            f"cuDNN-fused epilogues {dense_fused_nchw:.1f}), converted "
                             f"{report.latency_after_us:.1f} us: {result['speedup_vs_cudnn']:.2f}x (unfused {unfused_us:.1f} us; "
                             f"{0 if fused_report is None else len(fused_report.fused)} layers took their epilogue)")
 

@@ -178,3 +178,50 @@ def test_one_copy_of_w_on_the_gpu_and_the_host_buffers_round_trip(tmp_path):
         assert not moved.csr_on_host and moved.device.type == "cpu"
         _close(moved(x.cpu()).cuda(), want, torch.float16)
         assert torch.equal(layer.to_dense().weight.float().cpu(), linear.weight.half().float().cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dense_convs_fused_by_cudnn_match_float64_under_graph_replay(dtype, monkeypatch):
+    """fuse_epilogues on convolutions kept dense: cuDNN's fused conv + bias (+ residual) + ReLU, forced
+    ("fuse") and by measurement, computes what the separate ops do, inside a CUDA graph too."""
+    from sparseforge.nn import FusedDenseConv2d, fuse_epilogues
+    from sparseforge.nn.convert import model_latency_us
+    from sparseforge.nn.dense_epilogue import measure_fused_dense
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch.manual_seed(4)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(32, 32, 1)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            out = self.conv2(self.relu(self.conv1(x)))
+            out += x
+            return self.relu(out)
+
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), Block()).cuda().eval()
+    x = torch.randn(2, 16, 14, 14, device="cuda")
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+    model = model.to(dtype)
+    xs = (x.to(dtype),)
+    fused, report = fuse_epilogues(copy.deepcopy(model), xs, dense_convs="fuse")
+    assert dict(report.fused) == {"0": "relu (cuDNN fused)", "2.conv1": "relu (cuDNN fused)",
+                                  "2.conv2": "residual+relu (cuDNN fused)"}, report
+    layers = [fused.get_submodule(name) for name, _ in report.fused]
+    assert all(isinstance(m, FusedDenseConv2d) and m.cudnn_fused for m in layers)
+    with torch.no_grad():
+        got = torch.full_like(want, float("nan"), dtype=dtype)
+        got.copy_(fused(*xs))
+        _close(got, want, dtype)
+    assert model_latency_us(fused, xs) > 0  # captures and replays
+    separate, one = measure_fused_dense(layers[2], (2, 32, 14, 14), (2, 32, 14, 14))
+    assert separate > 0 and one > 0
+    measured, mreport = fuse_epilogues(copy.deepcopy(model), xs)
+    assert {n for n, _ in mreport.fused} | {s.name for s in mreport.skipped} == {"0", "2.conv1", "2.conv2"}
+    assert all("measured" in s.reason or "fails here" in s.reason for s in mreport.skipped)
+    with torch.no_grad():
+        _close(measured(*xs), want, dtype)

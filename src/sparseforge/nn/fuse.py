@@ -9,6 +9,10 @@ that shares the model's layers: the model itself is not changed, except that eac
 computes its epilogue (set_epilogue: its kernels are rebuilt in the config that won, not timed again), so it
 should be run through the returned module from then on. Shapes are checked on the example inputs (fx's
 ShapeProp): an add fuses only when the other operand has the output's shape and dtype (no broadcasting).
+
+Convolutions the conversion kept dense (plain nn.Conv2d) take a ReLU, or an add then a ReLU, too, as a
+FusedDenseConv2d (dense_epilogue.py: cuDNN's fused convolution, kept only where it measured faster than the
+separate ops; dense_convs="measure", the default, and only on CUDA).
 """
 from __future__ import annotations
 
@@ -22,12 +26,21 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..prune.targets import Skipped
+from .dense_epilogue import FusedDenseConv2d, measure_fused_dense
 from .fold import _LeafTracer
-from .sparse import SparseConv2d
+from .sparse import SparseConv2d, SparseLinear
 
 _RELU_FUNCTIONS = (torch.relu, F.relu, torch.relu_)
 _ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
 _IN_PLACE_ADDS = (operator.iadd, "add_")
+# ops whose output is a tensor of its own (never a view of an input): where an in-place op edits a tensor made
+# by one of these, it edits nothing else
+_FRESH_MODULES = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d, nn.MaxPool2d, nn.AvgPool2d,
+                  nn.AdaptiveAvgPool2d, SparseConv2d, SparseLinear, FusedDenseConv2d)
+_FRESH_FUNCTIONS = (operator.add, operator.sub, operator.mul, operator.truediv, torch.add, torch.sub, torch.mul,
+                    torch.cat, torch.conv2d, F.conv2d, F.linear, F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d)
+_FRESH_METHODS = ("add", "sub", "mul", "div", "clone")
+_DENSE_CONVS = ("measure", "fuse", "keep")
 
 
 @dataclass
@@ -112,10 +125,15 @@ def _drop_identities(gm: torch.fx.GraphModule) -> None:
             gm.graph.erase_node(node)
 
 
-def fuse_epilogues(model: nn.Module, example_inputs) -> tuple[torch.fx.GraphModule | nn.Module, FuseReport]:
-    """(the model with ReLU / residual adds fused into its SparseConv2d layers, what was fused and why not).
-    Where nothing can be fused (no sparse convolution, or fx cannot trace the model) the model itself comes
-    back, unchanged."""
+def fuse_epilogues(model: nn.Module, example_inputs, dense_convs: str = "measure"
+                   ) -> tuple[torch.fx.GraphModule | nn.Module, FuseReport]:
+    """(the model with ReLU / residual adds fused into its convolutions, what was fused and why not).
+    Where nothing can be fused (no convolution with an epilogue, or fx cannot trace the model) the model itself
+    comes back, unchanged. dense_convs, for plain nn.Conv2d layers: "measure" (on CUDA, cuDNN's fused call
+    where it measures faster than the separate ops; on the CPU nothing), "fuse" (a FusedDenseConv2d without
+    timing, cuDNN's call switched on where the model is on CUDA), "keep" (left as they are)."""
+    if dense_convs not in _DENSE_CONVS:
+        raise ValueError(f"dense_convs must be one of {_DENSE_CONVS}, got {dense_convs!r}")
     report = FuseReport()
     inputs = tuple(example_inputs) if isinstance(example_inputs, tuple) else (example_inputs,)
     try:
@@ -140,7 +158,7 @@ def fuse_epilogues(model: nn.Module, example_inputs) -> tuple[torch.fx.GraphModu
         return model, report
     changed: list[tuple[SparseConv2d, tuple]] = []
     try:
-        _fuse(gm, modules, calls, report, changed)
+        _fuse(gm, modules, calls, report, changed, dense_convs)
         gm.graph.lint()
         gm.recompile()
         with torch.no_grad():  # the backstop: the rewritten graph against the traced one, on the example
@@ -177,13 +195,76 @@ def _mutates(node: torch.fx.Node, modules: dict) -> bool:
     return False
 
 
-def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list) -> None:
-    for node in list(gm.graph.nodes):
-        layer = modules.get(node.target) if node.op == "call_module" else None
-        if not isinstance(layer, SparseConv2d) or len(node.args) != 1 or node.kwargs:
+def _storage_root(node, modules: dict) -> torch.fx.Node | None:
+    """The node whose fresh output tensor `node`'s value is (followed back through in-place ops, which return
+    their first operand), or None where the graph does not show that it is no view of something else
+    (a placeholder, an attribute, a view op, an op not known here)."""
+    for _ in range(10_000):
+        if not isinstance(node, torch.fx.Node):
+            return None
+        if _mutates(node, modules) and node.args:
+            node = node.args[0]
             continue
-        if layer.relu or layer.residual:
-            continue  # built with its epilogue already
+        if node.op == "call_module":
+            return node if isinstance(modules.get(node.target), _FRESH_MODULES) else None
+        if node.op == "call_function":
+            return node if node.target in _FRESH_FUNCTIONS or node.target in _RELU_FUNCTIONS else None
+        if node.op == "call_method":
+            return node if node.target in _FRESH_METHODS or node.target == "relu" else None
+        return None
+    return None
+
+
+def _moves_safely(gm, modules: dict, first, last, add, operands: list) -> bool:
+    """Whether the fused node may run where `last` ran: no op between `first` and `last` (the add excepted)
+    edits in place a tensor that the fused node reads (`operands`: the conv's input, the residual), or one the
+    graph cannot tell apart from them."""
+    edits = [n for n in _between(gm.graph, first, last) if n is not add and _mutates(n, modules)]
+    if not edits:
+        return True
+    read = [_storage_root(x, modules) for x in operands]
+    if any(r is None for r in read):
+        return False
+    for n in edits:
+        edited = _storage_root(n.args[0], modules) if n.args else None
+        if edited is None or edited in read:
+            return False
+    return True
+
+
+def _conv_kind(node, modules: dict, dense_convs: str) -> str | None:
+    """'sparse' (a SparseConv2d without an epilogue yet), 'dense' (a plain nn.Conv2d that may take one), or
+    None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+        return None
+    layer = modules.get(node.target)
+    if isinstance(layer, SparseConv2d):
+        return None if layer.relu or layer.residual else "sparse"
+    if type(layer) is nn.Conv2d and dense_convs != "keep" and layer.padding_mode == "zeros" and \
+            not isinstance(layer.padding, str) and (dense_convs == "fuse" or layer.weight.is_cuda):
+        return "dense"
+    return None
+
+
+def _takes_the_add(kind: str, partner_kind: str | None, node_first: bool) -> bool:
+    """Where two convolutions meet at an add (ResNet's projection shortcut), which takes it as its residual: a
+    sparse one over a dense one (its kernel adds it for nothing), else the later of the two."""
+    if partner_kind is None:
+        return True
+    if kind != partner_kind:
+        return kind == "sparse"
+    return not node_first
+
+
+def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list,
+          dense_convs: str) -> None:
+    gone: set = set()
+    for node in list(gm.graph.nodes):
+        if node in gone:
+            continue
+        kind = _conv_kind(node, modules, dense_convs)
+        if kind is None:
+            continue
         if calls[node.target] != 1:
             report.skipped.append(Skipped(node.target, "the layer is called at more than one place"))
             continue
@@ -194,40 +275,51 @@ def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseRepo
         operands = _add_operands(user)
         if operands is not None:
             other = operands[1] if operands[0] is node else operands[0]
-            if user.target in _IN_PLACE_ADDS and operands[0] is not node:
-                report.skipped.append(Skipped(node.target, "its output is added in place into another tensor, "
-                                                           "which the fused kernel would leave unchanged"))
+            if user.target in _IN_PLACE_ADDS and operands[0] is not node and \
+                    (not isinstance(operands[0], torch.fx.Node) or len(operands[0].users) > 1):
+                report.skipped.append(Skipped(node.target, "its output is added in place into another tensor "
+                                                           "that is read again, which the fused kernel would "
+                                                           "leave unchanged"))
                 continue
             if other is node or not isinstance(other, torch.fx.Node) or _meta(node) is None or \
                     _meta(other) != _meta(node):
                 report.skipped.append(Skipped(node.target, "its add's other operand is not a tensor of the "
                                                            "output's shape and dtype"))
                 continue
-            partner = modules.get(other.target) if other.op == "call_module" else None
-            if isinstance(partner, SparseConv2d) and not (partner.relu or partner.residual) and \
-                    len(other.users) == 1 and _comes_before(gm.graph, node, other):
-                continue  # two sparse convs meet at the add (ResNet's projection shortcut): the later takes it
+            partner = _conv_kind(other, modules, dense_convs) if len(other.users) == 1 else None
+            if partner is not None and calls.get(other.target) == 1 and \
+                    not _takes_the_add(kind, partner, _comes_before(gm.graph, node, other)):
+                continue  # its partner takes the add, with this conv's output as its residual
             residual, add, last = other, user, user
             user = _sole_user(user)
         relu = user is not None and _is_relu(user, modules)
         if relu:
             last = user
-        if residual is None and not relu:
-            continue
+        if residual is None and not relu or kind == "dense" and not relu:
+            continue  # (cuDNN fuses an add only with a ReLU after it)
         # the fused node runs where the chain's last op ran: nothing between the conv (or its residual, where
-        # that comes first) and there may change a tensor in place, or moving the conv there changes its result
+        # that comes first) and there may edit in place what it reads, or moving the conv there changes it
         first = residual if residual is not None and _comes_before(gm.graph, residual, node) else node
-        if any(_mutates(n, modules) for n in _between(gm.graph, first, last) if n is not add):
+        if not _moves_safely(gm, modules, first, last, add, [node.args[0]] + ([residual] if residual else [])):
             report.skipped.append(Skipped(node.target, "an in-place operation runs between the convolution and "
                                                        "its epilogue"))
             continue
-        state = layer.epilogue_state()
-        try:
-            layer.set_epilogue(relu=relu, residual=residual is not None)
-        except ValueError as exc:  # a winning config that takes no epilogue (split K)
-            report.skipped.append(Skipped(node.target, f"its kernel takes no epilogue ({exc})"))
-            continue
-        changed.append((layer, state))
+        part = "+".join(p for p, on in (("residual", residual is not None), ("relu", relu)) if on)
+        if kind == "sparse":
+            layer = modules[node.target]
+            state = layer.epilogue_state()
+            try:
+                layer.set_epilogue(relu=relu, residual=residual is not None)
+            except ValueError as exc:  # a winning config that takes no epilogue (split K)
+                report.skipped.append(Skipped(node.target, f"its kernel takes no epilogue ({exc})"))
+                continue
+            changed.append((layer, state))
+        else:
+            why = _dense_epilogue(gm, modules, node, residual is not None, dense_convs)
+            if why is not None:
+                report.skipped.append(Skipped(node.target, why))
+                continue
+            part += " (cuDNN fused)"
         with gm.graph.inserting_before(last):
             fused = gm.graph.call_module(node.target, node.args, {} if residual is None else {"residual": residual})
         fused.meta = dict(last.meta)
@@ -235,5 +327,26 @@ def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseRepo
         for dead in (last, add if add is not None and add is not last else None, node):
             if dead is not None:
                 gm.graph.erase_node(dead)
-        report.fused.append((node.target, "+".join(part for part, on in (("residual", residual is not None),
-                                                                         ("relu", relu)) if on)))
+                gone.add(dead)
+        report.fused.append((node.target, part))
+
+
+def _dense_epilogue(gm: torch.fx.GraphModule, modules: dict, node, residual: bool, dense_convs: str) -> str | None:
+    """Put a FusedDenseConv2d where the plain Conv2d `node` calls was (in gm only: the model keeps its
+    Conv2d); None, or why not (cuDNN's fused call measured slower, or has no engine for the layer)."""
+    conv = modules[node.target]
+    layer = FusedDenseConv2d(conv, residual, cudnn_fused=conv.weight.is_cuda)
+    if dense_convs == "measure":
+        shapes = _meta(node.args[0]), _meta(node)
+        if shapes[0] is None or shapes[1] is None:
+            return "its input's shape is unknown: cuDNN's fused convolution not measured"
+        try:
+            separate, fused = measure_fused_dense(layer, shapes[0][0], shapes[1][0])
+        except RuntimeError as exc:
+            return f"cuDNN's fused convolution fails here ({str(exc)[:160]}): kept as it was"
+        if not fused < separate:
+            return f"cuDNN's fused convolution measured {fused:.2f} us against {separate:.2f} us for the separate ops"
+    parent, _, name = node.target.rpartition(".")
+    setattr(gm.get_submodule(parent) if parent else gm, name, layer)
+    modules[node.target] = layer
+    return None

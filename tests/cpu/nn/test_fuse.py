@@ -205,3 +205,102 @@ def test_an_in_place_edit_between_a_conv_and_its_epilogue_blocks_the_fusion(case
     fused, report = fuse_epilogues(model, x)
     assert "a" not in dict(report.fused) and any("in-place operation" in s.reason for s in report.skipped)
     assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+
+
+class ShortcutFirst(nn.Module):
+    """sparseforge.models' ResNet block shape: the projection shortcut computed first, in-place ReLUs on
+    other tensors between it and the add."""
+
+    def __init__(self, cin: int, mid: int, cout: int, in_place_add: bool = False):
+        super().__init__()
+        self.downsample = nn.Conv2d(cin, cout, 1)
+        self.conv1, self.conv2 = nn.Conv2d(cin, mid, 1), nn.Conv2d(mid, cout, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+        self.in_place_add = in_place_add
+
+    def forward(self, x):
+        identity = self.downsample(x)
+        out = self.conv2(self.relu(self.conv1(x)))
+        if self.in_place_add:  # torchvision's `out += identity`
+            out += identity
+            return self.relu(out)
+        return self.relu(out + identity)
+
+
+def _shortcut_model(in_place_add: bool = False) -> nn.Module:
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), ShortcutFirst(8, 4, 16, in_place_add))
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            with torch.no_grad():
+                m.weight.mul_(torch.rand(m.weight.shape) > 0.6)
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("in_place_add", [False, True])
+def test_in_place_edits_of_other_tensors_do_not_block_a_shortcut_computed_first(in_place_add):
+    model = _shortcut_model(in_place_add)
+    x = torch.randn(1, 3, 9, 9, dtype=torch.float64)
+    want = model(x)
+    convert(model, x, policy="sparse")
+    fused, report = fuse_epilogues(model, x)
+    # the shortcut conv runs first, so conv2 (the later) takes the add; the ReLU between (in place, on conv1's
+    # output) edits nothing the fused node reads
+    assert dict(report.fused) == {"0": "relu", "2.conv1": "relu", "2.conv2": "residual+relu"}, report
+    assert report.skipped == [] and _ops(fused) == {"relu": 0, "add": 0}
+    assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_dense_convs_take_their_epilogue_as_fused_dense_layers_and_a_sparse_partner_takes_the_add():
+    from sparseforge.nn import FusedDenseConv2d
+
+    def converted():
+        model = _shortcut_model()
+        convert(model, x, policy="sparse", exclude=r"^(0|2\.conv1|2\.conv2)$")  # these stay nn.Conv2d
+        return model
+
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    want = _shortcut_model()(x)
+    # on the CPU there is nothing to measure: "measure" leaves dense convs alone
+    _, measured = fuse_epilogues(converted(), x)
+    assert dict(measured.fused) == {"2.downsample": "residual+relu"}, measured
+    kept, report = fuse_epilogues(converted(), x, dense_convs="keep")
+    assert dict(report.fused) == {"2.downsample": "residual+relu"} and type(kept.get_submodule("0")) is nn.Conv2d
+    model = converted()
+    fused, report = fuse_epilogues(model, x, dense_convs="fuse")
+    kinds = dict(report.fused)
+    # the sparse shortcut takes the add over the dense conv2 (its kernel adds it for nothing); conv2 then has
+    # only the add after it, which cuDNN does not fuse without a ReLU: it stays as it was
+    assert kinds == {"0": "relu (cuDNN fused)", "2.conv1": "relu (cuDNN fused)", "2.downsample": "residual+relu"}
+    assert isinstance(fused.get_submodule("0"), FusedDenseConv2d) and type(model[0]) is nn.Conv2d  # the model keeps its own
+    assert not fused.get_submodule("0").cudnn_fused  # a CPU model: the separate ops run
+    assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="dense_convs"):
+        fuse_epilogues(model, x, dense_convs="always")
+
+
+def test_a_dense_conv_takes_an_add_and_relu_when_its_partner_is_dense_too():
+    model = _shortcut_model()
+    x = torch.randn(1, 3, 9, 9, dtype=torch.float64)
+    want = model(x)
+    fused, report = fuse_epilogues(model, x, dense_convs="fuse")  # nothing converted: every conv dense
+    assert dict(report.fused) == {"0": "relu (cuDNN fused)", "2.conv1": "relu (cuDNN fused)",
+                                  "2.conv2": "residual+relu (cuDNN fused)"}
+    assert _ops(fused) == {"relu": 0, "add": 0}
+    assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_dense_conv_refuses_what_cudnn_cannot_fuse_and_a_wrong_call():
+    from sparseforge.nn import FusedDenseConv2d
+
+    with pytest.raises(ValueError, match="explicit zero padding"):
+        FusedDenseConv2d(nn.Conv2d(3, 3, 3, padding="same"), residual=False)
+    with pytest.raises(ValueError, match="explicit zero padding"):
+        FusedDenseConv2d(nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect"), residual=False)
+    layer = FusedDenseConv2d(nn.Conv2d(3, 3, 1), residual=True)
+    x = torch.randn(1, 3, 4, 4)
+    with pytest.raises(ValueError, match="layer\\(x, residual=r\\)"):
+        layer(x)
+    with pytest.raises(ValueError, match="adds no residual"):
+        FusedDenseConv2d(nn.Conv2d(3, 3, 1), residual=False)(x, residual=x)
+    assert torch.allclose(layer(x, residual=x), torch.relu(layer.conv(x) + x))
