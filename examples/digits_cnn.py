@@ -24,12 +24,21 @@ from sparseforge.nn import convert
 from sparseforge.prune import GradualPruner, remove_masks
 
 
-def digits(device):
-    from sklearn.datasets import load_digits
+def digits(device, path: Path | None = None):
+    """scikit-learn's digits, or the same arrays from an .npz (images, target) where scikit-learn is not
+    installed (`--export-data` writes one)."""
+    if path is not None:
+        import numpy as np
 
-    data = load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(data.target)
+        data = np.load(path)
+        images, target = data["images"], data["target"]
+    else:
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        images, target = data.images, data.target
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(target)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     split = int(0.7 * len(y))
     train, test = order[:split], order[split:]
@@ -71,10 +80,21 @@ def main() -> int:
     parser.add_argument("--scope", choices=("layer", "global"), default="layer")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="the digits as an .npz (images, target) instead of scikit-learn's loader")
+    parser.add_argument("--export-data", type=Path, default=None,
+                        help="write scikit-learn's digits to this .npz (for a machine without scikit-learn) and stop")
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
-    x_train, y_train, x_test, y_test = digits(args.device)
+    if args.export_data is not None:
+        import numpy as np
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        np.savez_compressed(args.export_data, images=data.images, target=data.target)
+        return 0
+    x_train, y_train, x_test, y_test = digits(args.device, args.data)
     dense = network().to(args.device)
     train(dense, x_train, y_train, args.epochs, args.lr)
     dense_accuracy = float((predict(dense, x_test) == y_test).float().mean())

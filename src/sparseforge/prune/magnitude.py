@@ -1,4 +1,5 @@
-"""Magnitude pruning masks: per tensor, and global across tensors (one threshold for the whole model)."""
+"""Magnitude pruning masks: per tensor, per output row, and global across tensors (one threshold for the whole
+model). Any nonnegative importance score can stand in for the weight: the masks rank |input|."""
 from __future__ import annotations
 
 import torch
@@ -25,6 +26,21 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     if n_prune:
         order = torch.argsort(flat, stable=True)
         mask[order[:n_prune]] = False
+    return mask.reshape(weight.shape)
+
+
+def row_magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Boolean mask pruning, in every output row of the 2-D view (Linear: out x in; Conv2d: Cout x
+    Cin*kh*kw), exactly round(sparsity * row length) of its smallest-|w| entries: every output keeps the
+    same number of inputs (Wanda's comparison group). Ties broken by position (stable sort)."""
+    _check_sparsity(sparsity)
+    _check_finite(weight)
+    matrix = weight.detach().abs().reshape(weight.shape[0], -1).float()
+    n_prune = int(round(sparsity * matrix.shape[1]))
+    mask = torch.ones_like(matrix, dtype=torch.bool)
+    if n_prune:
+        order = torch.argsort(matrix, dim=1, stable=True)
+        mask.scatter_(1, order[:, :n_prune], False)
     return mask.reshape(weight.shape)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .api import PruneReport, prune_model
+from .api import Importance, PruneReport, prune_model
 from .targets import LayerFilter
 
 
@@ -26,15 +26,20 @@ def cubic_sparsity(step: int, final_sparsity: float, begin_step: int, end_step: 
 class GradualPruner:
     """Call .step() once per training step (after optimizer.step()); every `frequency` steps between
     begin_step and end_step it re-ranks weights and tightens the masks to the cubic schedule. Masks
-    stay applied between updates (see masking.py), so the optimizer never revives a pruned weight."""
+    stay applied between updates (see masking.py), so the optimizer never revives a pruned weight.
+
+    scope: "layer", "row" or "global" (see prune_model). importance: what the updates rank instead of |w|,
+    a callable (name, module, weight) -> scores (e.g. ActivationNorms(model).wanda, whose input statistics
+    cover the batches since the previous update)."""
 
     def __init__(self, model: nn.Module, final_sparsity: float, begin_step: int, end_step: int,
                  frequency: int = 100, initial_sparsity: float = 0.0, scope: str = "layer",
-                 include: LayerFilter = None, exclude: LayerFilter = None):
+                 include: LayerFilter = None, exclude: LayerFilter = None, importance: Importance = None):
         if frequency < 1:
             raise ValueError(f"frequency must be >= 1, got {frequency}")
         cubic_sparsity(begin_step, final_sparsity, begin_step, end_step, initial_sparsity)  # validates
         self.model, self.scope, self.include, self.exclude = model, scope, include, exclude
+        self.importance = importance
         self.final_sparsity, self.initial_sparsity = final_sparsity, initial_sparsity
         self.begin_step, self.end_step, self.frequency = begin_step, end_step, frequency
         self.step_count = 0
@@ -51,5 +56,5 @@ class GradualPruner:
         if not due and t != self.end_step:
             return False
         self.last_report = prune_model(self.model, sparsity=self.sparsity_at(t), scope=self.scope,
-                                       include=self.include, exclude=self.exclude)
+                                       include=self.include, exclude=self.exclude, importance=self.importance)
         return True
