@@ -57,7 +57,10 @@ def main() -> int:
     dense_fp32_us = model_latency_us(model, (ids, mask))
     model = model.to(dtype)
     dense_us = model_latency_us(model, (ids, mask))
-    report = convert(model, (ids, mask), tune_budget=args.tune_budget, fold_bn=False)
+    print(f"dense {args.dtype} {dense_us:.1f} us, float32 {dense_fp32_us:.1f} us; converting", flush=True)
+    report = convert(model, (ids, mask), tune_budget=args.tune_budget, fold_bn=False,
+                     progress=lambda name, i, total: print(f"[{i + 1}/{total}] {name} "
+                                                           f"({time.perf_counter() - started:.0f} s)", flush=True))
     with torch.no_grad():
         got = model(ids, mask).double()
     error = float((got - want).norm() / want.norm())

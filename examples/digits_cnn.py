@@ -51,17 +51,32 @@ def network() -> nn.Module:
                          nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
 
 
-def train(model, x, y, epochs: int, lr: float, pruner=None, batch: int = 64) -> None:
+def train(model, x, y, epochs: int, lr: float, pruner=None, batch: int = 64, teacher=None,
+          temperature: float = 4.0) -> None:
+    """Adam over `epochs`; with a pruner, its step after each batch. With a teacher (the dense model), the
+    loss adds the KL divergence to the teacher's softened outputs (distillation: the pruned network learns
+    the dense one's function, not only the labels) and the learning rate decays along a cosine, so the
+    network settles after the last mask update instead of ending on a large step."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    total = epochs * ((len(y) + batch - 1) // batch)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, total) if teacher is not None else None
     for _ in range(epochs):
         model.train()
         order = torch.randperm(len(y), device=y.device)
         for i in range(0, len(y), batch):
             idx = order[i:i + batch]
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            logits = model(x[idx])
+            loss = nn.functional.cross_entropy(logits, y[idx])
+            if teacher is not None:
+                with torch.no_grad():
+                    soft = (teacher(x[idx]) / temperature).log_softmax(1)
+                loss = loss + temperature ** 2 * nn.functional.kl_div((logits / temperature).log_softmax(1), soft,
+                                                                      log_target=True, reduction="batchmean")
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if schedule is not None:
+                schedule.step()
             if pruner is not None:
                 pruner.step()
 
@@ -84,8 +99,12 @@ def main() -> int:
                         help="the digits as an .npz (images, target) instead of scikit-learn's loader")
     parser.add_argument("--export-data", type=Path, default=None,
                         help="write scikit-learn's digits to this .npz (for a machine without scikit-learn) and stop")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--distill", action="store_true",
+                        help="retrain with distillation from the dense model and a cosine schedule (measured on "
+                             "the CPU over seeds 0-3: a 0.65-point mean drop against 0.46 without)")
     args = parser.parse_args()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     started = time.perf_counter()
     if args.export_data is not None:
         import numpy as np
@@ -104,7 +123,8 @@ def main() -> int:
     # scope "layer": every layer at the target; "global": one magnitude ranking over all of them
     pruner = GradualPruner(pruned, args.sparsity, begin_step=steps // 10, end_step=steps // 2,
                            frequency=max(1, steps // 100), scope=args.scope)
-    train(pruned, x_train, y_train, args.epochs, args.lr / 2, pruner)
+    teacher = dense.eval() if args.distill else None
+    train(pruned, x_train, y_train, args.epochs, args.lr / 2, pruner, teacher=teacher)
     remove_masks(pruned)
     pruned_accuracy = float((predict(pruned, x_test) == y_test).float().mean())
     layers = {name: m.weight for name, m in pruned.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
@@ -120,7 +140,7 @@ def main() -> int:
 
     result = {"provenance": provenance(sys.argv),
               "data": "sklearn digits (1797 images 8x8), 70/30 split", "device": args.device, "epochs": args.epochs,
-              "scope": args.scope, "dense_accuracy": dense_accuracy, "pruned_accuracy": pruned_accuracy,
+              "scope": args.scope, "seed": args.seed, "distill": args.distill, "dense_accuracy": dense_accuracy, "pruned_accuracy": pruned_accuracy,
               "accuracy_drop_points": 100 * (dense_accuracy - pruned_accuracy), "sparsity_by_layer": sparsity,
               "convert_policy": policy, "predictions_identical": agree, "convert_report": report.as_dict(),
               "seconds": time.perf_counter() - started}

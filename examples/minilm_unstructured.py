@@ -103,7 +103,8 @@ def main():
     if args.importance == "wanda":
         norms = ActivationNorms(student, include=r"\.encoder\.layer\.")
         # every forward of the student first tells the hooks which tokens are real (padding is left out)
-        student.register_forward_pre_hook(lambda module, inputs: setattr(norms, "token_mask", inputs[0]["attention_mask"]))
+        student.register_forward_pre_hook(
+            lambda module, inputs: setattr(norms, "token_mask", inputs[0]["attention_mask"]))
         importance = norms.wanda
         student.eval()
         with torch.no_grad():

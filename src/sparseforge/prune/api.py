@@ -105,7 +105,8 @@ def _method(sparsity, nm, scope, importance: Importance = None) -> str:
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}")
     if importance is not None and not callable(importance):
-        raise TypeError(f"importance must be a callable (name, module, weight) -> scores, got {type(importance).__name__}")
+        raise TypeError("importance must be a callable (name, module, weight) -> scores, "
+                        f"got {type(importance).__name__}")
     method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity:g} ({scope})"
     if importance is not None:
         method += f" by {getattr(importance, '__name__', type(importance).__name__)} importance"

@@ -63,6 +63,37 @@ def eager_time_us(fn, inputs: list, repeats: int = 25) -> float:
     return _median_of(lambda: [fn(x) for x in inputs], repeats) / calls
 
 
+def host_time_us(fn, inputs: list, repeats: int = 15, stall_us: float = 20_000.0) -> float:
+    """Median host microseconds per call of fn(x): the CPU time to issue it (argument checks, allocation,
+    the launch), not the kernel's. The stream is held by a spin kernel (torch.cuda._sleep) while the calls
+    are issued, so no call waits for the GPU; the spin must outlast them (stall_us; raise it where a
+    call's host time times len(inputs) comes near it: the result is then flagged by a RuntimeError)."""
+    import time
+
+    import torch
+
+    for x in inputs:
+        fn(x)
+    torch.cuda.synchronize()
+    khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 2_000_000)
+    cycles = int(stall_us * khz / 1e3)  # (a clock above the one reported only shortens the spin: checked below)
+    times = []
+    for _ in range(repeats):
+        torch.cuda._sleep(cycles)
+        slept = torch.cuda.Event()
+        slept.record()
+        start = time.perf_counter()
+        for x in inputs:
+            fn(x)
+        elapsed = (time.perf_counter() - start) * 1e6
+        if slept.query():  # the spin ended before the calls were issued: some of them may have waited
+            raise RuntimeError(f"the stall ({stall_us:.0f} us) ended before {len(inputs)} calls were issued "
+                               f"({elapsed:.0f} us): pass a larger stall_us or fewer inputs")
+        torch.cuda.synchronize()
+        times.append(elapsed / len(inputs))
+    return statistics.median(times)
+
+
 def _median_of(run, repeats: int) -> float:
     import torch
 
