@@ -225,3 +225,26 @@ def test_dense_convs_fused_by_cudnn_match_float64_under_graph_replay(dtype, monk
     assert all("measured" in s.reason or "fails here" in s.reason for s in mreport.skipped)
     with torch.no_grad():
         _close(measured(*xs), want, dtype)
+
+
+def test_eager_decisions_are_measured_where_the_kernel_won_and_both_modes_compute_the_same():
+    torch.manual_seed(5)
+    dense = _pruned(nn.Linear(512, 512), 0.1).cuda().eval()
+    layer = SparseLinear.from_dense(dense, policy="measure", tune_budget=0.5)
+    layer.prepare([1, 64])
+    eager = {d.n: d for d in layer.eager_decisions}
+    for d in layer.decisions:
+        assert (d.n in eager) == (d.path == "unstructured"), (d, eager)
+    for d in eager.values():
+        assert d.mode == "eager" and d.sparse_us > 0 and d.dense_us > 0 and d.path in ("unstructured", "dense")
+        assert (d.n in layer._eager_dense) == (d.path == "dense")
+    x = torch.randn(64, 512, device="cuda")
+    want = torch.nn.functional.linear(x.double(), dense.weight.double(), dense.bias.double())
+    with torch.no_grad():
+        _close(layer(x), want, torch.float32)
+        graph, out = torch.cuda.CUDAGraph(), None
+        with torch.cuda.graph(graph):
+            out = layer(x)
+        out.fill_(float("nan"))
+        graph.replay()
+        _close(out, want, torch.float32)

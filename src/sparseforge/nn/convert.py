@@ -102,6 +102,9 @@ class LayerReport:
     kernel_us: dict = field(default_factory=dict)
     mapping: str | None = None        # the unstructured kernel's mapping, where measured
     reason: str = ""
+    # per width whose kernel won under graph replay: the eager decision (host time included; where dense wins
+    # there, eager calls of that width run dense: SparseLinear / SparseConv2d.eager_decisions)
+    eager: list = field(default_factory=list)
 
     @property
     def speedup(self) -> float | None:
@@ -243,6 +246,7 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     # what the module costs: per width its kernel, or dense where dense was kept
     layer.times_us[UNSTRUCTURED] = _summed(decisions, "chosen")
     layer.kernel_us[UNSTRUCTURED] = _summed(decisions, "sparse")
+    layer.eager = [d.as_dict() for d in sparse.eager_decisions]
     kernels = [k for k in sparse._paths.values() if k is not None]
     layer.mapping = kernels[0].mapping if kernels else None
     candidates = {UNSTRUCTURED: sparse}

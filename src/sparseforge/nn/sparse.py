@@ -13,6 +13,12 @@ decided once, at its first call or ahead by `prepare` (the kernel and choice cac
 load it in milliseconds): the chooser times its candidates and dense cuBLAS / cuDNN side by side under graph
 replay and keeps the sparse kernel only with the margin MIN_SPEEDUP (`policy="measure"`; "sparse" and
 "dense" force a path). `decisions` lists what was chosen and why.
+
+Two execution modes rank the paths differently (semi/decide.py): replayed in a CUDA graph only GPU time
+counts; called eagerly, a call also pays its host time, which for small layers exceeds the GPU time. Where a
+width's kernel won under graph replay, policy="measure" times it eagerly against dense too, and where dense
+wins there (`eager_decisions`) eager calls of that width run dense while captured ones keep the kernel. (A
+width dense under graph replay stays dense eagerly: the kernel's host time is not below dense's.)
 """
 from __future__ import annotations
 
@@ -93,7 +99,9 @@ class _SparseWeight(nn.Module):
 
     def _reset(self) -> None:
         self._paths: dict = {}        # shape key -> kernel, or None for dense
-        self._decided: dict = {}      # shape key -> Decision
+        self._decided: dict = {}      # shape key -> Decision (graph replay)
+        self._eager_decided: dict = {}  # shape key -> Decision called eagerly, where that was measured
+        self._eager_dense: set = set()  # shape keys whose kernel won under graph replay but lost eagerly
         self._dense = None
         self._matrix = None
         self._key = None
@@ -179,7 +187,40 @@ class _SparseWeight(nn.Module):
     # -- decisions ------------------------------------------------------------------------------------------
     @property
     def decisions(self) -> list[Decision]:
+        """Per input shape, the decision under CUDA-graph replay (or the one decision, where not measured)."""
         return [self._decided[key] for key in sorted(self._decided)]
+
+    @property
+    def eager_decisions(self) -> list[Decision]:
+        """Per input shape whose kernel won under graph replay, the decision for eager calls."""
+        return [self._eager_decided[key] for key in sorted(self._eager_decided)]
+
+    def _measures_eagerly(self, example: torch.Tensor) -> bool:
+        return example.is_cuda
+
+    def _runs_dense_eagerly(self, key) -> bool:
+        return key in self._eager_dense and not torch.cuda.is_current_stream_capturing()
+
+    def _decide_eagerly(self, key, n: int, kernel, example: torch.Tensor) -> None:
+        """Time the kernel and dense called eagerly (host time included) on copies of `example`; where dense
+        wins with the margin, eager calls of this shape run dense."""
+        from ..runtime.timing import eager_time_us
+
+        xs = [example.clone() for _ in range(4)]
+        extra = self._eager_extra(example)
+        with torch.no_grad():
+            sparse_us = eager_time_us(lambda x: self._kernel_call(kernel, x, *extra), xs)
+            self.dense_weight_2d()  # made before timing dense, as a dense call of this shape would find it
+            dense_us = eager_time_us(lambda x: self._dense_call(x, *extra), xs)
+        decision = decide(n, sparse_us, dense_us, MIN_SPEEDUP, path=UNSTRUCTURED, mode="eager")
+        self._eager_decided[key] = decision
+        if decision.path == DENSE:
+            self._eager_dense.add(key)
+        elif not (self.keep_dense or self._eager_dense or any(k is None for k in self._paths.values())):
+            self._dense = None  # no shape needs it (yet): made again if one does
+
+    def _eager_extra(self, example: torch.Tensor) -> tuple:
+        return ()
 
     def _path(self, key, example):
         """The kernel for shape `key` (None: dense), deciding it at first sight."""
@@ -212,6 +253,8 @@ class _SparseWeight(nn.Module):
                                       mode="graph")
                     if decision.path == DENSE:
                         kernel = None
+                    elif self._measures_eagerly(example):
+                        self._decide_eagerly(key, n, kernel, example)
         self._paths[key], self._decided[key] = kernel, decision
         if kernel is None:
             self.dense_weight_2d()  # made now, not at the call, which may be a graph capture
@@ -259,7 +302,8 @@ class _SparseWeight(nn.Module):
     def __getstate__(self):
         # kernels are process- and device-bound: copies and pickles rebuild them (from the caches)
         state = self.__dict__.copy()
-        state.update(_paths={}, _decided={}, _dense=None, _matrix=None, _key=None)
+        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _dense=None, _matrix=None,
+                     _key=None)
         return state
 
     def __setstate__(self, state):
@@ -365,10 +409,16 @@ class SparseLinear(_SparseWeight):
         if n == 0:
             return x.new_empty(*x.shape[:-1], self.out_features)
         kernel = self._path(n, rows)
-        if kernel is None:
+        if kernel is None or self._eager_dense and self._runs_dense_eagerly(n):
             return F.linear(x, self.dense_weight_2d(), self.bias)
         y = kernel(rows if rows.is_contiguous() else rows.contiguous())
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _kernel_call(self, kernel, rows: torch.Tensor) -> torch.Tensor:
+        return kernel(rows)
+
+    def _dense_call(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(rows, self.dense_weight_2d(), self.bias)
 
     def prepare(self, widths) -> list[Decision]:
         """Decide now for each token count in `widths` (seeded random inputs), e.g. before graph capture."""
@@ -530,13 +580,26 @@ class SparseConv2d(_SparseWeight):
     def sparse_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[0] == 0:
             return x.new_empty(0, self.out_channels, *self._out_size(x.shape[2], x.shape[3]))
-        kernel = self._path((int(x.shape[2]), int(x.shape[3])), x)
-        if kernel is None:
+        key = (int(x.shape[2]), int(x.shape[3]))
+        kernel = self._path(key, x)
+        if kernel is None or self._eager_dense and self._runs_dense_eagerly(key):
             return self._dense_forward(x, residual)
         x = x if x.is_contiguous() else x.contiguous()
         if residual is None:
             return kernel(x)
         return kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
+
+    def _eager_extra(self, example: torch.Tensor) -> tuple:
+        if not self.residual:
+            return ()
+        shape = (example.shape[0], self.out_channels, *self._out_size(example.shape[2], example.shape[3]))
+        return (torch.randn(shape, device=example.device, dtype=example.dtype),)
+
+    def _kernel_call(self, kernel, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return kernel(x) if residual is None else kernel(x, residual=residual)
+
+    def _dense_call(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return self._dense_forward(x, residual)
 
     def prepare(self, input_shapes) -> list[Decision]:
         """Decide now for each (batch, Cin, H, W) in `input_shapes` (seeded random inputs)."""

@@ -187,3 +187,81 @@ def test_a_layer_built_on_meta_and_assigned_a_state_computes_where_the_state_is(
     x = torch.randn(3, 32)
     assert torch.equal(layer(x), source(x))
     assert all(t.device.type == "cpu" for t in layer.state_dict().values())
+
+
+class _Choice:
+    def __init__(self, sparse_us, dense_us):
+        self.sparse_us, self.dense_us = sparse_us, dense_us
+
+
+class _FakeKernel:
+    """What _path needs of a kernel: its chooser's graph-replay times, a mapping name, and a call."""
+    mapping, weight_bytes = "fake", 0
+
+    def __init__(self, layer, sparse_us, dense_us):
+        self.choice, self.layer, self.calls = _Choice(sparse_us, dense_us), layer, 0
+
+    def __call__(self, x, residual=None):
+        self.calls += 1
+        return torch.nn.functional.linear(x, self.layer.dense_weight_2d(), self.layer.bias)
+
+
+def _stub_eager_times(monkeypatch, layer, kernel_us, dense_us):
+    """eager_time_us returning kernel_us for the kernel's call and dense_us for dense's."""
+    import sparseforge.runtime.timing as timing
+
+    def eager_time_us(fn, inputs, repeats=25):
+        before = kernel_calls[0].calls if kernel_calls else 0
+        fn(inputs[0])
+        return kernel_us if kernel_calls and kernel_calls[0].calls > before else dense_us
+
+    kernel_calls = []
+    monkeypatch.setattr(timing, "eager_time_us", eager_time_us)
+    return kernel_calls
+
+
+@pytest.mark.parametrize("eager_kernel_us, runs_dense", [(30.0, True), (6.0, False)])
+def test_a_width_the_kernel_wins_in_a_graph_is_timed_eagerly_and_runs_dense_where_eager_dense_wins(
+        monkeypatch, eager_kernel_us, runs_dense):
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.2), policy="measure")
+    kernel = _FakeKernel(layer, sparse_us=4.0, dense_us=8.0)  # the kernel wins 2x under graph replay
+    calls = _stub_eager_times(monkeypatch, layer, eager_kernel_us, 10.0)
+    calls.append(kernel)
+    monkeypatch.setattr(SparseLinear, "_compile", lambda self, rows: kernel)
+    monkeypatch.setattr(SparseLinear, "_measures_eagerly", lambda self, x: True)
+    x = torch.randn(5, 32)
+    assert layer._path(5, x) is kernel
+    [graph], [eager] = layer.decisions, layer.eager_decisions
+    assert graph.path == "unstructured" and graph.mode == "graph"
+    assert eager.mode == "eager" and (eager.sparse_us, eager.dense_us) == (eager_kernel_us, 10.0)
+    assert (eager.path == "dense") == runs_dense and (5 in layer._eager_dense) == runs_dense
+    # the dense W is kept only where an eager call of this width needs it
+    assert (layer._dense is not None) == runs_dense
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert layer._runs_dense_eagerly(5) == runs_dense
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not layer._runs_dense_eagerly(5)  # a captured call keeps the kernel, the graph decision
+    with torch.no_grad():
+        layer.weight_values.mul_(2)  # an in-place edit: every decision is made again
+    layer._refresh()
+    assert layer.eager_decisions == [] and not layer._eager_dense
+
+
+def test_a_width_dense_in_a_graph_is_not_timed_eagerly(monkeypatch):
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.2), policy="measure")
+    kernel = _FakeKernel(layer, sparse_us=9.0, dense_us=8.0)
+    monkeypatch.setattr(SparseLinear, "_compile", lambda self, rows: kernel)
+    monkeypatch.setattr(SparseLinear, "_measures_eagerly", lambda self, x: True)
+    monkeypatch.setattr(SparseLinear, "_decide_eagerly", lambda *a: pytest.fail("timed eagerly"))
+    assert layer._path(3, torch.randn(3, 32)) is None
+    assert layer.decisions[0].path == "dense" and layer.eager_decisions == []
+
+
+def test_a_conv_with_a_residual_is_timed_eagerly_with_one(monkeypatch):
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3), policy="measure", residual=True)
+    x = torch.randn(1, 4, 7, 7)
+    (r,) = layer._eager_extra(x)
+    assert r.shape == (1, 6, 7, 7)
+    want = torch.nn.functional.conv2d(x, layer.dense_weight(), layer.bias, padding=1) + r
+    assert torch.allclose(layer._dense_call(x, r), want, atol=1e-6)
+    assert SparseConv2d.from_dense(nn.Conv2d(4, 6, 3))._eager_extra(x) == ()
