@@ -92,7 +92,9 @@ def main() -> int:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--scope", choices=("layer", "global"), default="layer")
+    # global: one magnitude ranking over all layers, so the 288-weight stem is not cut to 29 (CPU, seeds 0-3:
+    # drops -0.56 / -0.56 / -0.56 / 0.37 points against 0.56 / 0.37 / 0.37 / 0.56 per layer)
+    parser.add_argument("--scope", choices=("layer", "global"), default="global")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--data", type=Path, default=None,
