@@ -103,8 +103,8 @@ case "${1:-}" in
     timeout 170 python3 -m pytest tests/gpu/test_timing_gpu.py tests/gpu/test_nn_sparse_gpu.py -q -p no:cacheprovider \
       > "$L/gpu_tests_timing.log" 2>&1
     tail -2 "$L/gpu_tests_timing.log"
-    timeout 150 python3 benchmarks/host_time.py "$OUT/host_time_fp16.json" --dtype float16 > "$L/host.log" 2>&1; tail -7 "$L/host.log"
-    timeout 250 python3 benchmarks/model_minilm.py "$OUT/model_minilm_0.8_fp16_b1.json" --sparsity 0.8 --tune-budget 0.5 \
+    timeout 120 python3 benchmarks/host_time.py "$OUT/host_time_fp16.json" --dtype float16 > "$L/host.log" 2>&1; tail -7 "$L/host.log"
+    timeout 230 python3 benchmarks/model_minilm.py "$OUT/model_minilm_0.8_fp16_b1.json" --sparsity 0.8 --tune-budget 0.5 \
       > "$L/minilm.log" 2>&1; tail -2 "$L/minilm.log"
     timeout 60 python3 examples/digits_cnn.py --device cuda --data .digits/digits.npz --out "$OUT/digits_cnn_gpu.json" \
       > "$L/digits.log" 2>&1; tail -1 "$L/digits.log" ;;

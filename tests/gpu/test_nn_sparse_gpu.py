@@ -231,6 +231,7 @@ def test_eager_decisions_are_measured_where_the_kernel_won_and_both_modes_comput
     torch.manual_seed(5)
     dense = _pruned(nn.Linear(512, 512), 0.1).cuda().eval()
     layer = SparseLinear.from_dense(dense, policy="measure", tune_budget=0.5)
+    layer.measure_eager = True
     layer.prepare([1, 64])
     eager = {d.n: d for d in layer.eager_decisions}
     for d in layer.decisions:

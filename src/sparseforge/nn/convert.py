@@ -156,7 +156,7 @@ def _num(value, spec: str = "{:.2f}") -> str:
 
 def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter = None, exclude: LayerFilter = None,
             policy: str = "measure", tune_budget: float | None = 5.0, fold_bn: bool = True,
-            time_model: bool = True, progress=None) -> ModelReport:
+            time_model: bool = True, progress=None, eager: bool = False) -> ModelReport:
     """Replace, in place, each nn.Linear / nn.Conv2d of `model` (include / exclude: a regex on the qualified
     name or a callable (name, module) -> bool) by the fastest of: the layer as it is (dense), SparseLinear /
     SparseConv2d (the unstructured kernels, the one chooser), SparseLinear24 (Linear layers whose weight is
@@ -168,6 +168,9 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     Returns a ModelReport: per layer its shape, sparsity, choice and measured times; whole-model latency
     before and after (graph replay, time_model); memory before and after; the conversion time.
     progress: called as progress(name, index, total) before each layer is measured (a progress bar).
+    eager: the unstructured modules also time each winning width called eagerly and run it dense in eager
+    calls where dense is faster there (SparseLinear.measure_eager: costs the dense W beside the kernel for such
+    widths; of no use to a model served under CUDA graphs).
     Afterwards nn.fuse_epilogues(model, example_inputs) fuses each sparse convolution's ReLU / shortcut add."""
     import time
 
@@ -200,7 +203,7 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
         if module not in shapes:
             report.skipped.append(Skipped(name, "not called by the example inputs: nothing to measure"))
             continue
-        layer, replacement = measure_layer(name, module, shapes[module], policy, tune_budget)
+        layer, replacement = measure_layer(name, module, shapes[module], policy, tune_budget, eager)
         report.layers.append(layer)
         if replacement is not None:
             for alias in _names_of(model, module):  # a module shared under several names: every one
@@ -212,7 +215,8 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     return report
 
 
-def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str, tune_budget: float | None):
+def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str, tune_budget: float | None,
+                  eager: bool = False):
     """(LayerReport, the module to put in its place or None to keep it). The one place convert() times."""
     from .sparse import SparseConv2d, SparseLinear
 
@@ -233,6 +237,7 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     make = SparseLinear if is_linear else SparseConv2d
     try:
         sparse = make.from_dense(module, policy=unstructured_policy, tune_budget=tune_budget)
+        sparse.measure_eager = eager
     except ValueError as exc:
         layer.reason = f"the sparse {kind} refuses it ({exc}): kept dense"
         return layer, None

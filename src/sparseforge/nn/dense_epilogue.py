@@ -30,22 +30,25 @@ class FusedDenseConv2d(nn.Module):
     def extra_repr(self) -> str:
         return f"residual={self.residual}, relu=True, cudnn_fused={self.cudnn_fused}"
 
-    def _fused_call(self, x: torch.Tensor) -> bool:
-        w = self.conv.weight
-        return (self.cudnn_fused and x.is_cuda and x.dtype == w.dtype and not torch.compiler.is_compiling()
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+    def _fused_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """cuDNN's call: inference only (it has no backward), not under autocast (which would cast the
+        separate ops), and not while torch.compile traces (Inductor fuses the separate ops itself)."""
+        w, b = self.conv.weight, self.conv.bias
+        grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b, residual))
+        return (self.cudnn_fused and x.is_cuda and x.dtype == w.dtype and not grads
+                and not torch.is_autocast_enabled("cuda") and not torch.compiler.is_compiling()
+                and (residual is None or (residual.dtype == x.dtype and residual.is_cuda)))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.residual != (residual is not None):
             raise ValueError("this convolution adds a residual: call it as layer(x, residual=r)" if self.residual
                              else "this convolution adds no residual: call it as layer(x)")
-        if self._fused_call(x) and (residual is None or (residual.dtype == x.dtype and residual.is_cuda)):
-            c = self.conv
+        if self._fused_call(x, residual):
+            c = self.conv  # (the ops pick the memory format from the input and weight, as F.conv2d does)
             args = (list(c.stride), list(c.padding), list(c.dilation), c.groups)
-            x = x.contiguous()
             if residual is None:
                 return torch.cudnn_convolution_relu(x, c.weight, c.bias, *args)
-            return torch.cudnn_convolution_add_relu(x, c.weight, residual.contiguous(), 1.0, c.bias, *args)
+            return torch.cudnn_convolution_add_relu(x, c.weight, residual, 1.0, c.bias, *args)
         y = self.conv(x)
         return F.relu(y + residual if residual is not None else y)
 

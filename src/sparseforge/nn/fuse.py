@@ -215,20 +215,22 @@ def _storage_root(node, modules: dict) -> torch.fx.Node | None:
     return None
 
 
-def _moves_safely(gm, modules: dict, first, last, add, operands: list) -> bool:
-    """Whether the fused node may run where `last` ran: no op between `first` and `last` (the add excepted)
-    edits in place a tensor that the fused node reads (`operands`: the conv's input, the residual), or one the
-    graph cannot tell apart from them."""
-    edits = [n for n in _between(gm.graph, first, last) if n is not add and _mutates(n, modules)]
-    if not edits:
-        return True
-    read = [_storage_root(x, modules) for x in operands]
-    if any(r is None for r in read):
-        return False
-    for n in edits:
-        edited = _storage_root(n.args[0], modules) if n.args else None
-        if edited is None or edited in read:
+def _moves_safely(gm, modules: dict, reads: list, last, add) -> bool:
+    """Whether the fused node may run where `last` ran: for each (tensor, node that read it) in `reads` (the
+    conv's input, read by the conv; the residual, read by the add), no op after that read and before `last`
+    (the add excepted) edits in place that tensor, or one the graph cannot tell apart from it. (An edit before
+    the original read is seen alike by both graphs.)"""
+    for tensor, reader in reads:
+        edits = [n for n in _between(gm.graph, reader, last) if n is not add and _mutates(n, modules)]
+        if not edits:
+            continue
+        root = _storage_root(tensor, modules)
+        if root is None:
             return False
+        for n in edits:
+            edited = _storage_root(n.args[0], modules) if n.args else None
+            if edited is None or edited is root:
+                return False
     return True
 
 
@@ -258,12 +260,27 @@ def _takes_the_add(kind: str, partner_kind: str | None, node_first: bool) -> boo
 
 def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list,
           dense_convs: str) -> None:
+    """Two passes at most: where a conv left a shared add to its partner and the partner then could not take
+    it (split K, cuDNN measured slower, an in-place edit), the second pass offers the add to the first."""
     gone: set = set()
+    deferred: dict = {}  # partner layer name -> the layer that left it the add
+    _fuse_pass(gm, modules, calls, report, changed, dense_convs, gone, deferred, refused=set())
+    refused = {s.name for s in report.skipped} & set(deferred)
+    if refused:
+        retry = {deferred[name] for name in refused}
+        again = FuseReport()
+        _fuse_pass(gm, modules, calls, again, changed, dense_convs, gone, {}, refused=refused, only=retry)
+        report.fused += again.fused
+        report.skipped += [s for s in again.skipped if s.name not in {x.name for x in report.skipped}]
+
+
+def _fuse_pass(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list,
+               dense_convs: str, gone: set, deferred: dict, refused: set, only: set | None = None) -> None:
     for node in list(gm.graph.nodes):
         if node in gone:
             continue
         kind = _conv_kind(node, modules, dense_convs)
-        if kind is None:
+        if kind is None or only is not None and node.target not in only:
             continue
         if calls[node.target] != 1:
             report.skipped.append(Skipped(node.target, "the layer is called at more than one place"))
@@ -275,8 +292,9 @@ def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseRepo
         operands = _add_operands(user)
         if operands is not None:
             other = operands[1] if operands[0] is node else operands[0]
+            # an add in place into the other operand: fine only where that is a fresh tensor read by nothing else
             if user.target in _IN_PLACE_ADDS and operands[0] is not node and \
-                    (not isinstance(operands[0], torch.fx.Node) or len(operands[0].users) > 1):
+                    (_storage_root(operands[0], modules) is not operands[0] or len(operands[0].users) > 1):
                 report.skipped.append(Skipped(node.target, "its output is added in place into another tensor "
                                                            "that is read again, which the fused kernel would "
                                                            "leave unchanged"))
@@ -287,8 +305,9 @@ def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseRepo
                                                            "output's shape and dtype"))
                 continue
             partner = _conv_kind(other, modules, dense_convs) if len(other.users) == 1 else None
-            if partner is not None and calls.get(other.target) == 1 and \
+            if partner is not None and calls.get(other.target) == 1 and other.target not in refused and \
                     not _takes_the_add(kind, partner, _comes_before(gm.graph, node, other)):
+                deferred[other.target] = node.target
                 continue  # its partner takes the add, with this conv's output as its residual
             residual, add, last = other, user, user
             user = _sole_user(user)
@@ -297,10 +316,10 @@ def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseRepo
             last = user
         if residual is None and not relu or kind == "dense" and not relu:
             continue  # (cuDNN fuses an add only with a ReLU after it)
-        # the fused node runs where the chain's last op ran: nothing between the conv (or its residual, where
-        # that comes first) and there may edit in place what it reads, or moving the conv there changes it
-        first = residual if residual is not None and _comes_before(gm.graph, residual, node) else node
-        if not _moves_safely(gm, modules, first, last, add, [node.args[0]] + ([residual] if residual else [])):
+        # the fused node runs where the chain's last op ran: nothing after the conv read its input (and the add
+        # its residual) may edit those in place before there, or moving the reads there changes them
+        reads = [(node.args[0], node)] + ([(residual, add)] if residual is not None else [])
+        if not _moves_safely(gm, modules, reads, last, add):
             report.skipped.append(Skipped(node.target, "an in-place operation runs between the convolution and "
                                                        "its epilogue"))
             continue

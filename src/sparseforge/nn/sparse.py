@@ -15,10 +15,13 @@ replay and keeps the sparse kernel only with the margin MIN_SPEEDUP (`policy="me
 "dense" force a path). `decisions` lists what was chosen and why.
 
 Two execution modes rank the paths differently (semi/decide.py): replayed in a CUDA graph only GPU time
-counts; called eagerly, a call also pays its host time, which for small layers exceeds the GPU time. Where a
-width's kernel won under graph replay, policy="measure" times it eagerly against dense too, and where dense
-wins there (`eager_decisions`) eager calls of that width run dense while captured ones keep the kernel. (A
-width dense under graph replay stays dense eagerly: the kernel's host time is not below dense's.)
+counts; called eagerly, a call also pays its host time, which for small layers exceeds the GPU time. With
+`measure_eager = True` (convert(..., eager=True)), where a width's kernel won under graph replay it is timed
+eagerly against dense too, and where dense is faster there by the margin (`eager_decisions`) eager calls of
+that width run dense while captured ones keep the kernel. That costs the dense W beside the kernel's copy
+for such widths, and eager calls of them then no longer exercise the kernel, so it is off by default: a model
+served under CUDA graphs gains nothing from it. (A width dense under graph replay stays dense eagerly: the
+kernel's host time is not below dense's.)
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from torch import nn
 from ..formats import SparseMatrix
 from ..ops import register
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
+from ..tune.choose import fastest_with_margin
 
 POLICIES = ("measure", "sparse", "dense")
 
@@ -58,6 +62,7 @@ class _SparseWeight(nn.Module):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.tune_budget, self.keep_dense = policy, tune_budget, keep_dense
+        self.measure_eager = False  # time eager calls too, where a kernel wins in a graph (module docstring)
         self._shape2d = (rows, cols)
         self.register_buffer("weight_indptr", torch.zeros(rows + 1, dtype=torch.int64, device=device))
         self.register_buffer("weight_indices", torch.zeros(nnz, dtype=torch.int32, device=device))
@@ -196,23 +201,35 @@ class _SparseWeight(nn.Module):
         return [self._eager_decided[key] for key in sorted(self._eager_decided)]
 
     def _measures_eagerly(self, example: torch.Tensor) -> bool:
-        return example.is_cuda
+        return getattr(self, "measure_eager", False) and example.is_cuda
 
     def _runs_dense_eagerly(self, key) -> bool:
         return key in self._eager_dense and not torch.cuda.is_current_stream_capturing()
 
     def _decide_eagerly(self, key, n: int, kernel, example: torch.Tensor) -> None:
-        """Time the kernel and dense called eagerly (host time included) on copies of `example`; where dense
-        wins with the margin, eager calls of this shape run dense."""
+        """Time the kernel and dense called eagerly (host time included) on contiguous copies of `example`;
+        where dense is faster by the margin (the kernel, which won in a graph, is the baseline here), eager
+        calls of this shape run dense. Any failure of the timing (e.g. no memory for the dense W) keeps the
+        kernel, the graph decision, with the reason."""
         from ..runtime.timing import eager_time_us
 
-        xs = [example.clone() for _ in range(4)]
-        extra = self._eager_extra(example)
-        with torch.no_grad():
-            sparse_us = eager_time_us(lambda x: self._kernel_call(kernel, x, *extra), xs)
-            self.dense_weight_2d()  # made before timing dense, as a dense call of this shape would find it
-            dense_us = eager_time_us(lambda x: self._dense_call(x, *extra), xs)
-        decision = decide(n, sparse_us, dense_us, MIN_SPEEDUP, path=UNSTRUCTURED, mode="eager")
+        try:
+            xs = [example.contiguous().clone() for _ in range(4)]
+            extra = self._eager_extra(example)
+            with torch.no_grad():
+                sparse_us = eager_time_us(lambda x: self._kernel_call(kernel, x, *extra), xs)
+                self.dense_weight_2d()  # made before timing dense, as a dense call of this shape would find it
+                dense_us = eager_time_us(lambda x: self._dense_call(x, *extra), xs)
+        except (RuntimeError, ValueError) as exc:
+            self._eager_decided[key] = fixed(n, UNSTRUCTURED, f"eager timing failed ({type(exc).__name__}: "
+                                                              f"{str(exc)[:120]}): the kernel, as in a graph")
+            self._dense = None if not self.keep_dense and all(k is not None for k in self._paths.values()) \
+                else self._dense
+            return
+        picked, ratio = fastest_with_margin({UNSTRUCTURED: sparse_us, DENSE: dense_us}, UNSTRUCTURED, MIN_SPEEDUP)
+        reason = (f"dense measured {ratio:.2f}x faster than the kernel called eagerly: eager calls run dense"
+                  if picked == DENSE else f"called eagerly the kernel holds ({1 / ratio:.2f}x of dense)")
+        decision = Decision(n, picked, reason, sparse_us, dense_us, mode="eager")
         self._eager_decided[key] = decision
         if decision.path == DENSE:
             self._eager_dense.add(key)
@@ -510,14 +527,18 @@ class SparseConv2d(_SparseWeight):
             self.restore_epilogue(old)
             raise
         self._paths, self._decided, self._key = rebuilt, old[3], old[4]
+        # eager decisions were measured without this epilogue: eager calls use the (rebuilt) kernels again
+        self._eager_decided, self._eager_dense = {}, set()
 
     def epilogue_state(self) -> tuple:
         """What set_epilogue changes, for restore_epilogue."""
-        return self.relu, self.residual, dict(self._paths), dict(self._decided), self._key
+        return (self.relu, self.residual, dict(self._paths), dict(self._decided), self._key,
+                dict(self._eager_decided), set(self._eager_dense))
 
     def restore_epilogue(self, state: tuple) -> None:
         self.relu, self.residual = state[0], state[1]
         self._paths, self._decided, self._key = dict(state[2]), dict(state[3]), state[4]
+        self._eager_decided, self._eager_dense = dict(state[5]), set(state[6])
 
     def _rebuild(self, kernel):
         from ..conv import compile_conv2d
@@ -593,7 +614,8 @@ class SparseConv2d(_SparseWeight):
         if not self.residual:
             return ()
         shape = (example.shape[0], self.out_channels, *self._out_size(example.shape[2], example.shape[3]))
-        return (torch.randn(shape, device=example.device, dtype=example.dtype),)
+        generator = torch.Generator(device="cpu").manual_seed(0)  # not the caller's random stream
+        return (torch.randn(shape, generator=generator).to(example.device, example.dtype),)
 
     def _kernel_call(self, kernel, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return kernel(x) if residual is None else kernel(x, residual=residual)

@@ -195,8 +195,8 @@ def test_an_in_place_edit_between_a_conv_and_its_epilogue_blocks_the_fusion(case
                 return y + r
             h = x * 1.0
             y = self.a(h)
-            r = self.b(self.relu(h))
-            return y + r
+            r = self.relu(h) * 2.0  # edits a's input in place after a read it: a cannot move to the add
+            return y + r + self.b(x)
 
     model = Edits().double().eval()
     x = torch.randn(1, 3, 5, 5, dtype=torch.float64)
@@ -304,3 +304,43 @@ def test_fused_dense_conv_refuses_what_cudnn_cannot_fuse_and_a_wrong_call():
     with pytest.raises(ValueError, match="adds no residual"):
         FusedDenseConv2d(nn.Conv2d(3, 3, 1), residual=False)(x, residual=x)
     assert torch.allclose(layer(x, residual=x), torch.relu(layer.conv(x) + x))
+
+
+def _refusing(monkeypatch, names: set):
+    """SparseConv2d.set_epilogue refusing (as a split-K config does) for the layers whose id() is in `names`."""
+    original = SparseConv2d.set_epilogue
+
+    def set_epilogue(self, relu, residual):
+        if id(self) in names:
+            raise ValueError("a split-K config takes no epilogue")
+        original(self, relu, residual)
+
+    monkeypatch.setattr(SparseConv2d, "set_epilogue", set_epilogue)
+
+
+def test_an_in_place_relu_before_the_conv_reads_its_input_does_not_block_it(monkeypatch):
+    """conv1 keeps its in-place ReLU (it refuses an epilogue); conv2 reads that ReLU's output after the edit,
+    so conv2 may still move to the add, the shortcut computed first notwithstanding."""
+    model = _shortcut_model()
+    x = torch.randn(1, 3, 9, 9, dtype=torch.float64)
+    want = model(x)
+    convert(model, x, policy="sparse")
+    _refusing(monkeypatch, {id(model[2].conv1)})
+    fused, report = fuse_epilogues(model, x)
+    assert dict(report.fused) == {"0": "relu", "2.conv2": "residual+relu"}, report
+    assert [s.name for s in report.skipped] == ["2.conv1"] and "takes no epilogue" in report.skipped[0].reason
+    assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_where_the_conv_left_an_add_refuses_it_the_first_conv_takes_it(monkeypatch):
+    model = _shortcut_model()
+    x = torch.randn(1, 3, 9, 9, dtype=torch.float64)
+    want = model(x)
+    convert(model, x, policy="sparse")
+    _refusing(monkeypatch, {id(model[2].conv2)})  # the later conv, which the shortcut leaves the add to
+    fused, report = fuse_epilogues(model, x)
+    kinds = dict(report.fused)
+    assert kinds == {"0": "relu", "2.conv1": "relu", "2.downsample": "residual+relu"}, report
+    assert [s.name for s in report.skipped] == ["2.conv2"]
+    assert _ops(fused) == {"relu": 0, "add": 0}
+    assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)

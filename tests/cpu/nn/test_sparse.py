@@ -265,3 +265,51 @@ def test_a_conv_with_a_residual_is_timed_eagerly_with_one(monkeypatch):
     want = torch.nn.functional.conv2d(x, layer.dense_weight(), layer.bias, padding=1) + r
     assert torch.allclose(layer._dense_call(x, r), want, atol=1e-6)
     assert SparseConv2d.from_dense(nn.Conv2d(4, 6, 3))._eager_extra(x) == ()
+
+
+def test_eager_timing_is_off_by_default_and_takes_a_contiguous_copy(monkeypatch):
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.2), policy="measure")
+    assert not layer._measures_eagerly(torch.randn(2, 32))  # off by default (and never on the CPU)
+    seen = []
+
+    class Strict(_FakeKernel):
+        def __call__(self, x, residual=None):
+            assert x.is_contiguous(), "the kernels refuse a non-contiguous input"
+            seen.append(x.shape)
+            return super().__call__(x)
+
+    kernel = Strict(layer, 4.0, 8.0)
+    calls = _stub_eager_times(monkeypatch, layer, 5.0, 10.0)
+    calls.append(kernel)
+    monkeypatch.setattr(SparseLinear, "_compile", lambda self, rows: kernel)
+    monkeypatch.setattr(SparseLinear, "_measures_eagerly", lambda self, x: True)
+    transposed = torch.randn(32, 6).t()  # 6 x 32, not contiguous
+    assert layer._path(6, transposed) is kernel and seen and layer.eager_decisions[0].path == "unstructured"
+
+
+def test_a_failed_eager_timing_keeps_the_kernel_with_the_reason(monkeypatch):
+    import sparseforge.runtime.timing as timing
+
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.2), policy="measure")
+    kernel = _FakeKernel(layer, 4.0, 8.0)
+    monkeypatch.setattr(SparseLinear, "_compile", lambda self, rows: kernel)
+    monkeypatch.setattr(SparseLinear, "_measures_eagerly", lambda self, x: True)
+
+    def oom(fn, inputs, repeats=25):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(timing, "eager_time_us", oom)
+    assert layer._path(2, torch.randn(2, 32)) is kernel
+    [eager] = layer.eager_decisions
+    assert eager.path == "unstructured" and "eager timing failed" in eager.reason and not layer._eager_dense
+    assert layer._dense is None
+
+
+def test_set_epilogue_forgets_eager_decisions_and_restore_brings_them_back():
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3), policy="measure")
+    layer._eager_decided, layer._eager_dense = {(7, 7): "decision"}, {(7, 7)}
+    state = layer.epilogue_state()
+    layer.set_epilogue(relu=True, residual=False)
+    assert layer._eager_decided == {} and layer._eager_dense == set()
+    layer.restore_epilogue(state)
+    assert layer._eager_decided == {(7, 7): "decision"} and layer._eager_dense == {(7, 7)}
