@@ -154,7 +154,10 @@ class _SparseWeight(nn.Module):
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"this {self._kind} runs dense for an input shape first seen during CUDA graph "
                                    "capture: run that shape once (or call prepare()) before capturing")
-            self._dense = self._build_dense()
+            # outside inference mode: a dense W made at a first call under inference_mode must still serve a
+            # later autograd call (an inference tensor cannot be saved for backward)
+            with torch.inference_mode(False):
+                self._dense = self._build_dense()
         return self._dense
 
     def _build_dense(self) -> torch.Tensor:

@@ -344,3 +344,20 @@ def test_where_the_conv_left_an_add_refuses_it_the_first_conv_takes_it(monkeypat
     assert [s.name for s in report.skipped] == ["2.conv2"]
     assert _ops(fused) == {"relu": 0, "add": 0}
     assert torch.allclose(fused(x), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_fused_model_with_dense_epilogues_saves_and_loads_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    model = _shortcut_model()
+    x = torch.randn(1, 3, 9, 9, dtype=torch.float64)
+    want = model(x)
+    fused, report = fuse_epilogues(model, x, dense_convs="fuse")
+    assert len(report.fused) == 3
+    torch.save({"model": fused, "x": x, "want": want}, tmp_path / "fused.pt")
+    check = ("import torch, sparseforge.nn; d = torch.load(r'%s', weights_only=False); "
+             "assert torch.allclose(d['model'](d['x']), d['want'], rtol=1e-12, atol=1e-12); print('ok')"
+             % (tmp_path / "fused.pt"))
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -313,3 +313,14 @@ def test_set_epilogue_forgets_eager_decisions_and_restore_brings_them_back():
     assert layer._eager_decided == {} and layer._eager_dense == set()
     layer.restore_epilogue(state)
     assert layer._eager_decided == {(7, 7): "decision"} and layer._eager_dense == {(7, 7)}
+
+
+def test_a_dense_w_made_under_inference_mode_serves_a_later_autograd_call():
+    dense = _pruned(nn.Linear(8, 4), 0.5)
+    layer = SparseLinear.from_dense(dense)
+    with torch.inference_mode():
+        layer(torch.randn(2, 8))  # makes the dense W (the CPU path)
+    assert not layer._dense.is_inference()
+    x = torch.randn(2, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert torch.allclose(x.grad, dense.weight.detach().sum(0).expand(2, 8))
