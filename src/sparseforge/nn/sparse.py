@@ -110,6 +110,8 @@ class _SparseWeight(nn.Module):
         self._dense = None
         self._matrix = None
         self._key = None
+        self._hot = None  # (dtype, device) of the inputs a kernel last ran on: forward's lean path (see there)
+        self._out_tails: dict = {}  # image size -> the output's (Cout, OH, OW) (convolutions)
 
     # -- the weight -----------------------------------------------------------------------------------------
     def _set_weight(self, matrix2d: torch.Tensor) -> None:
@@ -409,6 +411,27 @@ class SparseLinear(_SparseWeight):
                 f"sparsity={self.sparsity:.1%}, dtype={self.weight_values.dtype}, policy={self.policy!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The lean path (issue 13 item 3: eager host time near dense F.linear's): an input like the last one a
+        # kernel ran on, outside compilation and autograd, goes to its kernel after a handful of attribute
+        # reads; everything else takes the checked path below, which names any problem.
+        hot = self.__dict__.get("_hot")  # a layer pickled by an older version has none
+        if hot is not None and type(x) is torch.Tensor and x.dtype == hot[0] and x.device == hot[1] and \
+                x.dim() > 0 and x.shape[-1] == self.in_features and not torch.compiler.is_compiling() and \
+                not (torch.is_grad_enabled() and (x.requires_grad or self._buffers["weight_values"].requires_grad)):
+            self._refresh()
+            n = x.numel() // self.in_features
+            kernel = self._paths.get(n)
+            if kernel is not None and self._hot is not None and not (self._eager_dense and self._runs_dense_eagerly(n)):
+                if x.is_contiguous() and x.data_ptr() % 16 == 0 and kernel.takes_rows_unchecked:
+                    # x's rows are the kernel's N x K operand as they lie: no reshape, no view (each a few us)
+                    out = torch.empty((*x.shape[:-1], self.out_features), dtype=hot[0], device=hot[1])
+                    kernel.launch_rows(x, out)
+                    return out
+                y = kernel(x.reshape(-1, self.in_features).contiguous())
+                return y.view(*x.shape[:-1], self.out_features)
+        return self._checked_forward(x)
+
+    def _checked_forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this layer takes (..., {self.in_features})")
@@ -432,6 +455,7 @@ class SparseLinear(_SparseWeight):
         if kernel is None or self._eager_dense and self._runs_dense_eagerly(n):
             return F.linear(x, self.dense_weight_2d(), self.bias)
         y = kernel(rows if rows.is_contiguous() else rows.contiguous())
+        self._hot = (x.dtype, x.device)
         return y.view(*x.shape[:-1], self.out_features)
 
     def _kernel_call(self, kernel, rows: torch.Tensor) -> torch.Tensor:
@@ -568,6 +592,27 @@ class SparseConv2d(_SparseWeight):
         return F.relu(y) if self.relu else y
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        # The lean path, as SparseLinear.forward's: an input like the last one a kernel ran on (and a residual
+        # of the output's shape where the layer adds one) goes to its kernel after a handful of attribute reads
+        hot = self.__dict__.get("_hot")  # a layer pickled by an older version has none
+        if hot is not None and type(x) is torch.Tensor and x.dtype == hot[0] and x.device == hot[1] and \
+                x.dim() == 4 and x.shape[1] == self.in_channels and not torch.compiler.is_compiling() and \
+                not (torch.is_grad_enabled() and (x.requires_grad or self._buffers["weight_values"].requires_grad)):
+            self._refresh()
+            key = x.shape[2:]
+            kernel, out_tail = self._paths.get(key), self._out_tails.get(key)
+            if kernel is not None and self._hot is not None and not (self._eager_dense and
+                                                                     self._runs_dense_eagerly(key)):
+                x = x if x.is_contiguous() else x.contiguous()
+                if residual is None and not self.residual:
+                    return kernel(x)
+                if self.residual and type(residual) is torch.Tensor and residual.dtype == x.dtype and \
+                        residual.device == x.device and residual.shape[0] == x.shape[0] and \
+                        residual.shape[1:] == out_tail:
+                    return kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
+        return self._checked_forward(x, residual)
+
+    def _checked_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_channels:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this convolution takes (batch, {self.in_channels}, "
@@ -609,9 +654,11 @@ class SparseConv2d(_SparseWeight):
         if kernel is None or self._eager_dense and self._runs_dense_eagerly(key):
             return self._dense_forward(x, residual)
         x = x if x.is_contiguous() else x.contiguous()
-        if residual is None:
-            return kernel(x)
-        return kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
+        y = kernel(x) if residual is None else \
+            kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
+        self._out_tails[key] = tuple(y.shape[1:])  # geometry only: never stale
+        self._hot = (x.dtype, x.device)
+        return y
 
     def _eager_extra(self, example: torch.Tensor) -> tuple:
         if not self.residual:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..plan.conv import ConvTilePlan
 from .kernel import Built, LoadedPlanKernel, compile_plan
+from .streams import current_stream_handle
 
 
 class ConvKernel(LoadedPlanKernel):
@@ -130,7 +131,7 @@ class ConvKernel(LoadedPlanKernel):
                 residual = residual.clone()
             self._zero_partial(target, target.dim() - 3)
         extra = (residual.data_ptr(),) if self.plan.residual else ()
-        self.launch(x.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream,
+        self.launch(x.data_ptr(), target.data_ptr(), batch, current_stream_handle(self.device_index),
                     *extra)
         if target is not out:
             out.copy_(target)

@@ -63,6 +63,12 @@ class LoadedKernel:
         check(cu.cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, 0,
                                 cu.CUstream(stream), (args, types), 0))
 
+    def packed(self, block: int, params: int) -> "PackedLaunch":
+        """A launch of this function whose parameter block (`params` 64-bit values) is built once."""
+        from .launch import PackedLaunch
+
+        return PackedLaunch(self.function, block, params)
+
     def attribute(self, attribute) -> int:
         return check(cu.cuFuncGetAttribute(attribute, self.function))
 

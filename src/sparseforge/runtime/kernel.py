@@ -6,7 +6,6 @@ W as data: CSR, csr-columns, bitmap).
 from __future__ import annotations
 
 import copy
-import ctypes
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,12 +18,15 @@ from .._version import __version__
 from ..codegen import KernelSource, render
 from .cache import KernelCache, cache_key
 from .compiler import default_compiler
+from .streams import current_stream_handle
 
 
 class LoadedPlanKernel:
     """What every kernel over a plan holds once loaded: the plan, the loaded module, its compile and load
     times, the chooser's record, and W's device arrays for the kernels that read W as data (kept alive as
     long as the kernel: a CUDA graph that replays it reads them)."""
+
+    _packed = None  # the launch's parameter block (driver.PackedLaunch), built at the first launch
 
     def __init__(self, plan, built: "Built", device_index: int):
         import torch
@@ -78,7 +80,10 @@ class LoadedPlanKernel:
         """The launch of any loaded plan: input, output, W's device arrays where the kernel reads W as data
         (a generated kernel has none: W is its code), then the residual where the plan adds one."""
         args = (input_ptr, output_ptr, *(self._data or ()), *residual_ptr)
-        self._loaded.launch_args(grid, threads, stream, args, (ctypes.c_void_p,) * len(args))
+        packed = self._packed
+        if packed is None or packed.shape != (threads, len(args)):
+            packed = self._packed = self._loaded.packed(threads, len(args))
+        packed(grid, stream, *args)
 
     def _zero_partial(self, out, dim: int) -> None:
         """Zero the output rows (plan.partial_rows, along dimension `dim`) that split groups add into."""
@@ -115,6 +120,8 @@ class SpmmKernel(LoadedPlanKernel):
     W's values and indices from device tensors the kernel owns.
     """
 
+    _lean = None  # the fast call's signature (_lean_signature), False where the plan never takes it
+
     def __init__(self, plan, built: "Built", device_index: int, full_plan: Callable[[], object] | None = None):
         """plan: what the launch needs (grid, threads, shapes, split rows); a sketch (plan.sketch) serves when
         the cubin came from the cache, and `full_plan` then makes the whole plan if someone reads k.plan or
@@ -135,6 +142,7 @@ class SpmmKernel(LoadedPlanKernel):
     def plan(self, plan) -> None:
         """What the launch reads; the whole plan too unless it is a sketch."""
         self._launch = plan
+        self._lean = None  # the fast call's signature (__call__), made again for this plan
         self._full = None if getattr(plan, "sketch", False) else plan
 
     @property
@@ -204,7 +212,52 @@ class SpmmKernel(LoadedPlanKernel):
                    f"call {what}.contiguous() first")
             raise ValueError(f"{what} is not contiguous (shape {tuple(b.shape)}, strides {b.stride()}): {fix}")
 
+    def _lean_signature(self):
+        """What a call must match to skip the checks (a fresh output, no residual, no transposed copy): the
+        tensor type, dtype, device and the last two dimensions; None where this plan never takes that path."""
+        import torch
+
+        p = self._launch
+        if getattr(p, "residual", False) or p.transposes_input:
+            return None
+        return torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape
+
     def __call__(self, b, out=None, residual=None):
+        # The common call, k(b) with b as compiled, costs attribute reads, one allocation and one launch: the
+        # checks below run (and name the problem) only when one of these comparisons fails.
+        lean = self._lean
+        if lean is None:
+            lean = self._lean = self._lean_signature() or False
+        if lean and out is None and residual is None and isinstance(b, lean[0]) and b.dtype == lean[1] and \
+                b.device == lean[2] and b.shape[-2:] == lean[3] and b.is_contiguous() and b.data_ptr() % 16 == 0:
+            dim = b.dim()
+            if dim == 2 or (dim == 3 and 0 < b.shape[0] <= 65535):
+                import torch
+
+                out = torch.empty((*b.shape[:-2], *lean[4]), dtype=lean[1], device=lean[2])
+                if self._partial is not None:
+                    self.zero_partial_rows(out)
+                self.launch(b.data_ptr(), out.data_ptr(), b.shape[0] if dim == 3 else 1,
+                            current_stream_handle(self.device_index))
+                return out
+        return self._checked_call(b, out, residual)
+
+    @property
+    def takes_rows_unchecked(self) -> bool:
+        """Whether launch_rows applies: an nk plan with no residual that reads its input as it lies."""
+        if self._lean is None:
+            self._lean = self._lean_signature() or False
+        return bool(self._lean) and self._launch.layout == "nk"
+
+    def launch_rows(self, b, out) -> None:
+        """The launch for a caller that has checked everything (nn.SparseLinear's lean path): b and out
+        contiguous tensors of the kernel's dtype and device, b holding the compiled N rows of K (any leading
+        shape), b 16-byte aligned, out fresh with N rows of M; only where takes_rows_unchecked."""
+        if self._partial is not None:
+            self.zero_partial_rows(out)
+        self.launch(b.data_ptr(), out.data_ptr(), 1, current_stream_handle(self.device_index))
+
+    def _checked_call(self, b, out, residual):
         import torch
 
         what = "B" if self._launch.layout == "kn" else "X"
@@ -253,7 +306,7 @@ class SpmmKernel(LoadedPlanKernel):
         target = out if out.data_ptr() % align == 0 else torch.empty_like(out)
         self.zero_partial_rows(target)
         extra = () if residual is None else (residual.data_ptr(),)
-        self.launch(b.data_ptr(), target.data_ptr(), batch, torch.cuda.current_stream(self._device).cuda_stream, *extra)
+        self.launch(b.data_ptr(), target.data_ptr(), batch, current_stream_handle(self.device_index), *extra)
         if target is not out:
             out.copy_(target)
         return out

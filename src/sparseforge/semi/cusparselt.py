@@ -20,6 +20,8 @@ import weakref
 import numpy as np
 import torch
 
+from ..runtime.streams import current_stream_handle
+
 # cuSPARSELt wants 16-byte aligned operands, and a 16-bit structured operand whose rows and columns are
 # multiples of 16 (the constraint PyTorch's own cuSPARSELt wrapper enforces for float16/bfloat16).
 ALIGN_BYTES = 16
@@ -247,9 +249,3 @@ class MatmulPlan:
            streams, 1)
 
 
-def current_stream_handle(device_index: int) -> int:
-    """cudaStream_t of torch's current stream (the capturing one under CUDA graph capture)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Inductor's generated code calls: no Stream object
-    if raw is not None:
-        return raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream

@@ -11,18 +11,16 @@ timing it there would only lengthen each decision.
 """
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from ..codegen.gemv24 import MAX_N, WARPS, kernel_name, render_gemv24
 from ..dtypes import dtype_name
-from .cusparselt import Sparse24Error, current_stream_handle
+from ..runtime.streams import current_stream_handle
+from .cusparselt import Sparse24Error
 from .packed import pack_24
 
 USE_IN_DECISIONS = True
 DECISION_MAX_N = 8
-_TYPES = (ctypes.c_void_p,) * 5 + (ctypes.c_uint32,) * 2
 
 
 class Gemv24:
@@ -33,6 +31,7 @@ class Gemv24:
         self.bias, self.dtype, self.device = bias, weight.dtype, weight.device
         self.index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         self._kernels: dict[int, object] = {}
+        self._launches: dict[int, object] = {}  # n -> runtime.launch.PackedLaunch
 
     def kernel(self, n: int):
         """The loaded kernel for n inputs (compiled, or taken from the disk cache, on first use)."""
@@ -56,8 +55,13 @@ class Gemv24:
             raise Sparse24Error(f"the 2:4 GEMV takes (n <= {MAX_N}, {self.packed.cols}) inputs, got {tuple(x.shape)}")
         m = self.packed.rows
         out = torch.empty(n, m, dtype=self.dtype, device=self.device) if out is None else out
-        args = (self.packed.values.data_ptr(), self.packed.meta.data_ptr(), x.data_ptr(), out.data_ptr(),
-                0 if self.bias is None else self.bias.data_ptr(), m, k)
-        self.kernel(n).launch_args((-(-m // WARPS), 1, 1), WARPS * 32, current_stream_handle(self.index), args,
-                                   _TYPES)
+        launch = self._launches.get(n)
+        if launch is None:
+            # parameters (values, meta, x, out, bias, m, k): all but x and out fixed once; the two u32 ones
+            # read the low half of their 64-bit slot (x86 and the GPU are little-endian)
+            launch = self._launches[n] = self.kernel(n).packed(WARPS * 32, 7)
+            for index, value in ((0, self.packed.values.data_ptr()), (1, self.packed.meta.data_ptr()),
+                                 (4, 0 if self.bias is None else self.bias.data_ptr()), (5, m), (6, k)):
+                launch.fix(index, value)
+        launch((-(-m // WARPS), 1, 1), current_stream_handle(self.index), x.data_ptr(), out.data_ptr(), first=2)
         return out

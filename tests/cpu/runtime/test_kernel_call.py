@@ -1,5 +1,6 @@
 """SpmmKernel.__call__ without a GPU: its checks and glue run over a kernel whose device is the CPU and whose
 launch only records its arguments (tests/gpu/test_errors_gpu.py runs the same inputs on the device)."""
+import sys
 import types
 
 import numpy as np
@@ -220,8 +221,15 @@ def test_raw_launches_pass_input_output_weight_arrays_then_residual():
     from sparseforge.runtime.conv import ConvKernel
 
     calls = []
-    loaded = types.SimpleNamespace(launch_args=lambda grid, threads, stream, args, types_: calls.append(
-        (grid, threads, stream, args, len(types_))))
+
+    class Recorder:  # driver.PackedLaunch's interface: shape (block, params), called with grid, stream, values
+        def __init__(self, block, params):
+            self.shape = (block, params)
+
+        def __call__(self, grid, stream, *values):
+            calls.append((grid, self.shape[0], stream, values, self.shape[1]))
+
+    loaded = types.SimpleNamespace(packed=Recorder)
     spmm = SpmmKernel.__new__(SpmmKernel)
     plan = make_csr_plan(weight(), N, "float32", "kn", CsrConfig(8, 4, 1), residual=True)
     spmm._launch, spmm._loaded, spmm._data = plan, loaded, (11, 12, 13, 14)
@@ -295,7 +303,46 @@ def test_generated_conv_calls_copy_x_inside_a_kept_zero_border_and_launch_withou
     residual_plan = make_conv_plan(w, g, config=TileConfig(2, 1, 1), residual=True)
     conv = cpu_conv_kernel(residual_plan)
     del conv.launch  # the real raw launch, over a recording driver
-    conv._loaded = types.SimpleNamespace(launch_args=lambda grid, threads, stream, args, types_: loaded_calls.append(
-        (grid, threads, stream, args, len(types_))))
+
+    class Recorder:  # driver.PackedLaunch's interface
+        def __init__(self, block, params):
+            self.shape = (block, params)
+
+        def __call__(self, grid, stream, *values):
+            loaded_calls.append((grid, self.shape[0], stream, values, self.shape[1]))
+
+    conv._loaded = types.SimpleNamespace(packed=Recorder)
     conv.launch(5, 6, 2, 98, 7)
     assert loaded_calls[-1] == ((*residual_plan.grid, 2), residual_plan.threads, 98, (5, 6, 7), 3)
+
+
+def test_a_packed_launch_hands_the_driver_pointers_to_each_value(monkeypatch):
+    """driver.PackedLaunch builds its parameter block once: cuLaunchKernel gets an array of pointers, pointer i
+    at value i, and the values of this call (the leading ones set by the call, the rest as fixed)."""
+    import ctypes
+
+    from sparseforge.runtime import launch as driver
+
+    seen = []
+
+    def fake_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        values = [ctypes.cast(pointers[i], ctypes.POINTER(ctypes.c_uint64))[0] for i in range(4)]
+        seen.append((function.value, (gx, gy, gz), (bx, by, bz), shared, stream, values, extra))
+        return 0
+
+    monkeypatch.setattr(driver, "_raw_launch", lambda: fake_launch)
+    packed = driver.PackedLaunch(0x1234, 128, 4)
+    packed.fix(2, 0xAAAA)
+    packed.fix(3, 0xBBBB)
+    packed((5, 6, 7), 99, 0x1000, 0x2000)
+    packed((1, 1, 2), 98, 0x3000, 0x4000, 0xCCCC)
+    assert seen[0] == (0x1234, (5, 6, 7), (128, 1, 1), 0, 99, [0x1000, 0x2000, 0xAAAA, 0xBBBB], None)
+    assert seen[1][5] == [0x3000, 0x4000, 0xCCCC, 0xBBBB] and seen[1][4] == 98
+    assert packed.shape == (128, 4)
+    monkeypatch.setattr(driver, "_raw_launch", lambda: lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
+    failures = []
+    fake_driver = types.SimpleNamespace(check=failures.append, cu=types.SimpleNamespace(CUresult=lambda s: ("status", s)))
+    monkeypatch.setitem(sys.modules, "sparseforge.runtime.driver", fake_driver)
+    packed((1, 1, 1), 0, 1, 2)
+    assert failures == [("status", 1)]  # a failed launch goes to driver.check, which raises CudaError by name
