@@ -6,8 +6,8 @@ generated kernel over a zero-bordered copy of the input (every nonzero a load at
 FMA with its value as an immediate; codegen/ptx.py with codegen/operands.py's BorderedConvInput), in any
 of the SpMM's tilings (row groups, row per block, split K, inline). Bias (folded BatchNorm), ReLU and a
 residual add are fused in both. The candidates of both go through the one chooser (tune/choose.py): ranked
-by the cost model, the best timed beside cuDNN (F.conv2d in the same dtype); the choice is cached with the
-kernel.
+by the cost model, the best timed beside cuDNN (F.conv2d in the same dtype and memory layout); the choice
+is cached with the kernel. Layouts: NCHW, or NHWC (torch's channels_last) for compile_conv2d.
 """
 from __future__ import annotations
 
@@ -96,19 +96,21 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     input_shape: (batch, Cin, H, W); the kernel takes any batch up to 65535 of that image size. stride,
     padding, dilation: an int or a pair; groups as in torch (depthwise: groups = Cin). dtype: float32,
     float16, bfloat16 (fp32 accumulation). bias: Cout values (a folded BatchNorm's shift); relu; residual:
-    the kernel takes residual= and adds it before the ReLU (ResNet's shortcut). layout: "nchw" (the only
-    one built so far). tune_budget: seconds for timing the candidates (None: the cost model's pick);
-    time_dense: time cuDNN beside them (k.choice.dense_us, k.choice.dense_faster). config: a fixed mapping,
+    the kernel takes residual= and adds it before the ReLU (ResNet's shortcut). layout: how x, the output
+    and residual lie in memory, "nchw" (NCHW-contiguous; a 3-D x without batch is taken too) or "nhwc"
+    (4-D tensors contiguous in torch.channels_last; the output is allocated so; a 3-D x is refused, as torch
+    has no channels_last for it). In nhwc the csr-columns kernel reads x where it lies (its loads across a
+    warp are Cin elements apart) and the generated one reads the NCHW zero-bordered copy it makes anyway
+    (the copy transposes) and stores NHWC; the chooser times both on channels_last tensors, and cuDNN on a
+    channels_last input and weight. tune_budget: seconds for timing the candidates (None: the cost model's
+    pick); time_dense: time cuDNN beside them (k.choice.dense_us, k.choice.dense_faster). config: a fixed mapping,
     a CsrColumnsConfig (columns 1 or 2: the csr-columns kernel) or a TileConfig (the generated kernel over
     the zero-bordered input, in that tiling; its vec is cut to what the geometry allows). k.mapping names
     the kernel's mapping ("conv-csr-columns", "conv-row-groups", "conv-row-per-block", "conv-split-k",
     "conv-inline")."""
-    if layout != "nchw":
-        raise ValueError(f"layout {layout!r}: only 'nchw' is built so far; pass NCHW-contiguous tensors "
-                         "(x.contiguous() for a channels_last x)")
     name = _dtype_name(dtype)
     w, kernel = _conv_weight(W, kernel_size)
-    geometry = ConvGeometry.of(input_shape, w.shape[0], kernel, stride, padding, dilation, groups)
+    geometry = ConvGeometry.of(input_shape, w.shape[0], kernel, stride, padding, dilation, groups, layout)
     if tuple(w.shape) != geometry.weight_shape:
         raise ValueError(f"W is {w.shape[0]} x {w.shape[1]} as a matrix; input_shape {tuple(input_shape)} with "
                          f"groups = {groups} and a {kernel[0]} x {kernel[1]} kernel needs Cout x "
@@ -130,8 +132,8 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
     mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
     # the batch is in the key: the kernel takes any batch, but the best config depends on it
-    key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), f"b{geometry.batch}", name, bias_tag,
-                                              str(relu), str(residual), mode, "csr-columns+generated",
+    key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), geometry.layout, f"b{geometry.batch}", name,
+                                              bias_tag, str(relu), str(residual), mode, "csr-columns+generated",
                                               chooser_digest()]), arch, compiler.version)
     known = cache.get_tuned(key, arch)
     cached = _cached(known)
@@ -188,11 +190,15 @@ def _measure(make, plans, geometry: ConvGeometry, w: SparseMatrix, name: str, in
 
     with torch.cuda.device(index):
         torch_dtype = getattr(torch, name)
+        # inputs, residual, output and cuDNN's weight in the kernel's layout: the times are of what a caller runs
+        memory = torch.channels_last if geometry.layout == "nhwc" else torch.contiguous_format
         gen = torch.Generator(device=f"cuda:{index}").manual_seed(0)
-        inputs = [torch.randn(geometry.input_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
+        inputs = [torch.randn(geometry.input_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype,
+                                                                                                memory_format=memory)
                   for _ in range(3)]
-        residual = torch.randn(geometry.output_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
-        out = torch.empty(geometry.output_shape, device=f"cuda:{index}", dtype=torch_dtype)
+        residual = torch.randn(geometry.output_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype,
+                                                                                                 memory_format=memory)
+        out = torch.empty(geometry.output_shape, device=f"cuda:{index}", dtype=torch_dtype, memory_format=memory)
 
         def compile_one(plan):
             real = _renderable(make, plan)  # a generated candidate was ranked as a sketch
@@ -204,9 +210,11 @@ def _measure(make, plans, geometry: ConvGeometry, w: SparseMatrix, name: str, in
             return kernel, graph_time_us(lambda x: kernel(x, out=out, **extra), inputs)
 
         def dense_us() -> float:
-            """cuDNN as the bench times it (bench/conv.py): TF32 off, benchmark on, flags restored."""
+            """cuDNN as the bench times it (bench/conv.py): TF32 off, benchmark on, flags restored; in the
+            kernel's layout (channels_last input and weight for nhwc: cuDNN's NHWC kernels)."""
             weight = torch.from_numpy(w.to_dense().reshape(geometry.out_channels, geometry.channels // geometry.groups,
                                                            *geometry.kernel)).to(f"cuda:{index}", torch_dtype)
+            weight = weight.contiguous(memory_format=memory)
             flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32)
             torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = True, False
             try:

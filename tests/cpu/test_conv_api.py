@@ -12,7 +12,8 @@ def _weight(cout=8, cin=4, k=3):
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
-    (dict(layout="nhwc"), ValueError, "only 'nchw'"),
+    (dict(layout="NHWC"), ValueError, "layout must be 'nchw' or 'nhwc'"),
+    (dict(layout="nlc"), ValueError, "layout must be 'nchw' or 'nhwc'"),
     (dict(W=torch.randn(8, 36)), ValueError, "Conv2d weight"),
     (dict(W=SparseMatrix.from_dense(np.ones((8, 36), np.float32))), ValueError, "pass kernel_size"),
     (dict(input_shape=(1, 5, 8, 8)), ValueError, "needs Cout x 45"),
@@ -33,6 +34,8 @@ def test_bad_arguments_are_named_before_the_gpu(kwargs, error, message):
 def test_a_good_call_without_a_gpu_says_so():
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         compile_conv2d(_weight(), (1, 4, 8, 8), padding=1)
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        compile_conv2d(_weight(), (1, 4, 8, 8), padding=1, layout="nhwc")
     with pytest.raises(RuntimeError, match="no CUDA GPU"):
         compile_conv1d(torch.randn(100, 300, 5), (1, 300, 64))
 
@@ -126,3 +129,26 @@ def test_a_generated_choice_record_round_trips_and_a_damaged_one_is_not_used():
     assert _cached({**record, "config": {**record["config"], "rows_per_group": 4.0}}) is None
     assert _cached({**record, "config": {**record["config"], "inline": 1}}) is None
     assert _cached({**record, "family": "csr"}) is None  # the small-N kernel is no convolution
+
+
+def test_the_chooser_in_nhwc_offers_both_mappings_on_channels_last_plans():
+    """plan_conv2d on an nhwc geometry: both mappings ranked, every plan in nhwc, and the csr-columns
+    kernel's strided loads priced above its NCHW twin's coalesced ones (the generated one's operand is the
+    same bordered copy in both layouts)."""
+    import dataclasses
+
+    from sparseforge.conv import plan_conv2d
+    from sparseforge.plan.conv import ConvGeometry
+    from sparseforge.tune.cost import estimate
+
+    g = ConvGeometry.of((1, 64, 14, 14), 64, 3, padding=1, layout="nhwc")
+    dense = np.where(np.random.default_rng(0).random(g.weight_shape) < 0.2, 1.0, 0.0).astype(np.float32)
+    w = SparseMatrix.from_dense(dense)
+    plan, choice = plan_conv2d(w, g)
+    assert plan.geometry.layout == "nhwc" and plan.name.startswith(("conv2d_nhwc_", "conv2d_imm_nhwc_"))
+    assert {"conv-csr-columns", "conv-row-groups"} <= {r["mapping"] for r in choice.records}
+    from sparseforge.plan.conv import make_conv_plan
+
+    columns = [make_conv_plan(w, geometry, config=CsrColumnsConfig(1, 1, 4))
+               for geometry in (dataclasses.replace(g, layout="nchw"), g)]
+    assert estimate(columns[1]).terms["operand"] > estimate(columns[0]).terms["operand"]

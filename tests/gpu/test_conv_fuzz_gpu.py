@@ -1,7 +1,8 @@
 """GPU fuzz of the direct sparse convolution: 150 kernels from seeded random geometries (kernels 1x1 to
 7x7, 1xk, kx1, stride, padding past the kernel's reach, dilation, groups incl. depthwise, batch), every
 dtype, bias / ReLU / residual, each on 4 fresh inputs into NaN-poisoned outputs against torch's float64
-conv2d. Kernels compile side by side (ptxas in threads), then load and run."""
+conv2d, in NCHW and in NHWC (channels_last tensors). Kernels compile side by side (ptxas in threads), then
+load and run."""
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -20,7 +21,7 @@ KERNELS, INPUTS = 150, 4
 TOL = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
 
 
-def _problem(seed: int):
+def _problem(seed: int, layout: str = "nchw"):
     rng = np.random.default_rng(seed)
     kh, kw = [(1, 1), (3, 3), (5, 5), (7, 7), (1, 3), (3, 1), (1, 5), (2, 3)][int(rng.integers(0, 8))]
     groups = int(rng.choice([1, 1, 2, 4]))
@@ -31,7 +32,8 @@ def _problem(seed: int):
     padding = (int(rng.integers(0, kh + 1)), int(rng.integers(0, kw + 1)))
     low = (max(1, dilation[0] * (kh - 1) + 1 - 2 * padding[0]), max(1, dilation[1] * (kw - 1) + 1 - 2 * padding[1]))
     h, w = int(rng.integers(low[0], low[0] + 30)), int(rng.integers(low[1], low[1] + 30))
-    g = ConvGeometry.of((int(rng.integers(1, 4)), cin, h, w), cout, (kh, kw), stride, padding, dilation, groups)
+    g = ConvGeometry.of((int(rng.integers(1, 4)), cin, h, w), cout, (kh, kw), stride, padding, dilation, groups,
+                        layout)
     density = float(rng.choice([0.0, 0.05, 0.2, 0.5, 1.0]))
     shape = (cout, cin // groups, kh, kw)
     w4 = np.where(rng.random(shape) < density, rng.standard_normal(shape), 0).astype(np.float32)
@@ -43,8 +45,10 @@ def _problem(seed: int):
     return w4, make_conv_plan(weight, g, dtype, config, bias, relu, residual), bias
 
 
-def test_random_convolutions_match_float64():
-    problems = [_problem(seed) for seed in range(KERNELS)]
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_random_convolutions_match_float64(layout):
+    memory = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    problems = [_problem(seed, layout) for seed in range(KERNELS)]
     with ThreadPoolExecutor(16) as pool:
         built = list(pool.map(lambda p: compile_plan(p[1]), problems))
     wrong, cases = [], 0
@@ -55,9 +59,11 @@ def test_random_convolutions_match_float64():
         gen = torch.Generator(device="cuda").manual_seed(seed_of(plan))
         for i in range(INPUTS):
             batch = g.batch if i % 2 else 1
-            x = torch.randn((batch, *g.input_shape[1:]), device="cuda", generator=gen).to(dt)
-            r = torch.randn((batch, *g.output_shape[1:]), device="cuda", generator=gen).to(dt) if plan.residual else None
-            out = torch.full((batch, *g.output_shape[1:]), float("nan"), device="cuda", dtype=dt)
+            x = torch.randn((batch, *g.input_shape[1:]), device="cuda", generator=gen).to(dt, memory_format=memory)
+            r = torch.randn((batch, *g.output_shape[1:]), device="cuda", generator=gen).to(dt, memory_format=memory) \
+                if plan.residual else None
+            out = torch.full((batch, *g.output_shape[1:]), float("nan"), device="cuda", dtype=dt).contiguous(
+                memory_format=memory)
             kernel(x, out=out, residual=r)
             ref = F.conv2d(x.double(), weight, None if bias is None else
                            torch.as_tensor(bias, dtype=torch.float32, device="cuda").double(),

@@ -1,7 +1,8 @@
 """The direct sparse convolution on the GPU against float64 (torch's conv2d on the dense weight), into
 NaN-poisoned outputs: ResNet-50-like 3x3 / 7x7 / strided / depthwise layers, the text CNN's 1-D
 convolutions, every dtype, bias / ReLU / residual (in place too), batch; the chooser's path and the cache;
-the generated mapping over the zero-bordered input forced by a TileConfig, on random geometry."""
+the generated mapping over the zero-bordered input forced by a TileConfig, on random geometry; each in NCHW
+and NHWC (channels_last x, out and residual), and the layout refusals."""
 import numpy as np
 import pytest
 import torch
@@ -13,6 +14,8 @@ from sparseforge.plan.csr import CsrColumnsConfig
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+LAYOUTS = ["nchw", "nhwc"]
+MEMORY = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 CASES = [  # input shape, Cout, kernel, stride, padding, dilation, groups
     ((1, 64, 56, 56), 64, 3, 1, 1, 1, 1), ((2, 128, 28, 28), 128, 3, 2, 1, 1, 1), ((1, 3, 224, 224), 64, 7, 2, 3, 1, 1),
@@ -34,23 +37,27 @@ def _reference(x, w, bias, stride, padding, dilation, groups, residual, relu):
     return out.clamp_min(0) if relu else out
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0][1]}x{c[0][2]}k{c[2]}s{c[3]}g{c[6]}")
-def test_convolutions_match_float64(case, dtype):
+def test_convolutions_match_float64(case, dtype, layout):
     shape, cout, kernel, stride, padding, dilation, groups = case
     kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
     w = _pruned((cout, shape[1] // groups, kh, kw), 0.1, seed=shape[1]).to(dtype)
     bias = torch.linspace(-1, 1, cout)
     k = compile_conv2d(w, shape, stride, padding, dilation, groups, dtype, bias=bias, relu=True, residual=True,
-                       tune_budget=2.0)
+                       layout=layout, tune_budget=2.0)
     assert k.mapping.startswith("conv-") and k.choice is not None and k.choice.dense_us
     assert {"conv-csr-columns", "conv-row-groups"} <= {r["mapping"] for r in k.choice.records}
+    assert k.layout == layout and k.plan.geometry.layout == layout
     gen = torch.Generator(device="cuda").manual_seed(3)
     for batch in (shape[0], 1):
-        x = torch.randn((batch, *shape[1:]), device="cuda", generator=gen).to(dtype)
-        residual = torch.randn((batch, *k.out_shape), device="cuda", generator=gen).to(dtype)
-        out = torch.full_like(residual, float("nan"))
+        x = torch.randn((batch, *shape[1:]), device="cuda", generator=gen).to(dtype, memory_format=MEMORY[layout])
+        residual = torch.randn((batch, *k.out_shape), device="cuda", generator=gen).to(dtype,
+                                                                                         memory_format=MEMORY[layout])
+        out = torch.full_like(residual, float("nan"))  # keeps residual's memory format
         k(x, out=out, residual=residual)
+        assert k(x, residual=residual).is_contiguous(memory_format=MEMORY[layout])
         ref = _reference(x, w, bias, stride, padding, dilation, groups, residual, True)
         assert torch.isfinite(out).all()
         assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
@@ -119,9 +126,10 @@ GENERATED = [  # each mapping of the generated kernel over the zero-bordered inp
 ]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("config", GENERATED, ids=lambda c: c.short())
-def test_generated_mapping_on_random_geometry_matches_float64(config, dtype):
+def test_generated_mapping_on_random_geometry_matches_float64(config, dtype, layout):
     """compile_conv2d(config=TileConfig(...)) forces the generated kernel: random kernels (1x1 to 7x7, 1xk,
     kx1), strides 1-3 (unequal too), padding, dilation, groups (depthwise too) and batch, against float64
     into NaN-poisoned outputs; bias / ReLU / residual (in place too) wherever the tiling takes them (split K
@@ -146,12 +154,15 @@ def test_generated_mapping_on_random_geometry_matches_float64(config, dtype):
         bias = torch.linspace(-1, 1, cout)
         split = config.segment_nnz > 0
         k = compile_conv2d(weight, (batch, cin, h, w), stride, padding, dilation, groups, dtype, bias=bias,
-                           relu=not split, residual=not split, config=config)
+                           relu=not split, residual=not split, layout=layout, config=config)
         assert k.mapping == make_mapping(config, k.plan) and k.plan.config.short().startswith(f"r{config.rows_per_group}")
+        memory = MEMORY[layout]
         for b in (batch, batch + 1):
-            x = torch.randn((b, cin, h, w), device="cuda", generator=gen).to(dtype)
-            residual = torch.randn((b, *k.out_shape), device="cuda", generator=gen).to(dtype) if not split else None
-            out = torch.full((b, *k.out_shape), float("nan"), device="cuda", dtype=dtype)
+            x = torch.randn((b, cin, h, w), device="cuda", generator=gen).to(dtype, memory_format=memory)
+            residual = torch.randn((b, *k.out_shape), device="cuda", generator=gen).to(dtype, memory_format=memory) \
+                if not split else None
+            out = torch.full((b, *k.out_shape), float("nan"), device="cuda", dtype=dtype).contiguous(
+                memory_format=memory)
             k(x, out=out, **({} if split else {"residual": residual}))
             ref = _reference(x, weight, bias, stride, padding, dilation, groups, residual, not split)
             assert torch.isfinite(out).all(), f"case {case}: an output was never written"
@@ -209,3 +220,47 @@ def test_pairs_of_pixels_over_shifted_copies_on_an_rn50_layer(config, dtype):
         ref = _reference(x, weight, bias, 1, 1, 1, 1, None, True)
         assert torch.isfinite(out).all()
         assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
+
+
+def test_nhwc_and_nchw_kernels_agree_and_their_choices_are_cached_apart():
+    """One layer compiled for both layouts: the same outputs on the same values (the NHWC one on channels_last
+    tensors), each choice cached under its own key (a second compile of each is a hit with its record)."""
+    w = _pruned((32, 16, 3, 3), 0.2, seed=4)
+    nchw = compile_conv2d(w, (2, 16, 12, 12), padding=1, tune_budget=1.0)
+    nhwc = compile_conv2d(w, (2, 16, 12, 12), padding=1, layout="nhwc", tune_budget=1.0)
+    again = compile_conv2d(w, (2, 16, 12, 12), padding=1, layout="nhwc", tune_budget=1.0)
+    assert again.tune_seconds == 0.0 and again.choice.as_dict() == nhwc.choice.as_dict() and again.layout == "nhwc"
+    x = torch.randn(2, 16, 12, 12, device="cuda")
+    y = nhwc(x.contiguous(memory_format=torch.channels_last))
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert ((y.double() - nchw(x).double()).norm() / nchw(x).double().norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("config", [CsrColumnsConfig(1, 1, 4), TileConfig(4, 8, 1, 16)], ids=["csr-columns", "generated"])
+def test_layout_refusals_name_the_problem_and_the_fix(config):
+    w = _pruned((8, 4, 3, 3), 0.5, 0)
+    nhwc = compile_conv2d(w, (1, 4, 8, 8), padding=1, layout="nhwc", config=config)
+    nchw = compile_conv2d(w, (1, 4, 8, 8), padding=1, config=config)
+    x = torch.randn(1, 4, 8, 8, device="cuda")
+    last = x.contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="x is NCHW-contiguous; this kernel was compiled with layout='nhwc'"):
+        nhwc(x)
+    with pytest.raises(ValueError, match="x is 3-D .4, 8, 8.; this kernel was compiled with layout='nhwc'"):
+        nhwc(x[0])
+    with pytest.raises(ValueError, match="out is NCHW-contiguous.*memory_format=torch.channels_last"):
+        nhwc(last, out=torch.empty(1, 8, 8, 8, device="cuda"))
+    with pytest.raises(ValueError, match="x is channels_last; this kernel was compiled with layout='nchw'"):
+        nchw(last)
+    with pytest.raises(ValueError, match="layout must be 'nchw' or 'nhwc'"):
+        compile_conv2d(w, (1, 4, 8, 8), padding=1, layout="channels_last", config=config)
+    ref = _reference(x, w, None, 1, 1, 1, 1, None, False)
+    for got in (nhwc(last), nchw(x)):
+        assert ((got.double() - ref).norm() / ref.norm()).item() <= TOL[torch.float32]
+
+
+def test_bench_conv_case_in_nhwc():
+    from sparseforge.bench.conv import run_conv_case
+    from sparseforge.suite.conv import discover_conv
+
+    record = run_conv_case(discover_conv("conv:vgg16:0.9")[2], "float16", tune_budget=1.0, layout="nhwc")
+    assert record["layout"] == "nhwc" and record["error_ok"] and record["sparseforge_us"] > 0

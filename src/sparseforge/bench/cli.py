@@ -19,7 +19,9 @@ def add_bench_parser(sub) -> None:
                        help="N for Transformer layers (default 256) and llm layers (default 16)")
     bench.add_argument("--n", type=int, default=None, help="force one N for every case")
     bench.add_argument("--dtype", choices=[*DTYPES, "all"], default="fp32")
-    bench.add_argument("--layout", choices=["kn", "nk", "both"], default="kn")
+    bench.add_argument("--layout", choices=["kn", "nk", "both", "nchw", "nhwc"], default="kn",
+                       help="SpMM cases: kn, nk or both; convolution cases: nchw (the default there) or nhwc "
+                            "(channels_last tensors)")
     bench.add_argument("--tune-budget", type=float, default=5.0,
                        help="seconds the chooser may spend timing candidates per kernel (default 5, compile_spmm's "
                             "default; 0: the cost model's pick, nothing timed)")
@@ -56,6 +58,9 @@ def run_bench(args) -> int:
 
     if is_conv_spec(args.path):
         return run_conv_bench(args)
+    if args.layout in ("nchw", "nhwc"):
+        raise ValueError(f"--layout {args.layout} applies to convolution cases (conv:...); SpMM cases take kn, nk "
+                         "or both")
     cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n)[: args.limit]
     missing = [c.name for c in cases if c.N is None]
     if missing:
@@ -97,9 +102,10 @@ def run_conv_bench(args) -> int:
     from ..suite.conv import discover_conv
     from .report import plot, summarize, write_json
 
-    if args.layout != "kn" or args.n is not None or args.tokens is not None:
-        raise ValueError("--layout, --n and --tokens do not apply to convolution cases (NCHW, N = output pixels); "
-                         "--batch sets their batch")
+    if args.layout in ("nk", "both") or args.n is not None or args.tokens is not None:
+        raise ValueError("--layout kn/nk/both, --n and --tokens do not apply to convolution cases (--layout nchw or "
+                         "nhwc; N = output pixels); --batch sets their batch")
+    layout = "nchw" if args.layout == "kn" else args.layout
     cases = discover_conv(args.path, batch=args.batch)[: args.limit]
     dtypes = list(DTYPES.values()) if args.dtype == "all" else [DTYPES[args.dtype]]
     gpu = _gpu_present() and not args.cpu
@@ -110,11 +116,11 @@ def run_conv_bench(args) -> int:
         if gpu:
             from .conv import run_conv_case
 
-            record = run_conv_case(case, dtype, args.tune_budget or None)
+            record = run_conv_case(case, dtype, args.tune_budget or None, layout=layout)
         else:
             from .conv import run_conv_case_cpu
 
-            record = run_conv_case_cpu(case, dtype)
+            record = run_conv_case_cpu(case, dtype, layout=layout)
         if args.explain and isinstance(record.get("choice"), dict):
             console.print(_explain(record))
         records.append(record)

@@ -2,9 +2,11 @@
 against cuDNN (F.conv2d in the same dtype, TF32 off, cudnn.benchmark on, the faster of NCHW and
 channels_last), both timed by graph replay in this process, every output checked against float64 into a
 NaN-poisoned buffer; without a GPU, the cost model's pick, its PTX assembled, and the plan's own reference
-executor checked against torch's float64 conv2d on a cropped image."""
+executor checked against torch's float64 conv2d on a cropped image. layout "nhwc": the kernel compiled for
+channels_last tensors and called on them."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -15,16 +17,17 @@ from .gpu import TOLERANCE, relative_error
 CROP = 12  # CPU mode checks the plan on images cropped to at most this many rows and columns
 
 
-def _record(case: ConvCase, dtype_name: str, w) -> dict:
+def _record(case: ConvCase, dtype_name: str, w, layout: str) -> dict:
     g = case.geometry
     return {"case": case.name, "model": case.model, "sparsity": case.sparsity, "layer": case.layer,
-            "dtype": dtype_name, "layout": "nchw", "batch": g.batch, "input_shape": list(g.input_shape),
+            "dtype": dtype_name, "layout": layout, "batch": g.batch, "input_shape": list(g.input_shape),
             "output_shape": list(g.output_shape), "kernel": list(g.kernel), "stride": list(g.stride),
             "padding": list(g.padding), "groups": g.groups, "M": w.shape[0], "K": w.shape[1],
             "N": g.out_height * g.out_width, "nnz": w.nnz}
 
 
-def run_conv_case(case: ConvCase, dtype_name: str, tune_budget: float | None, seed: int = 0) -> dict:
+def run_conv_case(case: ConvCase, dtype_name: str, tune_budget: float | None, seed: int = 0,
+                  layout: str = "nchw") -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -33,24 +36,26 @@ def run_conv_case(case: ConvCase, dtype_name: str, tune_budget: float | None, se
 
     g = case.geometry
     dtype = getattr(torch, dtype_name)
+    memory = torch.channels_last if layout == "nhwc" else torch.contiguous_format
     w = case.load(seed=seed, dtype=dtype_name)
-    kernel = compile_conv2d(w, g.input_shape, g.stride, g.padding, g.dilation, g.groups, dtype,
+    kernel = compile_conv2d(w, g.input_shape, g.stride, g.padding, g.dilation, g.groups, dtype, layout=layout,
                             kernel_size=g.kernel, tune_budget=tune_budget)
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
-    inputs = [torch.randn(g.input_shape, device="cuda", generator=gen).to(dtype) for _ in range(4)]
+    inputs = [torch.randn(g.input_shape, device="cuda", generator=gen).to(dtype, memory_format=memory)
+              for _ in range(4)]
     dense = torch.from_numpy(w.to_dense().reshape(g.out_channels, g.channels // g.groups, *g.kernel)).cuda()
-    out = torch.full(g.output_shape, float("nan"), device="cuda", dtype=dtype)
+    out = torch.full(g.output_shape, float("nan"), device="cuda", dtype=dtype).contiguous(memory_format=memory)
     kernel(inputs[0], out=out)
     ref = F.conv2d(inputs[0].double(), dense.double(), None, g.stride, g.padding, g.dilation, g.groups)
     error = relative_error(out, ref)
-    record = {**_record(case, dtype_name, w), "rel_error": error, "error_ok": error <= TOLERANCE[dtype_name],
+    record = {**_record(case, dtype_name, w, layout), "rel_error": error, "error_ok": error <= TOLERANCE[dtype_name],
               "mapping": kernel.mapping, "config": kernel.plan.config.short(), "registers": kernel.registers,
               "compile_seconds": kernel.compile_seconds, "tune_seconds": kernel.tune_seconds,
               "tune_budget": tune_budget, "cache_hit": kernel.cache_hit}
     if kernel.choice is not None:
         record["choice"] = kernel.choice.as_dict()
         record["dense_faster"] = kernel.choice.dense_faster
-    buffer = torch.empty(g.output_shape, device="cuda", dtype=dtype)
+    buffer = torch.empty(g.output_shape, device="cuda", dtype=dtype, memory_format=memory)
     record["sparseforge_us"] = graph_time_us(lambda x: kernel(x, out=buffer), inputs)
     record.update(_cudnn_times(dense.to(dtype), inputs, g))
     record["speedup_vs_cudnn"] = record["cudnn_us"] / record["sparseforge_us"]
@@ -58,7 +63,8 @@ def run_conv_case(case: ConvCase, dtype_name: str, tune_budget: float | None, se
 
 
 def _cudnn_times(weight, inputs, g) -> dict:
-    """cuDNN in NCHW and channels_last (TF32 off, benchmark on); cudnn_us is the faster."""
+    """cuDNN in NCHW and channels_last (TF32 off, benchmark on), whatever the kernel's layout; cudnn_us is the
+    faster."""
     import torch
     import torch.nn.functional as F
 
@@ -68,7 +74,7 @@ def _cudnn_times(weight, inputs, g) -> dict:
     torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = True, False
     try:
         call = lambda w: lambda x: F.conv2d(x, w, None, g.stride, g.padding, g.dilation, g.groups)  # noqa: E731
-        nchw = graph_time_us(call(weight), inputs)
+        nchw = graph_time_us(call(weight.contiguous()), [x.contiguous() for x in inputs])
         last = [x.to(memory_format=torch.channels_last) for x in inputs]
         nhwc = graph_time_us(call(weight.to(memory_format=torch.channels_last)), last)
     finally:
@@ -77,7 +83,7 @@ def _cudnn_times(weight, inputs, g) -> dict:
             "cudnn_layout": "nchw" if nchw <= nhwc else "channels_last"}
 
 
-def run_conv_case_cpu(case: ConvCase, dtype_name: str, assemble: bool = True) -> dict:
+def run_conv_case_cpu(case: ConvCase, dtype_name: str, assemble: bool = True, layout: str = "nchw") -> dict:
     """The cost model's pick for the real geometry, its PTX assembled; the plan checked against torch's
     float64 conv2d on the same layer over an image cropped to CROP x CROP (the packed offsets depend on the
     image size, so the crop is planned again)."""
@@ -90,20 +96,23 @@ def run_conv_case_cpu(case: ConvCase, dtype_name: str, assemble: bool = True) ->
     from ..runtime import PtxasCompiler
 
     started = time.perf_counter()
-    g = case.geometry
+    g = dataclasses.replace(case.geometry, layout=layout)
     w = case.load(dtype=dtype_name)
     plan, choice = plan_conv2d(w, g, dtype_name)
     records = choice.records
     crop = ConvGeometry.of((1, g.channels, min(g.height, CROP), min(g.width, max(CROP, g.kernel[1]))),
-                           g.out_channels, g.kernel, g.stride, g.padding, g.dilation, g.groups)
+                           g.out_channels, g.kernel, g.stride, g.padding, g.dilation, g.groups, layout)
     small = make_conv_plan(w, crop, dtype_name, plan.config)
     x = np.random.default_rng(0).standard_normal(crop.input_shape)
     dense = w.to_dense().reshape(g.out_channels, g.channels // g.groups, *g.kernel).astype(np.float64)
     ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(dense), None, g.stride, g.padding, g.dilation,
                    g.groups).numpy()
-    got = execute_conv(small, x)
+    if layout == "nhwc":  # execute_conv takes and returns the layout's memory order
+        got = execute_conv(small, x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    else:
+        got = execute_conv(small, x)
     error = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
-    record = {**_record(case, dtype_name, w), "mapping": plan.mapping, "config": plan.config.short(),
+    record = {**_record(case, dtype_name, w, layout), "mapping": plan.mapping, "config": plan.config.short(),
               "predicted_us": min(r["predicted_us"] for r in records), "choice": records,
               "reference_rel_error": error, "error_ok": error <= 1e-9, "plan_seconds": time.perf_counter() - started}
     if assemble:

@@ -2,12 +2,14 @@
 
 The csr-columns kernel (codegen/csr.py render_columns) over an implicit im2col: lanes across output
 pixels, a warp per output channel (or several splitting its nonzeros). Per pixel a lane keeps the base
-(oh*sh - ph)*W + (ow*sw - pw) and a mask of the taps inside the image (32 bits up to 32 taps, else 64;
-zero for a pixel past N); per nonzero it unpacks the slot (offset | tap << 26) into the offset and the
-tap's bit, and per pixel loads x[base + offset] if mask & bit. So a pixel's test is one AND (the nonzero's
-presence and the N tail are folded in: slots past a row's end carry EMPTY_TAP, whose bit no mask holds). Parameters: x ([batch,]
-Cin x H x W), y ([batch,] Cout x OH x OW), values, packed slots (int32), rows (int32 pairs), bias (fp32 or
-null), then residual (as y) when the plan adds one.
+(oh*sh - ph)*W + (ow*sw - pw) (times Cin in nhwc) and a mask of the taps inside the image (32 bits up to 32
+taps, else 64; zero for a pixel past N); per nonzero it unpacks the slot (offset | tap << 26) into the
+offset and the tap's bit, and per pixel loads x[base + offset] if mask & bit. So a pixel's test is one AND
+(the nonzero's presence and the N tail are folded in: slots past a row's end carry EMPTY_TAP, whose bit no
+mask holds).
+Parameters: x ([batch,] Cin x H x W; nhwc: [batch,] H x W x Cin in memory), y ([batch,] Cout x OH x OW;
+nhwc: OH x OW x Cout), values, packed slots (int32), rows (int32 pairs), bias (fp32 or null), then residual
+(as y) when the plan adds one.
 """
 from __future__ import annotations
 
@@ -21,8 +23,16 @@ from .ptx import KernelSource
 class ImplicitConv:
     """The operand of the direct convolution: the input image, read through per-pixel bases and tap masks."""
     params = ("p_x", "p_c", "p_values", "p_cols", "p_rows", "p_bias")
-    title = "direct sparse Conv2d (implicit im2col, NCHW) over padded CSR, a warp per output channel"
     empty_slot = EMPTY_TAP << TAP_SHIFT
+
+    def __init__(self, layout: str):
+        self.title = (f"direct sparse Conv2d (implicit im2col, {layout.upper()}) over padded CSR, a warp per "
+                      "output channel")
+
+    @staticmethod
+    def output_strides(plan: ConvPlan) -> tuple[int, int]:
+        """(elements between output channels, between pixels): nchw (N, 1), nhwc (1, Cout)."""
+        return (1, plan.M) if plan.geometry.layout == "nhwc" else (plan.N, 1)
 
     @staticmethod
     def _bits(plan: ConvPlan) -> int:
@@ -50,6 +60,8 @@ class ImplicitConv:
                      f"mul.lo.u32 %oh, %oh, {sh};", f"sub.u32 %oh, %oh, {ph};",  # first input row (may be < 0)
                      f"mul.lo.u32 %ow, %ow, {sw};", f"sub.u32 %ow, %ow, {pw};",
                      f"mad.lo.u32 %cb{i}, %oh, {g.width}, %ow;", f"mov.b{b} %tm{i}, 0;"])
+            if g.pixel_stride > 1:  # nhwc: a pixel's channels lie together, pixels Cin elements apart
+                e.line(f"mul.lo.u32 %cb{i}, %cb{i}, {g.pixel_stride};")
             for r in range(kh):
                 # unsigned compare: a row above the image wraps to a large number and fails it too
                 e.lines([f"add.u32 %ih, %oh, {r * dh};", f"setp.lt.u32 %pr, %ih, {g.height};"])
@@ -73,4 +85,4 @@ class ImplicitConv:
 
 
 def render_conv(plan: ConvPlan) -> KernelSource:
-    return render_columns(plan, ImplicitConv())
+    return render_columns(plan, ImplicitConv(plan.geometry.layout))

@@ -225,6 +225,10 @@ class DenseRows:
     def registers(self, plan) -> list[str]:
         return [".reg .b64 %rdb, " + ", ".join(f"%rdx{j}" for j in range(WARP)) + ";"]
 
+    def output_strides(self, plan) -> tuple[int, int]:
+        """(elements between C's rows, between its columns): C is M x N."""
+        return plan.N, 1
+
     def setup(self, e: Emitter, plan) -> None:
         es = plan.element_bytes
         e.comment("B base of this batch entry and of the lane's first column")
@@ -253,8 +257,8 @@ def render_csr_columns(plan: CsrPlan) -> KernelSource:
 def render_columns(plan, operand) -> KernelSource:
     """The csr-columns kernel over any operand (DenseRows; codegen/conv.py's implicit im2col): the chunk
     loop, the shuffles, the warps' reduction and the epilogue are shared, the operand says where a
-    nonzero's inputs are and when they exist. plan.residual: the epilogue adds R (same layout as the
-    output, parameter p_residual) before ReLU."""
+    nonzero's inputs are and when they exist, and where the outputs go (operand.output_strides).
+    plan.residual: the epilogue adds R (same layout as the output, parameter p_residual) before ReLU."""
     c, es = plan.config, plan.element_bytes
     cols, width, S, R = c.columns, plan.load_width, c.warps_per_row, c.rows_per_block
     loads = _columns_layout(plan)
@@ -355,14 +359,15 @@ def render_columns(plan, operand) -> KernelSource:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %rrow, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
         e.lines([f"add.f32 %acc{i}, %acc{i}, %f;" for i in range(cols)])
+    row_stride, column_stride = (stride * es for stride in operand.output_strides(plan))
     e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
              f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdt, %rdt, %rdc;",
-             f"mul.wide.u32 %rdc, %rn0, {es};", "add.s64 %rdc, %rdc, %rdt;",
-             f"mad.wide.u32 %rdc, %rrow, {plan.N * es}, %rdc;"])
+             f"mul.wide.u32 %rdc, %rn0, {column_stride};", "add.s64 %rdc, %rdc, %rdt;",
+             f"mad.wide.u32 %rdc, %rrow, {row_stride}, %rdc;"])
 
     def output_slot(i: int, base: str) -> tuple[str, str]:
         """(address from base, predicate) of the lane's output column i: the residual's and the output's."""
-        offset = (i if width == cols else i * WARP) * es
+        offset = (i if width == cols else i * WARP) * column_stride
         return (f"[{base}+{offset}]" if offset else f"[{base}]"), ("%pn0" if width == cols else f"%pn{i}")
 
     if getattr(plan, "residual", False):

@@ -7,7 +7,10 @@ warp per group. For each chunk of K the block stages the operand into shared mem
 a jump table (brx.idx) on the warp's group sends it to that group's section: straight-line code that
 reads each needed k once, widens 16-bit inputs to fp32 and feeds every row with a nonzero there, in fp32
 accumulators (bias preloaded). The last chunk's section adds the residual where the plan has one (read
-at the output's offset from its own base), applies ReLU, rounds and stores.
+at the output's offset from its own base), applies ReLU, rounds and stores. Where a thread's columns are
+adjacent in the output (kn, a convolution in NCHW) a row's vec values are one vector store; where they are
+not (nk, a convolution in NHWC: columns M apart) each column is stored apart, and runs of adjacent rows the
+plan names (plan.store_runs) are one vector instead.
 
 Each (group, chunk) section is a separate function (kn with chunk_k: each run of groups_per_block groups,
 all its chunks inline), and the functions are packed into several modules compiled apart: ptxas time
@@ -41,10 +44,12 @@ class KernelSource:
 
 @dataclass(frozen=True)
 class Output:
-    """Where a thread's sums go: the output's base registers, the byte stride between W's rows in it, and
-    the residual's base registers (laid out as the output, at the same offsets) where the plan adds one."""
+    """Where a thread's sums go: the output's base registers, the byte strides between W's rows and between
+    the thread's consecutive columns in it (kn / NCHW: N*es and es; nk / NHWC: es and M*es), and the
+    residual's base registers (laid out as the output, at the same offsets) where the plan adds one."""
     bases: RegionBases
     row_stride: int
+    column_stride: int
     residual: RegionBases | None = None
 
     @property
@@ -166,45 +171,61 @@ def _emit_init(e: Emitter, plan: Plan, group: RowGroup, base: int = 0) -> None:
             e.line(f"mov.b32 {_acc(e, base + slot, v, vec)}, {start};")
 
 
+def _pieces(e: Emitter, plan: Plan, group: RowGroup, out: Output, base: int) -> list[tuple[list[str], int]]:
+    """The group's sums as (accumulators adjacent in the output, byte offset of the first from the thread's
+    output base), each piece one vector store (or residual load). Columns adjacent (column_stride = es:
+    kn, NCHW, or NHWC with one output channel): a row's vec columns. Else: per column, the runs of rows
+    plan.store_runs names (rows adjacent, aligned)."""
+    vec, es = _vec(plan), plan.element_bytes
+    if out.column_stride == es:
+        return [([_acc(e, base + slot, v, vec) for v in range(vec)], row * out.row_stride)
+                for slot, row in enumerate(group.rows)]
+    return [([_acc(e, base + first + i, v, vec) for i in range(count)],
+             group.rows[first] * out.row_stride + v * out.column_stride)
+            for v in range(vec) for first, count in plan.store_runs(group)]
+
+
 def _emit_atomic_add(e: Emitter, plan: Plan, group: RowGroup, out: Output, base: int = 0) -> None:
     """A split group's partial sums added into the (zeroed) output: fp32 one value at a time, 16-bit types
-    as packed pairs where the thread holds two neighbouring columns (f16x2 / bf16x2), else singly."""
-    vec, es, row_stride = _vec(plan), plan.element_bytes, out.row_stride
+    as packed pairs where a piece holds two neighbouring elements (f16x2 / bf16x2), else singly."""
+    es = plan.element_bytes
     kind = {"float16": "f16", "bfloat16": "bf16"}.get(plan.dtype)
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     e.comment(f"rows {_rows_text(group.rows)} are split ({group.segment + 1} of {group.segments}): add, not store")
-    for slot, row in enumerate(group.rows):
-        accs = [_acc(e, base + slot, v, vec) for v in range(vec)]
+    for accs, offset in _pieces(e, plan, group, out, base):
         if es == 4:
-            e.lines([f"@%pv red.global.add.f32 {out.bases.address(row * row_stride + v * es)}, {a};"
-                     for v, a in enumerate(accs)])
+            e.lines([f"@%pv red.global.add.f32 {out.bases.address(offset + i * es)}, {a};"
+                     for i, a in enumerate(accs)])
             continue
-        halves = [e.reg("o", v) for v in range(vec)]
+        halves = [e.reg("o", i) for i in range(len(accs))]
         e.lines([f"{cvt} {h}, {a};" for h, a in zip(halves, accs)])
-        if vec == 1:
-            e.line(f"@%pv red.global.add.noftz.{kind} {out.bases.address(row * row_stride)}, {halves[0]};")
+        if len(accs) == 1:
+            e.line(f"@%pv red.global.add.noftz.{kind} {out.bases.address(offset)}, {halves[0]};")
             continue
-        for i in range(vec // 2):
+        for i in range(len(accs) // 2):
             word = e.reg("w", i)
             e.lines([f"mov.b32 {word}, {{{halves[2 * i]}, {halves[2 * i + 1]}}};",
-                     f"@%pv red.global.add.noftz.{kind}x2 {out.bases.address(row * row_stride + 2 * i * es)}, {word};"])
+                     f"@%pv red.global.add.noftz.{kind}x2 {out.bases.address(offset + 2 * i * es)}, {word};"])
+
+
+_WORDS = {1: "b32", 2: "v2.b32", 4: "v4.b32"}  # a vector of 32-bit words, by count
 
 
 def _emit_residual(e: Emitter, plan: Plan, accs: list[str], address: str) -> None:
-    """Add the residual's vec values at `address` into the accumulators. A plain (coherent) load: the
-    residual may be the output itself (an in-place add), each element read before this thread writes it."""
+    """Add the residual's len(accs) adjacent values at `address` into the accumulators (one vector load, up
+    to 16 bytes). A plain (coherent) load: the residual may be the output itself (an in-place add), each
+    element read before this thread writes it."""
     vec, es = len(accs), plan.element_bytes
     if es == 4:
         regs = [e.reg("q", v) for v in range(vec)]
-        e.line(f"@%pv ld.global.{ {1: 'b32', 2: 'v2.b32', 4: 'v4.b32'}[vec]} "
-               f"{regs[0] if vec == 1 else '{' + ', '.join(regs) + '}'}, {address};")
+        e.line(f"@%pv ld.global.{_WORDS[vec]} {regs[0] if vec == 1 else '{' + ', '.join(regs) + '}'}, {address};")
     elif vec == 1:
         half, regs = e.reg("qh", 0), [e.reg("q", 0)]
         e.line(f"@%pv ld.global.b16 {half}, {address};")
         widen(e, plan.dtype, regs[0], half)
     else:
         words = [e.reg("qw", i) for i in range(vec // 2)]
-        e.line(f"@%pv ld.global.{'b32' if vec == 2 else 'v2.b32'} "
+        e.line(f"@%pv ld.global.{_WORDS[vec // 2]} "
                f"{words[0] if len(words) == 1 else '{' + ', '.join(words) + '}'}, {address};")
         regs = [e.reg("q", v) for v in range(vec)]
         for i, word in enumerate(words):
@@ -218,31 +239,31 @@ def _emit_residual(e: Emitter, plan: Plan, accs: list[str], address: str) -> Non
 
 
 def _emit_store(e: Emitter, plan: Plan, group: RowGroup, out: Output, base: int = 0) -> None:
-    vec, es = _vec(plan), plan.element_bytes
+    es = plan.element_bytes
     if group.partial:
         _emit_atomic_add(e, plan, group, out, base)
         return
-    for slot, row in enumerate(group.rows):
-        accs = [_acc(e, base + slot, v, vec) for v in range(vec)]
+    for accs, offset in _pieces(e, plan, group, out, base):
+        count = len(accs)
         if out.residual:
-            _emit_residual(e, plan, accs, out.residual.address(row * out.row_stride))
+            _emit_residual(e, plan, accs, out.residual.address(offset))
         if plan.relu:
             e.lines([f"max.NaN.f32 {a}, {a}, 0f00000000;" for a in accs])  # NaN stays NaN, as in torch.relu
-        address = out.bases.address(row * out.row_stride)
+        address = out.bases.address(offset)
         if es == 4:
-            values = accs[0] if vec == 1 else "{" + ", ".join(accs) + "}"
-            e.line(f"@%pv st.global.{ {1: 'b32', 2: 'v2.b32', 4: 'v4.b32'}[vec]} {address}, {values};")
+            values = accs[0] if count == 1 else "{" + ", ".join(accs) + "}"
+            e.line(f"@%pv st.global.{_WORDS[count]} {address}, {values};")
             continue
         cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
-        halves = [e.reg("o", v) for v in range(vec)]
+        halves = [e.reg("o", i) for i in range(count)]
         e.lines([f"{cvt} {h}, {a};" for h, a in zip(halves, accs)])
-        if vec == 1:
+        if count == 1:
             e.line(f"@%pv st.global.b16 {address}, {halves[0]};")
             continue
-        words = [e.reg("w", i) for i in range(vec // 2)]
+        words = [e.reg("w", i) for i in range(count // 2)]
         e.lines([f"mov.b32 {w}, {{{halves[2 * i]}, {halves[2 * i + 1]}}};" for i, w in enumerate(words)])
         values = words[0] if len(words) == 1 else "{" + ", ".join(words) + "}"
-        e.line(f"@%pv st.global.{'b32' if vec == 2 else 'v2.b32'} {address}, {values};")
+        e.line(f"@%pv st.global.{_WORDS[count // 2]} {address}, {values};")
 
 
 def _declare(e: Emitter) -> list[str]:
@@ -355,18 +376,16 @@ def _call_site(name: str, n_acc: int, first: bool, last: bool, staged: bool, out
 
 # -- the entry -------------------------------------------------------------------------------------
 def _output_bases(plan: Plan) -> tuple[Output, list[str]]:
-    """The output's (and residual's) base registers with the byte stride between output rows of W, and the
-    lines computing the output's."""
-    es = plan.element_bytes
-    if plan.layout == "kn":
-        row_stride = plan.N * es
-        base = [f"mul.lo.u64 %rdt0, %rdz, {plan.M * plan.N};", "cvt.u64.u32 %rdt1, %rn;"]
-    else:
-        row_stride = es
-        base = [f"mul.lo.u64 %rdt0, %rdz, {plan.N * plan.M};", f"mul.wide.u32 %rdt1, %rn, {plan.M};"]
-    base += ["add.u64 %rdt0, %rdt0, %rdt1;", f"mad.lo.u64 %rdc0, %rdt0, {es}, %rdC;"]
-    residual = RegionBases("rdr", [plan.M * row_stride]) if getattr(plan, "residual", False) else None
-    return Output(RegionBases("rdc", [plan.M * row_stride]), row_stride, residual), base
+    """The output's (and residual's) base registers with the byte strides between output rows of W and
+    between the thread's columns (plan.output_strides), and the lines computing the output's: the batch
+    entry's M*N elements in, then the thread's first column."""
+    es, (rows, columns) = plan.element_bytes, plan.output_strides
+    column = "cvt.u64.u32 %rdt1, %rn;" if columns == 1 else f"mul.wide.u32 %rdt1, %rn, {columns};"
+    base = [f"mul.lo.u64 %rdt0, %rdz, {plan.M * plan.N};", column,
+            "add.u64 %rdt0, %rdt0, %rdt1;", f"mad.lo.u64 %rdc0, %rdt0, {es}, %rdC;"]
+    reach = [plan.M * rows * es, _vec(plan) * columns * es]  # the farthest offsets from the thread's base
+    residual = RegionBases("rdr", reach) if getattr(plan, "residual", False) else None
+    return Output(RegionBases("rdc", reach), rows * es, columns * es, residual), base
 
 
 def _emit_prologue(e: Emitter, plan: Plan, operand, out: Output, out_lines: list[str]) -> None:

@@ -11,7 +11,17 @@ channel ci, which sits at a constant offset
 from the lane's base (oh*sh - ph)*W + (ow*sw - pw). Each slot stores offset | tap << 26 (tap = r*kw + s),
 and each lane keeps, per output pixel, a 64-bit mask of the taps that fall inside the image: padding is a
 predicate, never a border or a buffer. codegen/conv.py renders it through codegen/csr.py's render_columns.
-Layout NCHW (input [batch,] Cin x H x W, output [batch,] Cout x OH x OW, residual as the output).
+
+Layouts (ConvGeometry.layout). "nchw": input [batch,] Cin x H x W, output [batch,] Cout x OH x OW, residual as
+the output. "nhwc" (torch's channels_last: the same logical shapes, channels innermost in memory): input
+element (ci, ih, iw) at (ih*W + iw)*Cin + ci, so a csr-columns slot holds
+
+    offset(ci, r, s) = (r*dh*W + s*dw)*Cin + g*Cin/groups + ci
+
+from the lane's base ((oh*sh - ph)*W + (ow*sw - pw))*Cin, and output element (co, n) at n*Cout + co. The
+csr-columns kernel then reads x where it lies: a warp's 32 pixels are Cin elements apart, one sector each
+where Cin*es >= 32 (NCHW's read is coalesced), the price of no copy; the chooser times it against the
+generated mapping and cuDNN in the same layout.
 
 The second mapping (ConvTilePlan, "conv-row-groups" and the other generated mappings) is the SpMM's
 generated kernel (plan/plan.py: every nonzero an FMA immediate) over a zero-bordered copy xp of the input
@@ -21,12 +31,16 @@ channel c, tap (r, s) reads xp at base + c*Hp*Wp + r*dh*Wp + s*dw: a constant, s
 at a constant offset and one FMA, with no masks (the border holds the zeros padding would read) and no
 wasted columns (the base is computed per lane, so any strides work and no row tail is computed). W is
 expanded to Cout x Cin*kh*kw (row co's columns moved to its group's channels), so a row group may span
-convolution groups and a column is always one input channel and tap.
+convolution groups and a column is always one input channel and tap. In nhwc its operand is the same
+bordered NCHW buffer (the launch's copy into it transposes a channels_last x in the same one launch), and
+only the stores change: a thread's vec pixels are Cout elements apart (one store each), and runs of a
+group's consecutive output channels of one pixel, aligned, are stored as one vector (store_runs).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -40,6 +54,8 @@ MAX_OFFSET = 1 << TAP_SHIFT
 MAX_TAPS = 63             # a lane's tap mask is one 64-bit word, its top bit never set:
 EMPTY_TAP = 63            # the tap of the slots past a row's end, in no pixel's mask (nothing loaded)
 CONV_COLUMNS = (1, 2)     # pixels a lane the direct convolution takes
+CONV_LAYOUTS = ("nchw", "nhwc")  # x, the output and the residual in memory; nhwc is torch's channels_last
+MAX_IMAGE = 1 << 31       # nhwc: a csr-columns lane's pixel base + offset is a signed 32-bit element index
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -57,7 +73,8 @@ def _pair(value, name: str) -> tuple[int, int]:
 @dataclass(frozen=True)
 class ConvGeometry:
     """A Conv2d's shapes: input (batch, channels, height, width), out_channels, kernel, stride, padding,
-    dilation (pairs: rows, columns) and groups. Validated on construction, with the problem named."""
+    dilation (pairs: rows, columns), groups, and the memory layout of input, output and residual (the
+    shapes are logical, torch's, in either layout). Validated on construction, with the problem named."""
     batch: int
     channels: int
     height: int
@@ -68,10 +85,11 @@ class ConvGeometry:
     padding: tuple[int, int] = (0, 0)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
+    layout: str = "nchw"   # "nchw", or "nhwc" (channels innermost: torch's channels_last)
 
     @classmethod
     def of(cls, input_shape, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
-           groups: int = 1) -> "ConvGeometry":
+           groups: int = 1, layout: str = "nchw") -> "ConvGeometry":
         shape = tuple(input_shape)
         if len(shape) != 4 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in shape):
             raise ValueError(f"input_shape must be (batch, channels, height, width) ints, got {input_shape!r}")
@@ -79,9 +97,12 @@ class ConvGeometry:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {value!r}")
         return cls(*(int(v) for v in shape), int(out_channels), _pair(kernel_size, "kernel_size"),
-                   _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), int(groups))
+                   _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), int(groups),
+                   layout)
 
     def __post_init__(self):
+        if not isinstance(self.layout, str) or self.layout not in CONV_LAYOUTS:
+            raise ValueError(f"layout must be 'nchw' or 'nhwc' (torch's channels_last), got {self.layout!r}")
         for name in ("batch", "channels", "height", "width", "out_channels", "groups"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -101,12 +122,30 @@ class ConvGeometry:
             raise ValueError(f"the output would be {self.out_height} x {self.out_width}: the kernel "
                              f"{self.kernel} (dilation {self.dilation}) does not fit the padded input "
                              f"{self.height} x {self.width} (padding {self.padding})")
-        (kh, kw), (dh, dw) = self.kernel, self.dilation
-        largest = (self.channels - 1) * self.height * self.width + (kh - 1) * dh * self.width + (kw - 1) * dw
+        (kh, kw) = self.kernel
+        largest = self.input_offset(self.channels - 1, kh - 1, kw - 1)
         if largest >= MAX_OFFSET:  # a slot holds offset | tap << 26: a larger offset would spill into the tap
-            raise ValueError(f"an input image of {self.channels} x {self.height} x {self.width} elements with a "
-                             f"{kh} x {kw} kernel at dilation {self.dilation} reaches offset {largest}, over the "
-                             f"{MAX_OFFSET} a slot addresses: split the channels")
+            raise ValueError(f"an input image of {self.channels} x {self.height} x {self.width} elements "
+                             f"({self.layout}) with a {kh} x {kw} kernel at dilation {self.dilation} reaches offset "
+                             f"{largest}, over the {MAX_OFFSET} a slot addresses: split the channels")
+        image = self.channels * self.height * self.width
+        if self.layout == "nhwc" and image > MAX_IMAGE:  # nchw's lane base is a pixel index, far smaller
+            raise ValueError(f"an nhwc input image of {image} elements is over the {MAX_IMAGE} a lane's 32-bit "
+                             "pixel base addresses: split the image or the channels")
+
+    def input_offset(self, channel, r, s):
+        """Elements in x from a pixel's window corner to input channel `channel` at tap (r, s) (ints or numpy
+        arrays): channel*H*W + r*dh*W + s*dw in nchw, (r*dh*W + s*dw)*Cin + channel in nhwc."""
+        spatial = r * self.dilation[0] * self.width + s * self.dilation[1]
+        if self.layout == "nhwc":
+            return spatial * self.channels + channel
+        return channel * self.height * self.width + spatial
+
+    @property
+    def pixel_stride(self) -> int:
+        """Elements in x (and the output) between neighbouring pixels of a row: 1 in nchw, the channels in
+        nhwc."""
+        return self.channels if self.layout == "nhwc" else 1
 
     @property
     def taps(self) -> int:
@@ -147,15 +186,33 @@ class ConvGeometry:
     def output_shape(self) -> tuple[int, int, int, int]:
         return self.batch, self.out_channels, self.out_height, self.out_width
 
+    @property
+    def input_memory_shape(self) -> tuple[int, int, int, int]:
+        """x's dimensions in memory order: (batch, Cin, H, W) in nchw, (batch, H, W, Cin) in nhwc (the shape
+        of a numpy array laid out as the kernel reads it: execute_conv's)."""
+        return _in_memory_order(self.input_shape, self.layout)
+
+    @property
+    def output_memory_shape(self) -> tuple[int, int, int, int]:
+        """The output's (and residual's) dimensions in memory order, as input_memory_shape."""
+        return _in_memory_order(self.output_shape, self.layout)
+
     def short(self) -> str:
+        """The shapes as a name piece (the layout is not in it: the plans' names carry it beside)."""
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.stride, self.padding, self.dilation
         return (f"c{self.channels}h{self.height}w{self.width}o{self.out_channels}k{kh}x{kw}s{sh}x{sw}p{ph}x{pw}"
                 f"d{dh}x{dw}g{self.groups}")
 
 
+def _in_memory_order(shape: tuple[int, int, int, int], layout: str) -> tuple[int, int, int, int]:
+    batch, channels, height, width = shape
+    return (batch, height, width, channels) if layout == "nhwc" else shape
+
+
 @dataclass(frozen=True, eq=False)
 class ConvPlan(CsrPlan):
-    """A CsrPlan whose column indices are packed input offsets and taps (see the module docstring)."""
+    """A CsrPlan whose column indices are packed input offsets and taps (see the module docstring), in the
+    geometry's layout (nhwc: offsets into the channels_last x itself, outputs n*Cout + co)."""
     geometry: ConvGeometry | None = field(default=None)
 
     @property
@@ -169,13 +226,13 @@ class ConvPlan(CsrPlan):
     @property
     def name(self) -> str:
         epi = epilogue_tag(self.bias, self.relu, self.residual)
-        return f"conv2d_nchw_{self.dtype}_{self.geometry.short()}_{self.config.short()}{epi}"
+        return f"conv2d_{self.geometry.layout}_{self.dtype}_{self.geometry.short()}_{self.config.short()}{epi}"
 
     def describe(self) -> str:
         g = self.geometry
         return (f"Plan {self.name}\n  Conv2d {g.channels} -> {g.out_channels}, kernel {g.kernel}, stride {g.stride}, "
                 f"padding {g.padding}, dilation {g.dilation}, groups {g.groups}; input {g.input_shape}; "
-                f"output {g.output_shape}\n  W {self.M}x{self.K}, nnz {self.nnz}; implicit im2col, "
+                f"output {g.output_shape}; layout {g.layout}\n  W {self.M}x{self.K}, nnz {self.nnz}; implicit im2col, "
                 f"{self.config.warps_per_row} warp(s) per output channel, lanes across {self.N} output pixels, "
                 f"{self.config.columns} pixels a lane; dtype {self.dtype}")
 
@@ -195,7 +252,7 @@ def pack_taps(w: SparseMatrix, geometry: ConvGeometry, cols: np.ndarray, rows: n
     ci, tap = k // g.taps, k % g.taps
     r, s = tap // kw, tap % kw
     channel = (row_of // per_group_out) * per_group_in + ci
-    offset = channel * g.height * g.width + r * g.dilation[0] * g.width + s * g.dilation[1]
+    offset = g.input_offset(channel, r, s)
     packed[slot] = offset | (tap << TAP_SHIFT)
     return packed.astype(np.uint32).view(np.int32)
 
@@ -236,7 +293,8 @@ def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float3
 class ConvTilePlan(Plan):
     """A Plan of the generated kernel (row groups, every nonzero an FMA immediate) whose columns are the
     output pixels of one image (N = OH*OW) and whose operand is the zero-bordered input (module docstring).
-    Its W is the expanded Cout x Cin*kh*kw matrix (expand_groups), so column k is input channel k // taps."""
+    Its W is the expanded Cout x Cin*kh*kw matrix (expand_groups), so column k is input channel k // taps.
+    The operand is NCHW in either layout; geometry.layout says how the output (and residual) lie."""
     geometry: ConvGeometry | None = None
     residual: bool = False   # the epilogue adds R (laid out as the output, parameter param_r) before ReLU
 
@@ -247,7 +305,50 @@ class ConvTilePlan(Plan):
     @property
     def name(self) -> str:
         epi = epilogue_tag(self.bias, self.relu, self.residual)
-        return f"conv2d_imm_nchw_{self.dtype}_{self.geometry.short()}_{self.config.short()}{epi}_{self.digest[:12]}"
+        return (f"conv2d_imm_{self.geometry.layout}_{self.dtype}_{self.geometry.short()}_{self.config.short()}{epi}_"
+                f"{self.digest[:12]}")
+
+    @property
+    def output_strides(self) -> tuple[int, int]:
+        """(elements between output channels, between a thread's consecutive pixels): nchw (N, 1), nhwc
+        (1, Cout)."""
+        return (1, self.M) if self.geometry.layout == "nhwc" else (self.N, 1)
+
+    @property
+    def channel_vector(self) -> int:
+        """nhwc: the most consecutive output channels of one pixel one store may take: the widest of 8 / 4 / 2
+        within 16 bytes that divides Cout (so every pixel's channels start aligned to it); 1 in nchw (a
+        thread's vector runs along its pixels there)."""
+        if self.geometry.layout != "nhwc":
+            return 1
+        return next((w for w in (8, 4, 2) if w * self.element_bytes <= 16 and self.M % w == 0), 1)
+
+    def store_runs(self, group) -> list[tuple[int, int]]:
+        """nhwc: the group's slots as (first slot, count) runs of consecutive output channels starting at a
+        multiple of count (count a power of two up to channel_vector), each stored (and its residual loaded)
+        as one vector per pixel, so a warp writes whole sectors where a group holds aligned channel runs.
+        A split group's atomic adds take pairs in 16-bit types (f16x2 / bf16x2), single fp32 values. nchw:
+        singles (the vector is along pixels)."""
+        widest = self.channel_vector
+        if group.partial:
+            widest = min(widest, 2) if self.element_bytes == 2 else 1
+        rows, runs, slot = tuple(group.rows), [], 0
+        while slot < len(rows):
+            count, first = widest, rows[slot]
+            while count > 1 and (first % count or rows[slot:slot + count] != tuple(range(first, first + count))):
+                count //= 2
+            runs.append((slot, count))
+            slot += count
+        return runs
+
+    @cached_property
+    def output_alignment(self) -> int:
+        """Bytes the output (and residual) pointer must be aligned to: where a thread's pixels are adjacent
+        (nchw, or nhwc with one output channel) the vec pixels' vector, else the longest run of channels any
+        group stores as one vector (computed once: the launch reads it)."""
+        if self.output_strides[1] == 1:
+            return self.config.vec * self.element_bytes
+        return self.element_bytes * max((count for g in self.groups for _, count in self.store_runs(g)), default=1)
 
     def input_offset(self, k: int) -> int:
         """Elements from a lane's base in the bordered input to column k (channel, tap) of its window."""
@@ -279,7 +380,7 @@ class ConvTilePlan(Plan):
         g = self.geometry
         return (f"{super().describe()}\n  as Conv2d {g.channels} -> {g.out_channels}, kernel {g.kernel}, stride "
                 f"{g.stride}, padding {g.padding}, dilation {g.dilation}, groups {g.groups}; generated code over "
-                f"the zero-bordered input {g.bordered_shape}; output {g.output_shape}")
+                f"the zero-bordered input {g.bordered_shape}; output {g.output_shape}, layout {g.layout}")
 
 
 def expand_groups(w: SparseMatrix, geometry: ConvGeometry) -> SparseMatrix:
@@ -319,7 +420,7 @@ def _make_tile_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config:
                     residual: bool, arch: int, sketch: bool) -> ConvTilePlan:
     if config.transpose_x:
         raise ValueError("transpose_x applies to the SpMM's nk layout; the convolution's columns are output "
-                         "pixels of an NCHW image: use transpose_x=False")
+                         "pixels read from a bordered NCHW image: use transpose_x=False")
     if residual and config.segment_nnz:
         raise ValueError("split K (segment_nnz > 0) cannot add a residual: the launch zeroes the split output "
                          "channels before their partial sums are added, which would drop the residual (and an "
@@ -334,16 +435,20 @@ def _make_tile_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config:
 
 
 def execute_conv(plan: "ConvPlan | ConvTilePlan", x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-    """float64 reference from the plan's own data, input [batch,] Cin x H x W: a ConvPlan's packed slots
-    decoded back to offsets and taps, a ConvTilePlan's groups read through its input offsets from each
-    pixel's base in the bordered input (what the kernels compute, step for step)."""
+    """float64 reference from the plan's own data. x, residual and the result in the geometry's layout, in
+    memory order: [batch,] Cin x H x W and [batch,] Cout x OH x OW in nchw, [batch,] H x W x Cin and
+    [batch,] OH x OW x Cout in nhwc. A ConvPlan's packed slots are read as the kernel reads them (the
+    image as flat memory at each pixel's base + the slot's offset, where the slot's tap is inside), a
+    ConvTilePlan's groups through its input offsets from each pixel's base in the bordered NCHW input (what
+    the kernels compute, step for step)."""
     g = plan.geometry
     x = np.asarray(x, np.float64)
     single = x.ndim == 3
-    x = x.reshape(-1, g.channels, g.height, g.width)
-    out = (_execute_tile if isinstance(plan, ConvTilePlan) else _execute_columns)(plan, x)
+    x = x.reshape(-1, *g.input_memory_shape[1:])
+    out = (_execute_tile if isinstance(plan, ConvTilePlan) else _execute_columns)(plan, x)  # [batch, M, N]
     if plan.bias is not None:
-        out += np.asarray(plan.bias)[None, :, None, None]
+        out += np.asarray(plan.bias)[None, :, None]
+    out = _to_memory_order(out, g)
     if residual is not None:
         out += np.asarray(residual, np.float64).reshape(out.shape)
     if plan.relu:
@@ -351,21 +456,29 @@ def execute_conv(plan: "ConvPlan | ConvTilePlan", x: np.ndarray, residual: np.nd
     return out[0] if single else out
 
 
+def _to_memory_order(out: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """[batch, Cout, N] sums as the output lies in memory (output_memory_shape with the batch)."""
+    if g.layout == "nhwc":
+        out = out.transpose(0, 2, 1)
+    return np.ascontiguousarray(out).reshape(out.shape[0], *g.output_memory_shape[1:])
+
+
 def _execute_columns(plan: ConvPlan, x: np.ndarray) -> np.ndarray:
     g = plan.geometry
-    kw = g.kernel[1]
-    out = np.zeros((x.shape[0], g.out_channels, g.out_height, g.out_width))
-    oh = np.arange(g.out_height)[:, None] * g.stride[0] - g.padding[0]
-    ow = np.arange(g.out_width)[None, :] * g.stride[1] - g.padding[1]
+    kw, (dh, dw) = g.kernel[1], g.dilation
+    flat = x.reshape(x.shape[0], -1)
+    oh, ow = np.divmod(np.arange(plan.N), g.out_width)
+    ih0, iw0 = oh * g.stride[0] - g.padding[0], ow * g.stride[1] - g.padding[1]  # window corners (may be outside)
+    base = (ih0 * g.width + iw0) * g.pixel_stride
+    out = np.zeros((x.shape[0], plan.M, plan.N))
     packed = plan.cols.view(np.uint32).astype(np.int64)
     for co, (start, end) in enumerate(plan.rows.tolist()):
         for slot in range(start, end):
             tap, offset = packed[slot] >> TAP_SHIFT, packed[slot] & (MAX_OFFSET - 1)
             r, s = divmod(int(tap), kw)
-            channel = (offset - r * g.dilation[0] * g.width - s * g.dilation[1]) // (g.height * g.width)
-            ih, iw = oh + r * g.dilation[0], ow + s * g.dilation[1]
+            ih, iw = ih0 + r * dh, iw0 + s * dw
             inside = (ih >= 0) & (ih < g.height) & (iw >= 0) & (iw < g.width)
-            taken = x[:, channel, np.clip(ih, 0, g.height - 1), np.clip(iw, 0, g.width - 1)]
+            taken = flat[:, np.where(inside, base + offset, 0)]
             out[:, co] += float(plan.values[slot]) * np.where(inside, taken, 0.0)
     return out
 
@@ -373,6 +486,8 @@ def _execute_columns(plan: ConvPlan, x: np.ndarray) -> np.ndarray:
 def _execute_tile(plan: ConvTilePlan, x: np.ndarray) -> np.ndarray:
     g = plan.geometry
     (ph, pw) = g.padding
+    if g.layout == "nhwc":  # the launch copies x into the NCHW bordered buffer
+        x = x.transpose(0, 3, 1, 2)
     bordered = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))).reshape(x.shape[0], -1)
     oh, ow = np.divmod(np.arange(plan.N), g.out_width)
     base = oh * g.stride[0] * g.bordered_width + ow * g.stride[1]
@@ -382,4 +497,4 @@ def _execute_tile(plan: ConvTilePlan, x: np.ndarray) -> np.ndarray:
             taken = bordered[:, base + plan.input_offset(column.k)]
             for slot, value in column.uses:
                 out[:, group.rows[slot]] += value * taken
-    return out.reshape(x.shape[0], g.out_channels, g.out_height, g.out_width)
+    return out

@@ -149,6 +149,17 @@ class Plan:
         return self.config.vec * self.element_bytes
 
     @property
+    def output_strides(self) -> tuple[int, int]:
+        """(elements between W's rows, elements between a thread's consecutive columns) in the output:
+        kn's C is M x N, (N, 1); nk's Y is N x M, (1, M)."""
+        return (self.N, 1) if self.layout == "kn" else (1, self.M)
+
+    def store_runs(self, group) -> list[tuple[int, int]]:
+        """The group's slots as (first slot, count) runs stored as one vector along the rows: singles here
+        (nk's rows are adjacent in Y too, so it could take runs like ConvTilePlan's in nhwc; not measured)."""
+        return [(slot, 1) for slot in range(len(group.rows))]
+
+    @property
     def columns_per_block(self) -> int:
         c = self.config
         return c.warps_per_block * c.columns_per_warp if self.direct else 32

@@ -1,10 +1,11 @@
-"""ConvKernel: a loaded direct sparse convolution (plan/conv.py), called like F.conv2d on NCHW tensors.
+"""ConvKernel: a loaded direct sparse convolution (plan/conv.py), called like F.conv2d on NCHW or, compiled
+with layout "nhwc", channels_last tensors.
 
 It goes through the one compile path, loader and launch of runtime/kernel.py (compile_plan; LoadedPlanKernel
 loads it, uploads W's arrays where the kernel reads W as data, and launches it). Either mapping: the
 csr-columns kernel reads x itself; the generated kernel (ConvTilePlan) reads a zero-bordered copy, which
 the call writes into a buffer the kernel keeps (one copy launch; the border is never written, so it stays
-zero).
+zero; a channels_last x is transposed by the same copy).
 """
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ class ConvKernel(LoadedPlanKernel):
     (input_shape's batch only sized the plan). out / residual: [batch,] Cout x OH x OW alike; out may be
     residual itself (an in-place add: each element is read before it is written, by the same thread), but
     must not overlap x. Attributes: plan, source, compile_seconds, load_seconds, cache_hit, tune_seconds,
-    choice (the chooser's record when timed), mapping.
+    choice (the chooser's record when timed), mapping, layout.
+
+    layout "nhwc" (plan.geometry.layout): x, out and residual are 4-D (batch, C, H, W) tensors contiguous
+    in torch.channels_last (x.is_contiguous(memory_format=torch.channels_last)), and the output is
+    allocated so. A 3-D x is refused there (torch has no channels_last for 3-D tensors): pass a batch of
+    one. A tensor with C == 1 or H == W == 1 is NCHW- and channels_last-contiguous at once (one memory
+    order): either layout takes it.
 
     NaN and inf in x: only W's stored nonzeros multiply x, and a tap outside the image multiplies nothing
     but zeros (the csr-columns kernel reads nothing there, the generated one the zero border), so a NaN
@@ -38,14 +45,20 @@ class ConvKernel(LoadedPlanKernel):
         if isinstance(plan, ConvTilePlan):  # made now, not at the first call, which may be a graph capture
             self._bordered = self._bordered_buffer(g.batch)
 
+    @property
+    def layout(self) -> str:
+        """How x, the output and the residual lie in memory: "nchw" or "nhwc" (plan.geometry.layout)."""
+        return self.plan.geometry.layout
+
     def _bordered_buffer(self, batch: int):
         import torch
 
         return torch.zeros((batch, self.plan.shifts, self.plan.plane), dtype=self._dtype, device=self._device)
 
     def bordered(self, x, batch: int):
-        """x ([batch,] Cin x H x W) copied into the interior of the kernel's zero-bordered buffer, and, where
-        the plan reads shifted copies (plan.shifts > 1), copy j filled from copy 0 shifted by j elements (one
+        """x ([batch,] Cin x H x W, NCHW- or channels_last-contiguous) copied into the interior of the
+        kernel's zero-bordered NCHW buffer (one launch, which transposes a channels_last x), and, where the
+        plan reads shifted copies (plan.shifts > 1), copy j filled from copy 0 shifted by j elements (one
         more launch); the [batch, shifts, plane] buffer the generated kernel reads."""
         import torch
 
@@ -69,6 +82,8 @@ class ConvKernel(LoadedPlanKernel):
         return buffer
 
     def _check(self, t, what: str, shape: tuple[int, int, int]) -> None:
+        """Raise, naming the problem and the fix, unless t is a tensor of the kernel's device, dtype and
+        [batch,] `shape`, contiguous in the kernel's layout."""
         import torch
 
         if not isinstance(t, torch.Tensor):
@@ -79,15 +94,35 @@ class ConvKernel(LoadedPlanKernel):
         if t.dtype != self._dtype:
             raise TypeError(f"{what} has dtype {t.dtype}, the kernel was compiled for {self._dtype}: convert with "
                             f"{what}.to({self._dtype}) or compile a kernel for {t.dtype}")
-        if t.dim() not in (3, 4) or tuple(t.shape[-3:]) != shape:
+        nhwc = self.layout == "nhwc"
+        if t.dim() not in ((4,) if nhwc else (3, 4)) or tuple(t.shape[-3:]) != shape:
             g = self.plan.geometry
-            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected [batch,] {shape[0]} x {shape[1]} x "
-                             f"{shape[2]} (NCHW; the kernel is a Conv2d {g.channels} -> {g.out_channels} on "
-                             f"{g.height} x {g.width} images, kernel {g.kernel}, stride {g.stride}, padding "
-                             f"{g.padding}): compile one for this shape")
-        if not t.is_contiguous():
-            raise ValueError(f"{what} is not contiguous (strides {t.stride()}): pass {what}.contiguous() (NCHW; "
-                             "a channels_last tensor is not NCHW-contiguous)")
+            if nhwc and t.dim() == 3 and tuple(t.shape) == shape:
+                raise ValueError(f"{what} is 3-D {tuple(t.shape)}; this kernel was compiled with layout='nhwc', "
+                                 "which takes 4-D channels_last tensors (torch has no channels_last for 3-D ones): "
+                                 f"pass {what}.unsqueeze(0).contiguous(memory_format=torch.channels_last), a "
+                                 "batch of one, or compile with layout='nchw'")
+            expected = (f"(batch, {shape[0]}, {shape[1]}, {shape[2]}) (channels_last)" if nhwc else
+                        f"[batch,] {shape[0]} x {shape[1]} x {shape[2]} (NCHW)")
+            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {expected}; the kernel is a Conv2d "
+                             f"{g.channels} -> {g.out_channels} on {g.height} x {g.width} images, kernel {g.kernel}, "
+                             f"stride {g.stride}, padding {g.padding}: compile one for this shape")
+        # out must be written where it is: a contiguous copy of it would take the result instead
+        if nhwc and not t.is_contiguous(memory_format=torch.channels_last):
+            fix = ("allocate it with memory_format=torch.channels_last (torch.empty_like of a channels_last "
+                   "tensor) or omit out" if what == "out" else f"pass {what}.contiguous(memory_format="
+                   "torch.channels_last)")
+            if t.is_contiguous():
+                raise ValueError(f"{what} is NCHW-contiguous; this kernel was compiled with layout='nhwc': {fix} "
+                                 "or compile with layout='nchw'")
+            raise ValueError(f"{what} is not channels_last-contiguous (strides {t.stride()}): {fix}")
+        if not nhwc and not t.is_contiguous():
+            fix = "allocate it NCHW-contiguous (torch.empty(shape)) or omit out" if what == "out" else \
+                f"pass {what}.contiguous()"
+            if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+                raise ValueError(f"{what} is channels_last; this kernel was compiled with layout='nchw': {fix} "
+                                 "or compile with layout='nhwc'")
+            raise ValueError(f"{what} is not contiguous (strides {t.stride()}): {fix} (NCHW)")
 
     def __call__(self, x, out=None, residual=None):
         import torch
@@ -107,7 +142,8 @@ class ConvKernel(LoadedPlanKernel):
         elif residual is not None:
             raise ValueError("the kernel was compiled without a residual: compile with residual=True to add one")
         if out is None:
-            out = torch.empty(shape, dtype=self._dtype, device=self._device)
+            out = torch.empty(shape, dtype=self._dtype, device=self._device,
+                              memory_format=torch.channels_last if self.layout == "nhwc" else torch.contiguous_format)
         else:
             self._check(out, "out", self.out_shape)
             if tuple(out.shape) != shape:
@@ -124,12 +160,14 @@ class ConvKernel(LoadedPlanKernel):
         target = out
         if self._bordered is not None:
             x = self.bordered(x, batch)
-            align = self.plan.output_alignment  # vec > 1 (a 1-column kernel): vector stores and residual loads
+            # vector stores and residual loads: vec pixels (nchw), runs of channels (nhwc); the copies keep the
+            # memory format (empty_like / clone preserve it)
+            align = self.plan.output_alignment
             if out.data_ptr() % align:
                 target = torch.empty_like(out)
             if residual is not None and residual.data_ptr() % align:
                 residual = residual.clone()
-            self._zero_partial(target, target.dim() - 3)
+            self._zero_partial(target, target.dim() - 3)  # the channel dimension, a logical index in either layout
         extra = (residual.data_ptr(),) if self.plan.residual else ()
         self.launch(x.data_ptr(), target.data_ptr(), batch, current_stream_handle(self.device_index),
                     *extra)

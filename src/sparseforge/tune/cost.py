@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.bitmap import BitmapPlan
-from ..plan.conv import ConvTilePlan
+from ..plan.conv import ConvPlan, ConvTilePlan
 from ..plan.csr import NNZ_PER_STEP, CsrColumnsConfig
 from ..plan.tc_scatter import TILES_PER_CHUNK, TcScatterPlan
 
@@ -95,6 +95,8 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
         row_bytes *= plan.geometry.stride[1]
     fetched = plan.b_loads * row_bytes
     written = plan.M * plan.N * es * (1 + sum(g.partial for g in plan.groups) / max(len(plan.groups), 1))
+    if isinstance(plan, ConvTilePlan) and plan.output_strides[1] > 1:
+        written *= _nhwc_store_spread(plan)
     traffic = (fetched + written) * batch / gpu.l2_bytes_per_s
     ifetch = instr.sum() * gpu.sass_bytes * tiles * batch * (1 if plan.direct else 1) / gpu.ifetch_bytes_per_s
     if per_block > 1:  # a block's chain: its groups one after another
@@ -121,6 +123,15 @@ def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
         terms["border"] = border
     compile_s = tile_compile_seconds(plan.nnz, vec, c.inline)
     return Estimate(gpu.launch_us + border + max(v for k, v in terms.items() if k != "border"), terms, compile_s)
+
+
+def _nhwc_store_spread(plan: ConvTilePlan) -> float:
+    """Sector bytes an NHWC store touches per byte it writes: a warp's 32 pixels are Cout elements apart, so
+    each lane's run of channels sits in a sector with min(32, Cout*es) bytes of its pixel (a sector count,
+    not yet measured against the H200; the chooser's timing decides)."""
+    runs = [count for g in plan.groups for _, count in plan.store_runs(g)]
+    run_bytes = plan.element_bytes * sum(runs) / max(len(runs), 1)
+    return max(1.0, min(32, plan.M * plan.element_bytes) / max(run_bytes, 1))
 
 
 def tile_compile_seconds(nnz: int, vec: int, inline: bool) -> float:
@@ -176,6 +187,11 @@ def _csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
     data = plan.cols.size * (plan.index_bytes + es) * tiles * batch
     segment = -(-min(c.tile_columns, plan.N) * es // 32) * 32
+    if isinstance(plan, ConvPlan) and plan.geometry.layout == "nhwc":
+        # a warp's pixels are sw*Cin elements apart in x: each lane's element takes a 32-byte sector to itself
+        # once that spacing reaches 32 bytes (a sector count, not yet measured against the H200)
+        spacing = min(32, plan.geometry.stride[1] * plan.geometry.pixel_stride * es)
+        segment = -(-min(c.tile_columns, plan.N) * spacing // 32) * 32
     gathers = plan.nnz * tiles * batch * segment
     written = plan.M * plan.N * es * batch
     traffic = (data + gathers + written) / gpu.l2_bytes_per_s

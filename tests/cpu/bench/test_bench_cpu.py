@@ -114,3 +114,21 @@ def test_bench_cpu_mode_on_convolution_cases(tmp_path, capsys):
     assert all({"conv-csr-columns", "conv-row-groups"} <= {c["mapping"] for c in r["choice"]} for r in records)
     assert main(["bench", "conv:vgg16", "--cpu", "--layout", "nk"]) != 0
     assert "do not apply to convolution cases" in capsys.readouterr().err
+
+
+def test_bench_cpu_mode_on_convolution_cases_in_nhwc(tmp_path, capsys):
+    """`bench conv:... --layout nhwc`: the pick planned for channels_last tensors, assembled, its reference
+    checked on the cropped image; --layout nchw / nhwc is refused for SpMM cases."""
+    import json
+
+    from sparseforge.cli import main
+
+    out = tmp_path / "conv.json"
+    assert main(["bench", "conv:textcnn:0.9", "--cpu", "--layout", "nhwc", "--limit", "2", "--out", str(out)]) == 0
+    records = json.loads(out.read_text())["cases"]
+    assert len(records) == 2 and all(r["layout"] == "nhwc" and r["error_ok"] for r in records)
+    assert all(r["reference_rel_error"] < 1e-12 and r["assemble_seconds"] > 0 for r in records)
+    capsys.readouterr()
+    assert main(["bench", str(SAMPLE_DIR / "rn50/magnitude_pruning/0.9/initial_conv.smtx"), "--cpu", "--layout",
+                 "nhwc"]) != 0
+    assert "applies to convolution cases" in capsys.readouterr().err

@@ -1,6 +1,9 @@
 """The direct convolution plans (plan/conv.py): geometry as torch computes it, the csr-columns slots packed as
 input offsets and taps, the generated mapping's groups, offsets into the bordered input, vector widths and
-refusals, and the reference executor of both against torch's conv2d in float64."""
+refusals, and the reference executor of both against torch's conv2d in float64, in NCHW and NHWC (the
+executor takes and returns the layout's memory order; the tests convert)."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +54,10 @@ def test_output_shape_is_torchs(args):
     (dict(stride=1.5), "stride must be an int or a pair"),
     (dict(input_shape=(70000, 4, 8, 8)), "65535"),
     (dict(input_shape=(1, 1100, 256, 256)), "split the channels"),
+    (dict(layout="NHWC"), "layout must be 'nchw' or 'nhwc'"),
+    (dict(layout="channels_last"), "layout must be 'nchw' or 'nhwc'"),
+    (dict(input_shape=(1, 8200, 300, 1000), kernel_size=1, padding=0, layout="nhwc"), "32-bit pixel base"),
+    (dict(input_shape=(1, 4096, 256, 256), dilation=40, layout="nhwc"), "reaches offset"),
 ])
 def test_geometry_refusals_name_the_problem(bad, message):
     args = dict(input_shape=(1, 4, 8, 8), out_channels=6, kernel_size=3, stride=1, padding=1, dilation=1, groups=1)
@@ -72,19 +79,51 @@ def test_slots_pack_offset_and_tap():
     assert packed & ((1 << TAP_SHIFT) - 1) == 3 * 6 * 5 + 2 * 1 * 5 + 0 * 2
 
 
+def _nhwc(a):
+    """An NCHW-semantics array in channels_last memory order (batch, H, W, C)."""
+    return np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1))
+
+
+def _execute_in_layout(plan, x, residual=None):
+    """execute_conv on NCHW-semantics arrays whatever the plan's layout: converted in, and the result back."""
+    if plan.geometry.layout == "nchw":
+        return execute_conv(plan, x, residual)
+    got = execute_conv(plan, _nhwc(x), None if residual is None else _nhwc(residual))
+    assert got.shape == plan.geometry.output_memory_shape[:1] + got.shape[1:] == (x.shape[0], *got.shape[1:])
+    return got.transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("args", [
     ((2, 4, 7, 6), 6, 3, 1, 1, 1, 1), ((1, 4, 9, 9), 4, 3, 2, 1, 2, 4), ((1, 6, 8, 8), 4, (1, 3), (1, 2), (0, 1), 1, 2),
     ((1, 3, 12, 12), 5, 7, 2, 3, 1, 1),
 ])
-def test_reference_executor_reads_the_packed_plan_back(args):
+def test_reference_executor_reads_the_packed_plan_back(args, layout):
     shape, cout, kernel, stride, padding, dilation, groups = args
-    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups)
+    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups, layout)
     w4 = _conv_weight(g, seed=len(shape))
     bias = np.linspace(-1, 1, cout)
     plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(cout, -1)), g, bias=bias, relu=True, residual=True)
     rng = np.random.default_rng(1)
     x, residual = rng.standard_normal(g.input_shape), rng.standard_normal(g.output_shape)
-    assert np.allclose(execute_conv(plan, x, residual), _torch_conv(x, w4, g, bias, residual, relu=True), atol=1e-10)
+    assert np.allclose(_execute_in_layout(plan, x, residual), _torch_conv(x, w4, g, bias, residual, relu=True),
+                       atol=1e-10)
+
+
+def test_nhwc_slots_pack_channels_innermost_offsets_and_the_executor_keeps_3d_inputs():
+    g = ConvGeometry.of((1, 4, 6, 5), 2, 3, padding=1, dilation=(1, 2), groups=2, layout="nhwc")
+    w4 = np.zeros((2, 2, 3, 3), np.float32)
+    w4[1, 1, 2, 0] = 3.0  # output channel 1 (group 1), its input channel 1 -> image channel 3; r = 2, s = 0
+    plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(2, -1)), g)
+    start, end = plan.rows[1]
+    packed = int(plan.cols.view(np.uint32)[start])
+    assert end - start == 1 and packed >> TAP_SHIFT == 2 * 3 + 0
+    assert packed & ((1 << TAP_SHIFT) - 1) == (2 * 1 * 5 + 0 * 2) * 4 + 3 == g.input_offset(3, 2, 0)
+    assert g.pixel_stride == 4 and g.input_memory_shape == (1, 6, 5, 4) and g.output_memory_shape == (1, 6, 3, 2)
+    assert plan.name.startswith("conv2d_nhwc_") and "nchw" not in plan.name
+    x = np.random.default_rng(0).standard_normal((6, 5, 4))  # one image, H x W x C
+    assert execute_conv(plan, x).shape == (6, 3, 2)
+    assert np.allclose(execute_conv(plan, x), execute_conv(plan, x[None])[0])
 
 
 def test_weight_of_the_wrong_shape_and_a_config_the_conv_cannot_take_are_refused():
@@ -116,11 +155,13 @@ def test_offsets_that_would_reach_the_tap_bits_groups_not_int_and_wide_lanes_are
     ((1, 8, 8, 8), 4, 1, 1, 0, 1, 1),
 ])
 @pytest.mark.parametrize("config", [TileConfig(4, 4, 1), TileConfig(1, 2, 4), TileConfig(2, 2, 2, segment_nnz=5)])
-def test_reference_executor_reads_the_generated_plan_through_its_offsets(args, config):
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_reference_executor_reads_the_generated_plan_through_its_offsets(args, config, layout):
     """Every stride pair (unequal too), padding, dilation and groups: each nonzero read at its constant offset
-    from the pixel's base in the bordered input gives torch's convolution."""
+    from the pixel's base in the bordered input gives torch's convolution (nhwc: the input transposed into
+    the bordered NCHW copy, the output laid out NHWC)."""
     shape, cout, kernel, stride, padding, dilation, groups = args
-    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups)
+    g = ConvGeometry.of(shape, cout, kernel, stride, padding, dilation, groups, layout)
     w4 = _conv_weight(g, seed=len(shape))
     bias, split = np.linspace(-1, 1, cout), config.segment_nnz > 0
     plan = make_conv_plan(SparseMatrix.from_dense(w4.reshape(cout, -1)), g, config=config, bias=bias,
@@ -128,7 +169,7 @@ def test_reference_executor_reads_the_generated_plan_through_its_offsets(args, c
     assert isinstance(plan, ConvTilePlan) and plan.N == g.out_height * g.out_width and plan.K == g.channels * g.taps
     rng = np.random.default_rng(1)
     x, residual = rng.standard_normal(g.input_shape), rng.standard_normal(g.output_shape) if not split else None
-    assert np.allclose(execute_conv(plan, x, residual), _torch_conv(x, w4, g, bias, residual, relu=not split),
+    assert np.allclose(_execute_in_layout(plan, x, residual), _torch_conv(x, w4, g, bias, residual, relu=not split),
                        atol=1e-10)
 
 
@@ -192,3 +233,43 @@ def test_generated_plans_name_their_mapping_and_geometry_and_sketch_like_the_ful
     assert sketch.nnz == full.nnz and sketch.grid == full.grid and sketch.partial_rows == full.partial_rows
     assert make_conv_plan(w, padded, config=TileConfig(1, 2, 1, inline=True)).mapping == "conv-inline"
     assert make_conv_plan(w, padded, config=TileConfig(1, 2, 1)).mapping == "conv-row-per-block"
+
+
+def test_the_layout_names_the_plans_and_so_keys_their_kernels():
+    from sparseforge.runtime.kernel import plan_spec
+
+    w = SparseMatrix.from_dense(_conv_weight(ConvGeometry.of((1, 4, 8, 8), 6, 3), 0.5).reshape(6, -1))
+    nchw, nhwc = (ConvGeometry.of((1, 4, 8, 8), 6, 3, padding=1, layout=layout) for layout in ("nchw", "nhwc"))
+    assert nchw != nhwc and nchw.short() == nhwc.short()
+    for config in (CsrColumnsConfig(1, 1, 4), TileConfig(2, 2, 1)):
+        a, b = make_conv_plan(w, nchw, config=config), make_conv_plan(w, nhwc, config=config)
+        assert a.name != b.name and plan_spec(a) != plan_spec(b) and f"_{b.geometry.layout}_" in b.name
+    assert make_conv_plan(w, nhwc, config=TileConfig(2, 2, 1)).output_strides == (1, 6)
+    assert make_conv_plan(w, nchw, config=TileConfig(2, 2, 1)).output_strides == (64, 1)
+
+
+@pytest.mark.parametrize("dtype, cout, rows, runs, alignment", [
+    ("float32", 8, (0, 1, 2, 3), [(0, 4)], 16),
+    ("float32", 8, (2, 3, 4, 5), [(0, 2), (2, 2)], 8),         # 4 does not start a run of four: two pairs
+    ("float32", 8, (1, 2, 3, 4, 5), [(0, 1), (1, 2), (3, 2)], 8),
+    ("float32", 6, (0, 1, 2, 3), [(0, 2), (2, 2)], 8),         # Cout = 6: a pixel's channels start 8-byte aligned
+    ("float16", 16, tuple(range(8)), [(0, 8)], 16),            # 8 halves: one 16-byte store
+    ("float16", 4, (0, 1, 2, 3), [(0, 4)], 8),
+    ("float32", 8, (3, 2, 1, 0), [(0, 1), (1, 1), (2, 1), (3, 1)], 4),  # clustered rows, not ascending
+    ("float32", 7, (0, 1, 2, 3), [(0, 1), (1, 1), (2, 1), (3, 1)], 4),  # odd Cout: every pixel misaligned
+])
+def test_nhwc_store_runs_are_aligned_consecutive_channels(dtype, cout, rows, runs, alignment):
+    """store_runs: consecutive output channels of one pixel, starting at a multiple of the run's length,
+    at most 16 bytes and dividing Cout; output_alignment the longest run's bytes."""
+    from sparseforge.plan import RowGroup
+
+    g = ConvGeometry.of((1, 2, 4, 4), cout, 1, layout="nhwc")
+    plan = make_conv_plan(SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32)), g, dtype, TileConfig(8, 1, 1))
+    plan = dataclasses.replace(plan, groups=(RowGroup(rows, ()),))
+    assert plan.store_runs(plan.groups[0]) == runs and plan.output_alignment == alignment
+    split = RowGroup(rows, (), 0, 2)  # atomic adds: pairs in 16-bit, singles in fp32
+    assert max(count for _, count in plan.store_runs(split)) == (min(2, max(c for _, c in runs))
+                                                               if dtype == "float16" else 1)
+    nchw = dataclasses.replace(plan, geometry=dataclasses.replace(g, layout="nchw"))
+    assert nchw.store_runs(plan.groups[0]) == [(i, 1) for i in range(len(rows))]
+    assert nchw.output_alignment == plan.element_bytes  # vec 1: one element a store

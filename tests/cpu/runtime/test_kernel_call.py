@@ -9,6 +9,7 @@ import torch
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
+from sparseforge.plan.csr import CsrColumnsConfig
 from sparseforge.runtime.kernel import SpmmKernel
 
 M = K = 6  # square: an out can have B's shape, so it can be B
@@ -346,3 +347,70 @@ def test_a_packed_launch_hands_the_driver_pointers_to_each_value(monkeypatch):
     monkeypatch.setitem(sys.modules, "sparseforge.runtime.driver", fake_driver)
     packed((1, 1, 1), 0, 1, 2)
     assert failures == [("status", 1)]  # a failed launch goes to driver.check, which raises CudaError by name
+
+
+def _nhwc_conv(config, residual=False, **geometry):
+    from sparseforge.plan.conv import ConvGeometry, make_conv_plan
+
+    g = ConvGeometry.of(geometry.get("shape", (2, 3, 5, 4)), geometry.get("cout", 4), 3, padding=1,
+                        layout=geometry.get("layout", "nhwc"))
+    w = SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32))
+    return cpu_conv_kernel(make_conv_plan(w, g, config=config, residual=residual))
+
+
+@pytest.mark.parametrize("config", [TileConfig(2, 1, 1), TileConfig(2, 1, 1, segment_nnz=6)], ids=["whole", "split"])
+def test_nhwc_generated_conv_transposes_x_into_the_bordered_buffer_and_writes_a_channels_last_output(config):
+    """A channels_last x lands in the NCHW bordered buffer (torch's copy_ transposes); the output is made
+    channels_last; a split kernel's channels are zeroed in it (index_fill_ along the logical channel
+    dimension, strided in memory)."""
+    conv = _nhwc_conv(config)
+    assert conv.layout == "nhwc"
+    x = torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last)
+    out = conv(x)
+    assert out.shape == (2, 4, 5, 4) and out.is_contiguous(memory_format=torch.channels_last)
+    assert not out.is_contiguous()
+    image = conv._bordered.view(2, 3, 7, 6)
+    assert torch.equal(image[:, :, 1:6, 1:5], x) and conv.launches[-1][1] == out.data_ptr()
+    if conv.plan.partial_rows:
+        given = torch.full((2, 4, 5, 4), float("nan")).contiguous(memory_format=torch.channels_last)
+        conv(x, out=given)
+        rows = list(conv.plan.partial_rows)
+        assert (given[:, rows] == 0).all() and given[:, [r for r in range(4) if r not in rows]].isnan().all()
+
+
+def test_nhwc_conv_refuses_nchw_and_3d_tensors_naming_the_fix_and_nchw_refuses_channels_last():
+    nhwc = _nhwc_conv(CsrColumnsConfig(1, 1, 4), residual=True)
+    x = torch.randn(2, 3, 5, 4)
+    last = x.contiguous(memory_format=torch.channels_last)
+    r = torch.randn(2, 4, 5, 4).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"x is NCHW-contiguous; this kernel was compiled with layout='nhwc': pass "
+                                         r"x.contiguous\(memory_format=torch.channels_last\) or compile with "
+                                         r"layout='nchw'"):
+        nhwc(x, residual=r)
+    with pytest.raises(ValueError, match=r"residual is NCHW-contiguous.*channels_last"):
+        nhwc(last, residual=r.contiguous())
+    with pytest.raises(ValueError, match=r"out is NCHW-contiguous.*allocate it with memory_format=torch.channels_last"):
+        nhwc(last, out=torch.empty(2, 4, 5, 4), residual=r)
+    with pytest.raises(ValueError, match=r"x is 3-D \(3, 5, 4\).*layout='nhwc'.*unsqueeze\(0\)"):
+        nhwc(x[0], residual=r[0])
+    with pytest.raises(ValueError, match="not channels_last-contiguous"):
+        nhwc(last.transpose(2, 3).contiguous().transpose(2, 3)[:, :, :, :], residual=r)  # NCHW with H, W swapped
+    with pytest.raises(ValueError, match=r"expected \(batch, 3, 5, 4\) \(channels_last\)"):
+        nhwc(torch.randn(2, 3, 5, 5).contiguous(memory_format=torch.channels_last), residual=r)
+    nhwc(last, residual=r)
+    assert nhwc.launches[-1][0] == last.data_ptr()  # csr-columns reads x where it lies
+    nchw = _nhwc_conv(CsrColumnsConfig(1, 1, 4), layout="nchw")
+    with pytest.raises(ValueError, match=r"x is channels_last; this kernel was compiled with layout='nchw': pass "
+                                         r"x.contiguous\(\) or compile with layout='nhwc'"):
+        nchw(last)
+    with pytest.raises(ValueError, match=r"out is channels_last.*allocate it NCHW-contiguous"):
+        nchw(x, out=torch.empty(2, 4, 5, 4).contiguous(memory_format=torch.channels_last))
+
+
+def test_one_channel_or_one_pixel_tensors_are_both_layouts_and_either_kernel_takes_them():
+    """C == 1 (or H == W == 1): NCHW- and channels_last-contiguous at once, one memory order."""
+    for layout in ("nchw", "nhwc"):
+        conv = _nhwc_conv(CsrColumnsConfig(1, 1, 4), shape=(2, 1, 5, 4), cout=1, layout=layout)
+        for x in (torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4).contiguous(memory_format=torch.channels_last)):
+            out = conv(x)
+            assert out.is_contiguous() and out.is_contiguous(memory_format=torch.channels_last)
