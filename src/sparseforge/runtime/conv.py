@@ -42,6 +42,8 @@ class ConvKernel(LoadedPlanKernel):
         self.in_shape = (g.channels, g.height, g.width)
         self.out_shape = (g.out_channels, g.out_height, g.out_width)
         self._bordered = None
+        self._border_views: dict = {}  # batch -> views of the bordered buffer a call copies into (_views_for)
+        self._lean = None  # the fast call's signature (_lean_signature)
         if isinstance(plan, ConvTilePlan):  # made now, not at the first call, which may be a graph capture
             self._bordered = self._bordered_buffer(g.batch)
 
@@ -70,16 +72,32 @@ class ConvKernel(LoadedPlanKernel):
                                  "outlive it): call the kernel once with this batch before capturing, or compile "
                                  "with input_shape's batch at least this large")
             self._bordered = self._bordered_buffer(batch)
-        (ph, pw), buffer = g.padding, self._bordered[:batch]
-        shifts, plane = buffer.shape[1], buffer.shape[2]
-        xp = buffer[:, 0].view(batch, g.channels, g.bordered_height, g.bordered_width)
-        xp[:, :, ph:ph + g.height, pw:pw + g.width].copy_(x.view(batch, *self.in_shape))
-        if shifts > 1:  # copy j (1 <= j < shifts) at i: copy 0 at i + j; its last j elements are never read
-            length = plane - shifts + 1
-            source = torch.as_strided(buffer, (batch, shifts - 1, length), (shifts * plane, 1, 1),
-                                      buffer.storage_offset() + 1)
-            buffer[:, 1:, :length].copy_(source)
+            self._border_views = {}
+        buffer, interior, shifted = self._views_for(batch)
+        interior.copy_(x if x.dim() == 4 else x.view(batch, *self.in_shape))
+        if shifted is not None:
+            shifted[0].copy_(shifted[1])
         return buffer
+
+    def _views_for(self, batch: int):
+        """(the buffer's first `batch` images, the interior of copy 0 as [batch, Cin, H, W], and the shifted
+        copies' (target, source) or None), made once per batch: views cost host time on every call."""
+        import torch
+
+        views = self._border_views.get(batch)
+        if views is None:
+            g = self.plan.geometry
+            (ph, pw), buffer = g.padding, self._bordered[:batch]
+            shifts, plane = buffer.shape[1], buffer.shape[2]
+            xp = buffer[:, 0].view(batch, g.channels, g.bordered_height, g.bordered_width)
+            shifted = None
+            if shifts > 1:  # copy j (1 <= j < shifts) at i: copy 0 at i + j; its last j elements are never read
+                length = plane - shifts + 1
+                source = torch.as_strided(buffer, (batch, shifts - 1, length), (shifts * plane, 1, 1),
+                                          buffer.storage_offset() + 1)
+                shifted = (buffer[:, 1:, :length], source)
+            views = self._border_views[batch] = (buffer, xp[:, :, ph:ph + g.height, pw:pw + g.width], shifted)
+        return views
 
     def _check(self, t, what: str, shape: tuple[int, int, int]) -> None:
         """Raise, naming the problem and the fix, unless t is a tensor of the kernel's device, dtype and
@@ -124,7 +142,45 @@ class ConvKernel(LoadedPlanKernel):
                                  "or compile with layout='nhwc'")
             raise ValueError(f"{what} is not contiguous (strides {t.stride()}): {fix} (NCHW)")
 
+    def _lean_signature(self) -> tuple:
+        import torch
+
+        nhwc = self.layout == "nhwc"
+        return (torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape,
+                torch.channels_last if nhwc else torch.contiguous_format, bool(self.plan.residual),
+                self.plan.output_alignment)
+
     def __call__(self, x, out=None, residual=None):
+        # The common call (a 4-D x as compiled, a fresh output, the residual where compiled with one) costs
+        # attribute reads, the bordered copy where the mapping reads one, one allocation and one launch; any
+        # comparison failing sends it through the checks below, which name the problem.
+        lean = self._lean
+        if lean is None:
+            lean = self._lean = self._lean_signature()
+        if out is None and isinstance(x, lean[0]) and x.dtype == lean[1] and x.device == lean[2] and \
+                x.dim() == 4 and x.shape[1:] == lean[3] and x.is_contiguous(memory_format=lean[5]) and \
+                0 < x.shape[0] <= 65535 and (self._bordered is None or x.shape[0] <= self._bordered.shape[0]):
+            batch = x.shape[0]
+            if not lean[6]:
+                extra = () if residual is None else None
+            elif isinstance(residual, lean[0]) and residual.dtype == lean[1] and residual.device == lean[2] and \
+                    residual.dim() == 4 and residual.shape[0] == batch and residual.shape[1:] == lean[4] and \
+                    residual.is_contiguous(memory_format=lean[5]) and residual.data_ptr() % lean[7] == 0:
+                extra = (residual.data_ptr(),)
+            else:
+                extra = None
+            if extra is not None:
+                import torch
+
+                out = torch.empty((batch, *lean[4]), dtype=lean[1], device=lean[2], memory_format=lean[5])
+                if self._bordered is not None:
+                    x = self.bordered(x, batch)
+                    self._zero_partial(out, 1)
+                self.launch(x.data_ptr(), out.data_ptr(), batch, current_stream_handle(self.device_index), *extra)
+                return out
+        return self._checked_call(x, out, residual)
+
+    def _checked_call(self, x, out, residual):
         import torch
 
         self._check(x, "x", self.in_shape)

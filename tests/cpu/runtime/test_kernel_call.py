@@ -258,6 +258,7 @@ def cpu_conv_kernel(plan):
     conv.in_shape, conv.out_shape = (g.channels, g.height, g.width), (g.out_channels, g.out_height, g.out_width)
     conv._partial = torch.tensor(plan.partial_rows, dtype=torch.long) if plan.partial_rows else None
     conv._bordered = conv._bordered_buffer(g.batch) if isinstance(plan, ConvTilePlan) else None
+    conv._border_views, conv._lean = {}, None
     conv.launches = []
     conv.launch = lambda *args: conv.launches.append(args)
     return conv
