@@ -33,6 +33,9 @@ def main() -> int:
     parser.add_argument("--tune-budget", type=float, default=2.0)
     parser.add_argument("--no-fuse", action="store_true",
                         help="time the converted model as convert() leaves it (no ReLU / residual fusion)")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="run the converted model channels_last (NHWC sparse kernels, cuDNN channels_last for "
+                             "the layers kept dense); the dense baseline is the fastest layout either way")
     parser.add_argument("--dense-only", action="store_true",
                         help="measure the dense model (latency, its own error against float64) and stop")
     args = parser.parse_args()
@@ -69,19 +72,22 @@ def main() -> int:
         print(f"rn50 dense {args.dtype} batch {args.batch}: rel. error vs float64 {dense_error:.1e}")
         return 0
     sparse = copy.deepcopy(model).to(dtype)
-    report = convert(sparse, xd, tune_budget=args.tune_budget, time_model=True)
+    xs = xd
+    if args.channels_last:  # every activation channels_last: SparseConv2d compiles NHWC kernels for them
+        sparse, xs = sparse.to(memory_format=channels_last), xd.contiguous(memory_format=channels_last)
+    report = convert(sparse, xs, tune_budget=args.tune_budget, time_model=True)
     unfused_us = report.latency_after_us
     fused_report = None
     if not args.no_fuse:  # each SparseConv2d takes the ReLU / shortcut add after it (nn/fuse.py)
-        sparse, fused_report = fuse_epilogues(sparse, (xd,))
-        report.latency_after_us = model_latency_us(sparse, (xd,))
+        sparse, fused_report = fuse_epilogues(sparse, (xs,))
+        report.latency_after_us = model_latency_us(sparse, (xs,))
     with torch.no_grad():
-        out = sparse(xd).double()
+        out = sparse(xs).double()
     error = float((out - reference).norm() / reference.norm())
     dense_us = min(dense_nchw, dense_cl, dense_fused_nchw)
     result = {"provenance": provenance(sys.argv), "model": "rn50", "patterns": str(args.pattern_dir),
               "sparsity": float(sum(sparsities.values()) / len(sparsities)), "dtype": args.dtype, "batch": args.batch,
-              "layout": "nchw", "dense_us": dense_us, "dense_nchw_us": dense_nchw, "dense_channels_last_us": dense_cl,
+              "layout": "channels_last" if args.channels_last else "nchw", "dense_us": dense_us, "dense_nchw_us": dense_nchw, "dense_channels_last_us": dense_cl,
               "dense_fused_nchw_us": dense_fused_nchw, "dense_fused": [list(f) for f in dense_fuse_report.fused],
               "sparse_us": report.latency_after_us, "speedup_vs_cudnn": dense_us / report.latency_after_us,
               "rel_error_vs_float64": error, "dense_rel_error_vs_float64": dense_error,

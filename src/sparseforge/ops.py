@@ -22,6 +22,15 @@ def register(module) -> int:
     return layer_id
 
 
+def conv_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of a sparse convolution's output for input x, in eager calls and in the fake alike:
+    channels_last where x is channels_last-contiguous and not NCHW-contiguous (a tensor that is both, C = 1
+    or H = W = 1, counts as NCHW), else contiguous (NCHW)."""
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 @torch.library.custom_op("sparseforge::linear24", mutates_args=())
 def linear24(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer_id: int) -> torch.Tensor:
     """SparseLinear24 `layer_id`'s forward: x (..., K) -> (..., M), 2:4 or dense as that layer decided."""
@@ -66,9 +75,12 @@ def sparse_conv2d(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | No
     layer = LAYERS.get(layer_id)
     if layer is None:
         raise RuntimeError(f"sparseforge::sparse_conv2d: layer {layer_id} no longer exists")
-    return layer.sparse_forward(x, residual)
+    # the fake's strides are what a compiled graph assumes: the output is made to have them (a no-op where
+    # the kernel or cuDNN already wrote that layout)
+    return layer.sparse_forward(x, residual).contiguous(memory_format=conv_memory_format(x))
 
 
 @sparse_conv2d.register_fake
 def _(x, values, bias, layer_id, out_channels, out_height, out_width, residual=None):
-    return x.new_empty(x.shape[0], out_channels, out_height, out_width)
+    return torch.empty((x.shape[0], out_channels, out_height, out_width), dtype=x.dtype, device=x.device,
+                       memory_format=conv_memory_format(x))

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import SparseMatrix
-from ..ops import register
+from ..ops import conv_memory_format, register
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
 from ..tune.choose import fastest_with_margin
 
@@ -219,7 +219,8 @@ class _SparseWeight(nn.Module):
         from ..runtime.timing import eager_time_us
 
         try:
-            xs = [example.contiguous().clone() for _ in range(4)]
+            layout = conv_memory_format(example) if example.dim() == 4 else torch.contiguous_format
+            xs = [example.contiguous(memory_format=layout).clone(memory_format=layout) for _ in range(4)]
             extra = self._eager_extra(example)
             with torch.no_grad():
                 sparse_us = eager_time_us(lambda x: self._kernel_call(kernel, x, *extra), xs)
@@ -345,6 +346,12 @@ class _SparseWeight(nn.Module):
         if self.csr_on_host and self.device.type != "cuda":
             self._csr_to_device()
         return out
+
+
+def _shape_key(height: int, width: int, layout: torch.memory_format):
+    """A convolution's shape key: (H, W) for NCHW inputs, (H, W, "nhwc") for channels_last ones (NHWC
+    kernels), so each layout has its own decision and kernel."""
+    return (height, width) if layout != torch.channels_last else (height, width, "nhwc")
 
 
 def _version(t: torch.Tensor) -> int:
@@ -484,12 +491,14 @@ class SparseLinear(_SparseWeight):
 
 
 class SparseConv2d(_SparseWeight):
-    """A Conv2d (NCHW) whose unstructured sparse weight runs on the direct sparse convolution (compile_conv2d:
-    implicit im2col, the generated and csr-columns mappings), per image size H x W (any batch), where that
-    measured faster than cuDNN; fused bias (a folded BatchNorm's shift), optionally a residual added before the
-    ReLU (residual=True: forward(x, residual=r), r shaped like the output: ResNet's shortcut) and ReLU
-    (relu=True); nn.fuse_epilogues sets both from the model's graph. Input x: (batch, Cin, H, W) of the layer's
-    dtype and device."""
+    """A Conv2d whose unstructured sparse weight runs on the direct sparse convolution (compile_conv2d:
+    implicit im2col, the generated and csr-columns mappings), per image size H x W (any batch) and layout,
+    where that measured faster than cuDNN; fused bias (a folded BatchNorm's shift), optionally a residual added
+    before the ReLU (residual=True: forward(x, residual=r), r shaped like the output: ResNet's shortcut) and
+    ReLU (relu=True); nn.fuse_epilogues sets both from the model's graph. Input x: (batch, Cin, H, W) of the
+    layer's dtype and device, NCHW or channels_last: a channels_last x runs on an NHWC kernel (decided on its
+    own, against cuDNN in channels_last) and gets a channels_last output, so a channels_last model stays so;
+    any other layout is made NCHW-contiguous first."""
 
     _kind = "convolution"
 
@@ -573,7 +582,7 @@ class SparseConv2d(_SparseWeight):
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return compile_conv2d(self.sparse_matrix(), kernel.plan.geometry.input_shape, self.stride, self.padding,
                               self.dilation, self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
-                              residual=self.residual, device=self.device,
+                              residual=self.residual, layout=kernel.layout, device=self.device,
                               kernel_size=self.kernel_size, config=kernel.plan.config)
 
     def dense_weight(self) -> torch.Tensor:
@@ -599,17 +608,21 @@ class SparseConv2d(_SparseWeight):
                 x.dim() == 4 and x.shape[1] == self.in_channels and not torch.compiler.is_compiling() and \
                 not (torch.is_grad_enabled() and (x.requires_grad or self._buffers["weight_values"].requires_grad)):
             self._refresh()
-            key = x.shape[2:]
+            if x.is_contiguous():
+                key, layout = x.shape[2:], torch.contiguous_format
+            else:
+                layout = conv_memory_format(x)
+                key = _shape_key(x.shape[2], x.shape[3], layout)
             kernel, out_tail = self._paths.get(key), self._out_tails.get(key)
             if kernel is not None and self._hot is not None and not (self._eager_dense and
                                                                      self._runs_dense_eagerly(key)):
-                x = x if x.is_contiguous() else x.contiguous()
+                x = x.contiguous(memory_format=layout)  # a no-op for an input already in its layout
                 if residual is None and not self.residual:
                     return kernel(x)
                 if self.residual and type(residual) is torch.Tensor and residual.dtype == x.dtype and \
                         residual.device == x.device and residual.shape[0] == x.shape[0] and \
                         residual.shape[1:] == out_tail:
-                    return kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
+                    return kernel(x, residual=residual.contiguous(memory_format=layout))
         return self._checked_forward(x, residual)
 
     def _checked_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -649,13 +662,14 @@ class SparseConv2d(_SparseWeight):
     def sparse_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[0] == 0:
             return x.new_empty(0, self.out_channels, *self._out_size(x.shape[2], x.shape[3]))
-        key = (int(x.shape[2]), int(x.shape[3]))
+        # a channels_last input runs on an NHWC kernel (its own shape key), anything else on an NCHW one
+        layout = conv_memory_format(x)
+        key = _shape_key(int(x.shape[2]), int(x.shape[3]), layout)
+        x = x.contiguous(memory_format=layout)
         kernel = self._path(key, x)
         if kernel is None or self._eager_dense and self._runs_dense_eagerly(key):
             return self._dense_forward(x, residual)
-        x = x if x.is_contiguous() else x.contiguous()
-        y = kernel(x) if residual is None else \
-            kernel(x, residual=residual if residual.is_contiguous() else residual.contiguous())
+        y = kernel(x) if residual is None else kernel(x, residual=residual.contiguous(memory_format=layout))
         self._out_tails[key] = tuple(y.shape[1:])  # geometry only: never stale
         self._hot = (x.dtype, x.device)
         return y
@@ -665,7 +679,8 @@ class SparseConv2d(_SparseWeight):
             return ()
         shape = (example.shape[0], self.out_channels, *self._out_size(example.shape[2], example.shape[3]))
         generator = torch.Generator(device="cpu").manual_seed(0)  # not the caller's random stream
-        return (torch.randn(shape, generator=generator).to(example.device, example.dtype),)
+        residual = torch.randn(shape, generator=generator).to(example.device, example.dtype)
+        return (residual.contiguous(memory_format=conv_memory_format(example)),)
 
     def _kernel_call(self, kernel, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return kernel(x) if residual is None else kernel(x, residual=residual)
@@ -673,21 +688,26 @@ class SparseConv2d(_SparseWeight):
     def _dense_call(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return self._dense_forward(x, residual)
 
-    def prepare(self, input_shapes) -> list[Decision]:
-        """Decide now for each (batch, Cin, H, W) in `input_shapes` (seeded random inputs)."""
+    def prepare(self, input_shapes, channels_last: bool = False) -> list[Decision]:
+        """Decide now for each (batch, Cin, H, W) in `input_shapes` (seeded random inputs), for NCHW inputs or,
+        with channels_last=True, for channels_last ones (which run on NHWC kernels)."""
         generator = torch.Generator(device="cpu").manual_seed(0)
         for shape in input_shapes:
             x = torch.randn(tuple(shape), generator=generator).to(self.device, self.weight_values.dtype)
-            self._path((int(shape[2]), int(shape[3])), x)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            layout = conv_memory_format(x)
+            self._path(_shape_key(int(shape[2]), int(shape[3]), layout), x)
         return self.decisions
 
     def _compile(self, x: torch.Tensor):
         from ..conv import compile_conv2d
 
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+        layout = "nhwc" if conv_memory_format(x) == torch.channels_last else "nchw"
         return compile_conv2d(self.sparse_matrix(), tuple(x.shape), self.stride, self.padding, self.dilation,
                               self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
-                              residual=self.residual, device=self.device,
+                              residual=self.residual, layout=layout, device=self.device,
                               kernel_size=self.kernel_size, tune_budget=self.tune_budget,
                               time_dense=self.policy == "measure")
 

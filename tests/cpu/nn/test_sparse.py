@@ -324,3 +324,131 @@ def test_a_dense_w_made_under_inference_mode_serves_a_later_autograd_call():
     x = torch.randn(2, 8, requires_grad=True)
     layer(x).sum().backward()
     assert torch.allclose(x.grad, dense.weight.detach().sum(0).expand(2, 8))
+
+
+class _LayoutKernel:
+    """A convolution kernel stub (CPU) that computes with cuDNN's math and, like the real kernels, takes x (and
+    the residual) only in its own layout and writes its output in that layout."""
+    mapping, weight_bytes = "fake", 0
+
+    def __init__(self, layer, layout):
+        self.choice, self.layer, self.layout, self.calls = _Choice(4.0, 8.0), layer, layout, 0
+        self.memory_format = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+
+    def __call__(self, x, residual=None):
+        self.calls += 1
+        assert x.is_contiguous(memory_format=self.memory_format), f"{self.layout} kernel given {x.stride()}"
+        y = self.layer._dense_forward(x, residual)
+        if residual is not None:
+            assert residual.is_contiguous(memory_format=self.memory_format)
+        return y.contiguous(memory_format=self.memory_format)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_channels_last_input_gets_its_own_nhwc_kernel_and_output(monkeypatch, residual):
+    """SparseConv2d keys its kernels by layout: an NCHW and a channels_last input of one size get two kernels
+    (compiled with layout 'nchw' and 'nhwc'); each output keeps its input's layout; the residual is handed
+    over in the kernel's layout; the second call of each takes the lean path (no checked forward)."""
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3), policy="sparse",
+                                    residual=residual)
+    made = []
+
+    def compile_(self, x):
+        layout = "nhwc" if x.dim() == 4 and not x.is_contiguous() and \
+            x.is_contiguous(memory_format=torch.channels_last) else "nchw"
+        made.append(layout)
+        return _LayoutKernel(self, layout)
+
+    monkeypatch.setattr(SparseConv2d, "_compile", compile_)
+    monkeypatch.setattr(SparseConv2d, "_dense_path", lambda self, x: False)
+    x = torch.randn(2, 4, 7, 7)
+    r = torch.randn(2, 6, 7, 7) if residual else None
+    want = layer._dense_forward(x, r)
+    with torch.no_grad():
+        y = layer(x, r) if residual else layer(x)
+        x_cl = x.contiguous(memory_format=torch.channels_last)
+        r_cl = r.contiguous(memory_format=torch.channels_last) if residual else None
+        y_cl = layer(x_cl, r) if residual else layer(x_cl)  # an NCHW residual is converted for the NHWC kernel
+    assert made == ["nchw", "nhwc"] and set(layer._paths) == {(7, 7), (7, 7, "nhwc")}
+    assert y.is_contiguous() and y_cl.is_contiguous(memory_format=torch.channels_last) and not y_cl.is_contiguous()
+    assert torch.allclose(y, want, atol=1e-6) and torch.allclose(y_cl, want, atol=1e-6)
+    checked = []
+    monkeypatch.setattr(SparseConv2d, "_checked_forward", lambda self, *a: checked.append(a) or pytest.fail("checked"))
+    with torch.no_grad():
+        again = layer(x_cl, r_cl) if residual else layer(x_cl)
+        again_nchw = layer(x, r) if residual else layer(x)
+    assert not checked and torch.equal(again, y_cl) and torch.equal(again_nchw, y)
+    assert again.is_contiguous(memory_format=torch.channels_last)
+    assert [k.calls for k in layer._paths.values()] == [2, 2]
+
+
+def test_the_lean_paths_fall_back_to_the_checks_for_what_they_do_not_take(monkeypatch):
+    """An input of another dtype, a wrong residual, or one needing grad skips the lean path: the checked
+    forward names the problem (or runs dense under autograd)."""
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3), policy="sparse", residual=True)
+    monkeypatch.setattr(SparseConv2d, "_compile", lambda self, x: _LayoutKernel(self, "nchw"))
+    dense_path = SparseConv2d._dense_path
+    monkeypatch.setattr(SparseConv2d, "_dense_path", lambda self, x: dense_path(self, x) if x.requires_grad else False)
+    x, r = torch.randn(1, 4, 7, 7), torch.randn(1, 6, 7, 7)
+    with torch.no_grad():
+        layer(x, r)  # the kernel ran: the lean path is armed
+    assert layer._hot is not None
+    with torch.no_grad(), pytest.raises(SparseShapeError, match="dtype"):
+        layer(x.double(), r)
+    with torch.no_grad(), pytest.raises(SparseShapeError, match="residual has shape"):
+        layer(x, torch.randn(1, 6, 5, 5))
+    with torch.no_grad(), pytest.raises(SparseShapeError, match="adds a residual"):
+        layer(x)
+    grad_x = x.clone().requires_grad_()
+    y = layer(grad_x, r)  # autograd: the dense path, whose result has a grad_fn
+    assert y.grad_fn is not None
+    with torch.no_grad():
+        layer.weight_values.mul_(2)  # an in-place edit: the lean path re-decides (the version check)
+        layer(x, r)
+    assert len(layer._paths) == 1
+
+
+def test_a_linear_lean_call_hands_the_kernel_the_rows_as_they_lie(monkeypatch):
+    """SparseLinear's lean path: a contiguous 3-D input goes to launch_rows without a reshape, its output
+    allocated (batch, tokens, out); a kernel that cannot take rows unchecked gets the 2-D rows."""
+    layer = SparseLinear.from_dense(_pruned(nn.Linear(32, 16), 0.3), policy="sparse")
+    launched = []
+
+    class RowsKernel(_FakeKernel):
+        takes_rows_unchecked = True
+
+        def launch_rows(self, b, out):
+            launched.append((tuple(b.shape), tuple(out.shape)))
+            out.copy_(torch.nn.functional.linear(b, self.layer.dense_weight_2d(), self.layer.bias))
+
+    kernel = RowsKernel(layer, 4.0, 8.0)
+    monkeypatch.setattr(SparseLinear, "_compile", lambda self, rows: kernel)
+    monkeypatch.setattr(SparseLinear, "_dense_path", lambda self, x: False)
+    x = torch.randn(2, 3, 32)
+    want = torch.nn.functional.linear(x, layer.dense_weight_2d(), layer.bias)
+    with torch.no_grad():
+        first = layer(x)  # checked path: decides width 6, calls the kernel on 2-D rows
+        second = layer(x)  # lean path
+    assert kernel.calls == 1 and launched == [((2, 3, 32), (2, 3, 16))]
+    assert torch.allclose(first, want, atol=1e-6) and torch.allclose(second, want, atol=1e-6)
+    RowsKernel.takes_rows_unchecked = False
+    with torch.no_grad():
+        third = layer(x)
+    assert kernel.calls == 2 and torch.allclose(third, want, atol=1e-6)
+
+
+def test_the_conv_op_fake_keeps_a_channels_last_input_layout():
+    """Under torch.compile the op's fake decides the output strides the graph assumes: channels_last for a
+    channels_last input, NCHW otherwise (the eager op makes its output match)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import sparseforge.ops  # noqa: F401  (registers the ops)
+
+    with FakeTensorMode():
+        anchor = torch.empty(0)
+        x = torch.empty(2, 4, 7, 7)
+        y = torch.ops.sparseforge.sparse_conv2d(x.contiguous(memory_format=torch.channels_last), anchor, None, 0,
+                                                6, 5, 5)
+        z = torch.ops.sparseforge.sparse_conv2d(x, anchor, None, 0, 6, 5, 5)
+        assert y.shape == (2, 6, 5, 5) and y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        assert z.is_contiguous()
