@@ -120,7 +120,23 @@ case "${1:-}" in
       --tune-budget 0.3 --batch 8 > "$L/rn50_b8.log" 2>&1; tail -1 "$L/rn50_b8.log"
     timeout 300 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.95 "$OUT/model_rn50_0.95_fp16_b8.json" \
       --tune-budget 0.3 --batch 8 --dtype float16 > "$L/rn50_b8h.log" 2>&1; tail -1 "$L/rn50_b8h.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8"; exit 2 ;;
+  fourteenth)  # the thirteenth session's GPU-untested work, most important first: the whole GPU suite (packed
+               # launches in every kernel, lean calls, NHWC convolutions, channels_last SparseConv2d; the conv
+               # tests now run both layouts, ~2x their old time), then host time per layer after the packed launch
+    timeout 470 python3 -m pytest tests/gpu -q -p no:cacheprovider > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 90 python3 benchmarks/host_time.py "$OUT/host_time_fp16.json" --dtype float16 > "$L/host.log" 2>&1; tail -7 "$L/host.log" ;;
+  fourteenth_b)  # dense 1x1 fp16 three ways, the NHWC conv bench (rn50 95% fp32), then ResNet-50 95% fp16 batch 1
+                 # with the converted model channels_last (issue 13's fp16 gap)
+    timeout 40 python3 benchmarks/dense_1x1_fp16.py "$OUT/dense_1x1_fp16.json" > "$L/dense_1x1.log" 2>&1; tail -2 "$L/dense_1x1.log"
+    timeout 100 $SF bench conv:$D/rn50/magnitude_pruning/0.95 --dtype fp32 --layout nhwc --tune-budget 0.5 \
+      --out "$OUT/conv_rn50_0.95_fp32_nhwc.json" > "$L/conv_nhwc.log" 2>&1; tail -2 "$L/conv_nhwc.log"
+    timeout 420 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.95 "$OUT/model_rn50_0.95_fp16_b1_cl.json" \
+      --tune-budget 0.3 --dtype float16 --channels-last > "$L/rn50_cl.log" 2>&1; tail -2 "$L/rn50_cl.log" ;;
+  model)  # one ResNet-50 run a call (the thirteenth session's 150-240 s timeouts were too short: every run
+          # died in conversion): bash device_next.sh model 0.98 float32 1
+    timeout 560 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/$2 "$OUT/model_rn50_$2_$3_b$4.json" \
+      --tune-budget 0.3 --dtype $3 --batch $4 > "$L/rn50.log" 2>&1; tail -2 "$L/rn50.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"
