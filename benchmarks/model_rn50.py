@@ -62,6 +62,9 @@ def main() -> int:
     dense_cl = model_latency_us(dense.to(memory_format=channels_last), (xd.to(memory_format=channels_last),))
     with torch.no_grad():  # what the dtype itself costs: the dense model's own error against float64
         dense_error = float((dense(xd).double() - reference).norm() / reference.norm())
+    # stage lines as they finish: a run killed by its timeout still leaves what it measured in the log
+    print(f"[{time.perf_counter() - started:6.1f} s] dense {args.dtype} batch {args.batch}: NCHW {dense_nchw:.1f} us, "
+          f"channels_last {dense_cl:.1f}, NCHW fused {dense_fused_nchw:.1f}; rel. error {dense_error:.1e}", flush=True)
     if args.dense_only:
         args.out.write_text(json.dumps({"provenance": provenance(sys.argv), "model": "rn50",
                                         "sparsity": float(sum(sparsities.values()) / len(sparsities)),
@@ -77,6 +80,7 @@ def main() -> int:
         sparse, xs = sparse.to(memory_format=channels_last), xd.contiguous(memory_format=channels_last)
     report = convert(sparse, xs, tune_budget=args.tune_budget, time_model=True)
     unfused_us = report.latency_after_us
+    print(f"[{time.perf_counter() - started:6.1f} s] converted (unfused) {unfused_us:.1f} us", flush=True)
     fused_report = None
     if not args.no_fuse:  # each SparseConv2d takes the ReLU / shortcut add after it (nn/fuse.py)
         sparse, fused_report = fuse_epilogues(sparse, (xs,))
