@@ -118,14 +118,15 @@ def _store(e: Emitter, plan: CsrPlan) -> None:
              f"mul.wide.u32 %rdc, %rn0, {n_stride};", "add.s64 %rdt, %rdt, %rdc;",
              f"mad.wide.u32 %rdt, %rrow, {m_stride}, %rdt;"])
     if plan.residual:
+        # plain loads, not .nc: out may be the residual itself (an in-place add), which .nc's read-only rule forbids
         e.lines(["ld.param.u64 %rdc, [p_residual];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
         for j in range(cols):
             address = f"[%rdc+{j * n_stride}]" if j else "[%rdc]"
             guard = f"%pn{j // plan.load_width}"
             if es == 4:
-                e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
+                e.line(f"@{guard} ld.global.b32 %f, {address};")
             else:
-                e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.nc.b16 %ho, {address};"])
+                e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.b16 %ho, {address};"])
                 widen(e, plan.dtype, "%f", "%ho")
             e.line(f"@{guard} add.f32 %acc{j}, %acc{j}, %f;")
     if plan.relu:
@@ -378,9 +379,9 @@ def render_columns(plan, operand) -> KernelSource:
         for i in range(cols):
             address, guard = output_slot(i, "%rdt")
             if es == 4:
-                e.line(f"@{guard} ld.global.nc.b32 %f, {address};")
+                e.line(f"@{guard} ld.global.b32 %f, {address};")
             else:
-                e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.nc.b16 %ho, {address};"])
+                e.lines(["mov.b16 %ho, 0;", f"@{guard} ld.global.b16 %ho, {address};"])
                 widen(e, plan.dtype, "%f", "%ho")
             e.line(f"@{guard} add.f32 %acc{i}, %acc{i}, %f;")
     if plan.relu:

@@ -292,9 +292,16 @@ class _SparseWeight(nn.Module):
                     f"(x.to({self.weight_values.dtype})) or the layer (.to(dtype))")
         return None
 
-    def _dense_path(self, x: torch.Tensor) -> bool:
-        return (not x.is_cuda or self.policy == "dense"
-                or (torch.is_grad_enabled() and (x.requires_grad or self.weight_values.requires_grad)))
+    def _dense_path(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+        return not x.is_cuda or self.policy == "dense" or (torch.is_grad_enabled() and self._needs_grad(x, residual))
+
+    def _needs_grad(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
+        """Whether autograd must see this call: the kernels record no graph, so then the dense path runs
+        (the input, W's values, the bias or the residual requiring grad: bias-only fine-tuning too)."""
+        bias = self._parameters.get("bias")
+        return (x.requires_grad or self._buffers["weight_values"].requires_grad
+                or (bias is not None and bias.requires_grad)
+                or (isinstance(residual, torch.Tensor) and residual.requires_grad))
 
     # -- module plumbing ------------------------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -423,8 +430,8 @@ class SparseLinear(_SparseWeight):
         # reads; everything else takes the checked path below, which names any problem.
         hot = self.__dict__.get("_hot")  # a layer pickled by an older version has none
         if hot is not None and type(x) is torch.Tensor and x.dtype == hot[0] and x.device == hot[1] and \
-                x.dim() > 0 and x.shape[-1] == self.in_features and not torch.compiler.is_compiling() and \
-                not (torch.is_grad_enabled() and (x.requires_grad or self._buffers["weight_values"].requires_grad)):
+                x.dim() > 0 and x.shape[-1] == self.in_features and self.policy != "dense" and \
+                not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and self._needs_grad(x)):
             self._refresh()
             n = x.numel() // self.in_features
             kernel = self._paths.get(n)
@@ -605,8 +612,8 @@ class SparseConv2d(_SparseWeight):
         # of the output's shape where the layer adds one) goes to its kernel after a handful of attribute reads
         hot = self.__dict__.get("_hot")  # a layer pickled by an older version has none
         if hot is not None and type(x) is torch.Tensor and x.dtype == hot[0] and x.device == hot[1] and \
-                x.dim() == 4 and x.shape[1] == self.in_channels and not torch.compiler.is_compiling() and \
-                not (torch.is_grad_enabled() and (x.requires_grad or self._buffers["weight_values"].requires_grad)):
+                x.dim() == 4 and x.shape[1] == self.in_channels and self.policy != "dense" and \
+                not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and self._needs_grad(x, residual)):
             self._refresh()
             if x.is_contiguous():
                 key, layout = x.shape[2:], torch.contiguous_format
@@ -631,9 +638,9 @@ class SparseConv2d(_SparseWeight):
             raise SparseShapeError(f"input has shape {shape}; this convolution takes (batch, {self.in_channels}, "
                                    "H, W)")
         problem = self._input_problem(x) or self._residual_problem(x, residual)
-        if problem and not (self._dense_path(x) and torch.is_autocast_enabled(x.device.type)):
+        if problem and not (self._dense_path(x, residual) and torch.is_autocast_enabled(x.device.type)):
             raise SparseShapeError(problem)
-        if self._dense_path(x):
+        if self._dense_path(x, residual):
             return self._dense_forward(x, residual)
         if torch.compiler.is_compiling():
             oh, ow = self._out_size(x.shape[2], x.shape[3])

@@ -34,7 +34,8 @@ class ConvKernel(LoadedPlanKernel):
 
     The generated mapping (k.mapping "conv-...") copies x into a zero-bordered buffer the kernel owns, sized
     for input_shape's batch when compiled: a larger batch reallocates it (outside CUDA-graph capture), and
-    two streams calling one kernel at once would share it."""
+    two streams or threads calling one kernel at once would share it: call a kernel from one thread (or give
+    each thread its own kernel) and on one stream at a time."""
 
     def __init__(self, plan, built: Built, device_index: int):
         super().__init__(plan, built, device_index)
@@ -43,6 +44,7 @@ class ConvKernel(LoadedPlanKernel):
         self.out_shape = (g.out_channels, g.out_height, g.out_width)
         self._bordered = None
         self._border_views: dict = {}  # batch -> views of the bordered buffer a call copies into (_views_for)
+        self._retired: list = []  # bordered buffers outgrown by a larger batch, kept for graphs that use them
         self._lean = None  # the fast call's signature (_lean_signature)
         if isinstance(plan, ConvTilePlan):  # made now, not at the first call, which may be a graph capture
             self._bordered = self._bordered_buffer(g.batch)
@@ -55,7 +57,10 @@ class ConvKernel(LoadedPlanKernel):
     def _bordered_buffer(self, batch: int):
         import torch
 
-        return torch.zeros((batch, self.plan.shifts, self.plan.plane), dtype=self._dtype, device=self._device)
+        # a normal tensor even when the first call runs under inference_mode: an inference tensor could not be
+        # written by a later call outside it
+        with torch.inference_mode(False):
+            return torch.zeros((batch, self.plan.shifts, self.plan.plane), dtype=self._dtype, device=self._device)
 
     def bordered(self, x, batch: int):
         """x ([batch,] Cin x H x W, NCHW- or channels_last-contiguous) copied into the interior of the
@@ -71,6 +76,8 @@ class ConvKernel(LoadedPlanKernel):
                                  "bordered input holds, and a CUDA graph is being captured (no allocation may "
                                  "outlive it): call the kernel once with this batch before capturing, or compile "
                                  "with input_shape's batch at least this large")
+            # the old buffer stays allocated: a CUDA graph captured at the smaller batch still copies into it
+            self._retired.append(self._bordered)
             self._bordered = self._bordered_buffer(batch)
             self._border_views = {}
         buffer, interior, shifted = self._views_for(batch)

@@ -26,7 +26,7 @@ class LoadedPlanKernel:
     times, the chooser's record, and W's device arrays for the kernels that read W as data (kept alive as
     long as the kernel: a CUDA graph that replays it reads them)."""
 
-    _packed = None  # the launch's parameter block (driver.PackedLaunch), built at the first launch
+    _packed = None  # the launch's parameter block (runtime/launch.py PackedLaunch), built at the first launch
 
     def __init__(self, plan, built: "Built", device_index: int):
         import torch

@@ -51,6 +51,10 @@ class PackedLaunch:
             status = _raw_launch()(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, 0, stream,
                                    self._pointers, None)
         if status:
-            from .driver import check, cu
+            from .driver import CudaError, check, cu
 
-            check(cu.CUresult(status))
+            try:
+                code = cu.CUresult(status)
+            except ValueError:  # a status this cuda-python does not name
+                raise CudaError(f"CUDA driver error {status} from cuLaunchKernel") from None
+            check(code)

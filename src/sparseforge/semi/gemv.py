@@ -59,9 +59,10 @@ class Gemv24:
         if launch is None:
             # parameters (values, meta, x, out, bias, m, k): all but x and out fixed once; the two u32 ones
             # read the low half of their 64-bit slot (x86 and the GPU are little-endian)
-            launch = self._launches[n] = self.kernel(n).packed(WARPS * 32, 7)
+            launch = self.kernel(n).packed(WARPS * 32, 7)
             for index, value in ((0, self.packed.values.data_ptr()), (1, self.packed.meta.data_ptr()),
                                  (4, 0 if self.bias is None else self.bias.data_ptr()), (5, m), (6, k)):
                 launch.fix(index, value)
+            self._launches[n] = launch  # published once whole: another thread never sees it half fixed
         launch((-(-m // WARPS), 1, 1), current_stream_handle(self.index), x.data_ptr(), out.data_ptr(), first=2)
         return out

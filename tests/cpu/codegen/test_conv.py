@@ -397,7 +397,7 @@ def _interpreted_conv_kernel(plan):
     conv.in_shape, conv.out_shape = (g.channels, g.height, g.width), (g.out_channels, g.out_height, g.out_width)
     conv._partial = torch.tensor(plan.partial_rows, dtype=torch.long) if plan.partial_rows else None
     conv._bordered = conv._bordered_buffer(g.batch) if isinstance(plan, ConvTilePlan) else None
-    conv._border_views, conv._lean = {}, None
+    conv._border_views, conv._lean, conv._retired = {}, None, []
     conv.tensors = []  # every tensor a call may hand the launch, to find by pointer
 
     def memory(t):

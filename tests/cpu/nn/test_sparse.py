@@ -360,7 +360,7 @@ def test_a_channels_last_input_gets_its_own_nhwc_kernel_and_output(monkeypatch, 
         return _LayoutKernel(self, layout)
 
     monkeypatch.setattr(SparseConv2d, "_compile", compile_)
-    monkeypatch.setattr(SparseConv2d, "_dense_path", lambda self, x: False)
+    monkeypatch.setattr(SparseConv2d, "_dense_path", lambda self, x, residual=None: False)
     x = torch.randn(2, 4, 7, 7)
     r = torch.randn(2, 6, 7, 7) if residual else None
     want = layer._dense_forward(x, r)
@@ -388,7 +388,9 @@ def test_the_lean_paths_fall_back_to_the_checks_for_what_they_do_not_take(monkey
     layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3), policy="sparse", residual=True)
     monkeypatch.setattr(SparseConv2d, "_compile", lambda self, x: _LayoutKernel(self, "nchw"))
     dense_path = SparseConv2d._dense_path
-    monkeypatch.setattr(SparseConv2d, "_dense_path", lambda self, x: dense_path(self, x) if x.requires_grad else False)
+    monkeypatch.setattr(SparseConv2d, "_dense_path",
+                        lambda self, x, residual=None: dense_path(self, x, residual) if self._needs_grad(x, residual)
+                        else False)
     x, r = torch.randn(1, 4, 7, 7), torch.randn(1, 6, 7, 7)
     with torch.no_grad():
         layer(x, r)  # the kernel ran: the lean path is armed
@@ -452,3 +454,17 @@ def test_the_conv_op_fake_keeps_a_channels_last_input_layout():
         z = torch.ops.sparseforge.sparse_conv2d(x, anchor, None, 0, 6, 5, 5)
         assert y.shape == (2, 6, 5, 5) and y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
         assert z.is_contiguous()
+
+
+def test_a_bias_or_residual_needing_grad_sends_the_call_to_the_dense_path():
+    """The kernels record no autograd graph: where the bias (bias-only fine-tuning) or the residual requires
+    grad, the layer runs dense, so their gradients are not dropped."""
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 6, 3, padding=1), 0.3), policy="sparse", residual=True)
+    x, r = torch.randn(1, 4, 7, 7), torch.randn(1, 6, 7, 7)
+    assert not layer._needs_grad(x, r)
+    assert layer._needs_grad(x, r.clone().requires_grad_())
+    layer.bias.requires_grad_(True)
+    assert layer._needs_grad(x, r)
+    y = layer(x, r)
+    y.sum().backward()
+    assert layer.bias.grad is not None and torch.allclose(layer.bias.grad, torch.full((6,), 49.0))

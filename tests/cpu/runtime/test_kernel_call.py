@@ -258,7 +258,7 @@ def cpu_conv_kernel(plan):
     conv.in_shape, conv.out_shape = (g.channels, g.height, g.width), (g.out_channels, g.out_height, g.out_width)
     conv._partial = torch.tensor(plan.partial_rows, dtype=torch.long) if plan.partial_rows else None
     conv._bordered = conv._bordered_buffer(g.batch) if isinstance(plan, ConvTilePlan) else None
-    conv._border_views, conv._lean = {}, None
+    conv._border_views, conv._lean, conv._retired = {}, None, []
     conv.launches = []
     conv.launch = lambda *args: conv.launches.append(args)
     return conv
@@ -344,7 +344,8 @@ def test_a_packed_launch_hands_the_driver_pointers_to_each_value(monkeypatch):
     assert packed.shape == (128, 4)
     monkeypatch.setattr(driver, "_raw_launch", lambda: lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
     failures = []
-    fake_driver = types.SimpleNamespace(check=failures.append, cu=types.SimpleNamespace(CUresult=lambda s: ("status", s)))
+    fake_driver = types.SimpleNamespace(check=failures.append, CudaError=RuntimeError,
+                                        cu=types.SimpleNamespace(CUresult=lambda s: ("status", s)))
     monkeypatch.setitem(sys.modules, "sparseforge.runtime.driver", fake_driver)
     packed((1, 1, 1), 0, 1, 2)
     assert failures == [("status", 1)]  # a failed launch goes to driver.check, which raises CudaError by name
@@ -415,3 +416,23 @@ def test_one_channel_or_one_pixel_tensors_are_both_layouts_and_either_kernel_tak
         for x in (torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4).contiguous(memory_format=torch.channels_last)):
             out = conv(x)
             assert out.is_contiguous() and out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_bordered_buffer_made_under_inference_mode_takes_later_calls_outside_it(monkeypatch):
+    """The generated mapping's bordered buffer is a normal tensor even when the kernel is built inside
+    torch.inference_mode (a SparseConv2d's first call there): a later call outside it writes into it."""
+    from sparseforge.plan.conv import ConvGeometry, make_conv_plan
+
+    g = ConvGeometry.of((1, 2, 5, 4), 3, 3, padding=1)
+    w = SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32))
+    with torch.inference_mode():
+        conv = cpu_conv_kernel(make_conv_plan(w, g, config=TileConfig(1, 1, 1)))
+    assert not conv._bordered.is_inference()
+    with torch.no_grad():
+        conv(torch.randn(1, 2, 5, 4))
+    conv(torch.randn(1, 2, 5, 4))
+    assert len(conv.launches) == 2
+    bigger = conv._bordered
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    conv(torch.randn(3, 2, 5, 4))  # a larger batch: a new buffer, the old one kept for graphs captured with it
+    assert conv._retired == [bigger] and conv._bordered.shape[0] == 3
