@@ -249,3 +249,76 @@ def test_eager_decisions_are_measured_where_the_kernel_won_and_both_modes_comput
         out.fill_(float("nan"))
         graph.replay()
         _close(out, want, torch.float32)
+
+
+def _poisoned_pool(shape, dtype, memory_format=torch.contiguous_format):
+    """Free a NaN-filled block of `shape` so the caching allocator hands it to the next allocation of that size:
+    a lean call's fresh output then starts as NaN, and any element the kernel does not write shows."""
+    block = torch.full(shape, float("nan"), device="cuda", dtype=dtype).contiguous(memory_format=memory_format)
+    del block
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens", [(16,), (2, 24)])
+def test_the_lean_linear_call_matches_float64_and_the_checked_call(dtype, tokens):
+    """The second call of a width takes the lean path (packed launch, rows as they lie); it computes what the
+    first (checked) call did, into a NaN-poisoned block, against float64."""
+    linear = _pruned(nn.Linear(512, 384), 0.1).to("cuda", dtype)
+    layer = SparseLinear.from_dense(linear, policy="sparse", tune_budget=None)
+    x = torch.randn(*tokens, 512, device="cuda").to(dtype)
+    with torch.no_grad():
+        first = layer(x)
+        assert layer._hot is not None
+        want = x.double() @ linear.weight.double().T + linear.bias.double()
+        for _ in range(3):
+            _poisoned_pool((*tokens, 384), dtype)
+            again = layer(x)
+            _close(again, want, dtype)
+            assert torch.equal(again, first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_channels_last_conv_runs_nhwc_kernels_eagerly_in_a_graph_and_compiled(dtype, residual):
+    """SparseConv2d on channels_last inputs: an NHWC kernel (its own decision), a channels_last output matching
+    float64, the lean second call, CUDA graph replay, and torch.compile(fullgraph=True), whose graph assumes
+    the op's fake strides (channels_last): outputs must agree with eager."""
+    conv = _pruned(nn.Conv2d(32, 48, 3, padding=1), 0.1).to("cuda", dtype)
+    layer = SparseConv2d.from_dense(conv, policy="sparse", tune_budget=None, residual=residual, relu=True)
+    x = torch.randn(2, 32, 14, 14, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    r = torch.randn(2, 48, 14, 14, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    args = (x, r) if residual else (x,)
+    with torch.no_grad():
+        want = torch.nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)
+        want = torch.relu(want + r.double() if residual else want)
+        y = layer(*args)
+        assert (14, 14, "nhwc") in layer._paths and layer._paths[(14, 14, "nhwc")] is not None
+        assert layer._paths[(14, 14, "nhwc")].layout == "nhwc"
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        _close(y, want, dtype)
+        _poisoned_pool(y.shape, dtype, torch.channels_last)
+        lean = layer(*args)
+        _close(lean, want, dtype)
+        out = torch.full_like(y, float("nan"))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out.copy_(layer(*args))
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out, want, dtype)
+
+        class Wrap(nn.Module):  # a channels_last consumer after the op: strides matter to the compiled graph
+            def __init__(self):
+                super().__init__()
+                self.layer = layer
+
+            def forward(self, *a):
+                return self.layer(*a).flatten(1) * 2.0
+
+        compiled = torch.compile(Wrap(), fullgraph=True)
+        got = compiled(*args)
+        _close(got / 2.0, want.flatten(1), dtype)
+        # the NCHW input of the same size gets its own (NCHW) kernel, and the same values
+        nchw = layer(*(t.contiguous() for t in args))
+        assert nchw.is_contiguous() and layer._paths[(14, 14)].layout == "nchw"
+        _close(nchw, want, dtype)
