@@ -441,6 +441,8 @@ class SparseLinear(_SparseWeight):
                     out = torch.empty((*x.shape[:-1], self.out_features), dtype=hot[0], device=hot[1])
                     kernel.launch_rows(x, out)
                     return out
+                if x.dim() == 2:
+                    return kernel(x if x.is_contiguous() else x.contiguous())
                 y = kernel(x.reshape(-1, self.in_features).contiguous())
                 return y.view(*x.shape[:-1], self.out_features)
         return self._checked_forward(x)

@@ -218,9 +218,9 @@ class SpmmKernel(LoadedPlanKernel):
         import torch
 
         p = self._launch
-        if getattr(p, "residual", False) or p.transposes_input:
+        if getattr(p, "residual", False):
             return None
-        return torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape
+        return torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape, p.transposes_input
 
     def __call__(self, b, out=None, residual=None):
         # The common call, k(b) with b as compiled, costs attribute reads, one allocation and one launch: the
@@ -237,6 +237,8 @@ class SpmmKernel(LoadedPlanKernel):
                 out = torch.empty((*b.shape[:-2], *lean[4]), dtype=lean[1], device=lean[2])
                 if self._partial is not None:
                     self.zero_partial_rows(out)
+                if lean[5]:
+                    b = b.transpose(-1, -2).contiguous()  # X^T, K x N: the kernel reads it like B in kn
                 self.launch(b.data_ptr(), out.data_ptr(), b.shape[0] if dim == 3 else 1,
                             current_stream_handle(self.device_index))
                 return out
@@ -247,7 +249,7 @@ class SpmmKernel(LoadedPlanKernel):
         """Whether launch_rows applies: an nk plan with no residual that reads its input as it lies."""
         if self._lean is None:
             self._lean = self._lean_signature() or False
-        return bool(self._lean) and self._launch.layout == "nk"
+        return bool(self._lean) and self._launch.layout == "nk" and not self._lean[5]
 
     def launch_rows(self, b, out) -> None:
         """The launch for a caller that has checked everything (nn.SparseLinear's lean path): b and out
