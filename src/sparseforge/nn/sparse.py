@@ -52,7 +52,11 @@ class _SparseWeight(nn.Module):
     pickles hold the buffers where they are (host memory: checkpointing needs no GPU memory; load_state_dict
     copies across devices); a dtype cast keeps them there, a device move takes them along. A layer whose
     values require grad keeps them on its device. nn.DataParallel, which wants every buffer on one device,
-    needs them back: call layer._csr_to_device() on each sparse layer first."""
+    needs them back: call layer._csr_to_device() on each sparse layer first.
+
+    Editing W's values or the bias in place (`layer.bias.mul_(2)` under no_grad) is seen at the next call
+    (their version counters), and the kernels are built again; an edit through `.data` bypasses the version
+    counter and is not seen: edit the tensors themselves, or call load_state_dict."""
 
     _kind = "layer"
 
