@@ -1,4 +1,5 @@
-"""The recipe sweep behind examples/digits_cnn.py's defaults: dense recipes (DENSE) x fine-tuning variants (V)
+"""The recipe sweep behind examples/digits_cnn.py's defaults (kept as it ran: its data split, network and training
+loop restate the example's with the sweep's extra knobs, so the recorded results stay reproducible by it): dense recipes (DENSE) x fine-tuning variants (V)
 x seeds, GPU jobs in NG processes and CPU jobs (one thread each) in NC processes at once, every result a JSON
 line in $OUT/sweep.jsonl (drop_img: dense minus pruned correct test images, of 540). Run from the repo root
 with .digits/digits.npz (examples/digits_cnn.py --export-data writes it):

@@ -39,6 +39,12 @@ class ConvKernel(LoadedPlanKernel):
 
     def __init__(self, plan, built: Built, device_index: int):
         super().__init__(plan, built, device_index)
+        self._init_call_state()
+
+    def _init_call_state(self) -> None:
+        """What a call keeps beside the loaded kernel: the shapes, the bordered buffer with its views and the
+        buffers it outgrew, the lean call's signature (CPU tests stand a kernel up with this, no GPU)."""
+        plan = self.plan
         g = plan.geometry
         self.in_shape = (g.channels, g.height, g.width)
         self.out_shape = (g.out_channels, g.out_height, g.out_width)

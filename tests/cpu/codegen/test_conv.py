@@ -390,14 +390,11 @@ def _interpreted_conv_kernel(plan):
     from sparseforge.plan.conv import ConvTilePlan
     from sparseforge.runtime.conv import ConvKernel
 
-    g = plan.geometry
     conv = ConvKernel.__new__(ConvKernel)
     conv.plan, conv._data, conv.device_index = plan, None, 0
     conv._dtype, conv._device = getattr(torch, plan.dtype), torch.device("cpu")
-    conv.in_shape, conv.out_shape = (g.channels, g.height, g.width), (g.out_channels, g.out_height, g.out_width)
     conv._partial = torch.tensor(plan.partial_rows, dtype=torch.long) if plan.partial_rows else None
-    conv._bordered = conv._bordered_buffer(g.batch) if isinstance(plan, ConvTilePlan) else None
-    conv._border_views, conv._lean, conv._retired = {}, None, []
+    conv._init_call_state()  # shapes, the bordered buffer, the lean call's state: as the constructor makes them
     conv.tensors = []  # every tensor a call may hand the launch, to find by pointer
 
     def memory(t):

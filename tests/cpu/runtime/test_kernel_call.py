@@ -248,17 +248,13 @@ def test_raw_launches_pass_input_output_weight_arrays_then_residual():
 
 def cpu_conv_kernel(plan):
     """A ConvKernel over `plan` on the CPU that loads nothing; .launches records each raw launch."""
-    from sparseforge.plan.conv import ConvTilePlan
     from sparseforge.runtime.conv import ConvKernel
 
-    g = plan.geometry
     conv = ConvKernel.__new__(ConvKernel)
     conv.plan, conv._data, conv.device_index = plan, None, 0
     conv._dtype, conv._device = getattr(torch, plan.dtype), torch.device("cpu")
-    conv.in_shape, conv.out_shape = (g.channels, g.height, g.width), (g.out_channels, g.out_height, g.out_width)
     conv._partial = torch.tensor(plan.partial_rows, dtype=torch.long) if plan.partial_rows else None
-    conv._bordered = conv._bordered_buffer(g.batch) if isinstance(plan, ConvTilePlan) else None
-    conv._border_views, conv._lean, conv._retired = {}, None, []
+    conv._init_call_state()  # shapes, the bordered buffer, the lean call's state: as the constructor makes them
     conv.launches = []
     conv.launch = lambda *args: conv.launches.append(args)
     return conv
@@ -349,6 +345,13 @@ def test_a_packed_launch_hands_the_driver_pointers_to_each_value(monkeypatch):
     monkeypatch.setitem(sys.modules, "sparseforge.runtime.driver", fake_driver)
     packed((1, 1, 1), 0, 1, 2)
     assert failures == [("status", 1)]  # a failed launch goes to driver.check, which raises CudaError by name
+
+    def unnamed(status):
+        raise ValueError(f"{status} is not a valid CUresult")
+
+    fake_driver.cu.CUresult = unnamed  # a status this cuda-python has no name for: still an error, with its number
+    with pytest.raises(RuntimeError, match="CUDA driver error 1 from cuLaunchKernel"):
+        packed((1, 1, 1), 0, 1, 2)
 
 
 def _nhwc_conv(config, residual=False, **geometry):
