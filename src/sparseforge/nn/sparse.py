@@ -112,6 +112,7 @@ class _SparseWeight(nn.Module):
         self._eager_decided: dict = {}  # shape key -> Decision called eagerly, where that was measured
         self._eager_dense: set = set()  # shape keys whose kernel won under graph replay but lost eagerly
         self._dense = None
+        self._dense_in_layout = None  # (the dense W it was made from, memory format, W in it): convolutions
         self._matrix = None
         self._key = None
         self._hot = None  # (dtype, device) of the inputs a kernel last ran on: forward's lean path (see there)
@@ -166,6 +167,13 @@ class _SparseWeight(nn.Module):
                 self._dense = self._build_dense()
         return self._dense
 
+    def _drop_dense(self) -> None:
+        self._dense = self._dense_in_layout = None
+
+    def _make_dense_for(self, example: torch.Tensor) -> None:
+        """Make the dense W a dense call on inputs like `example` reads, now (a later call may be a capture)."""
+        self.dense_weight_2d()
+
     def _build_dense(self) -> torch.Tensor:
         rows, cols = self._shape2d
         device = self.device
@@ -194,6 +202,9 @@ class _SparseWeight(nn.Module):
         csr, host = (0, held) if self.csr_on_host else (held, 0)
         kernels = sum(getattr(k, "weight_bytes", 0) for k in self._paths.values() if k is not None)
         dense = 0 if self._dense is None else self._dense.numel() * self._dense.element_size()
+        kept = getattr(self, "_dense_in_layout", None)
+        if kept is not None and kept[0] is self._dense:
+            dense += kept[2].numel() * kept[2].element_size()
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         return {"csr": csr, "csr_host": host, "kernels": kernels, "dense": dense, "bias": bias,
                 "total": csr + kernels + dense + bias}
@@ -228,13 +239,13 @@ class _SparseWeight(nn.Module):
             extra = self._eager_extra(example)
             with torch.no_grad():
                 sparse_us = eager_time_us(lambda x: self._kernel_call(kernel, x, *extra), xs)
-                self.dense_weight_2d()  # made before timing dense, as a dense call of this shape would find it
+                self._make_dense_for(example)  # made before timing dense, as a dense call of this shape finds it
                 dense_us = eager_time_us(lambda x: self._dense_call(x, *extra), xs)
         except (RuntimeError, ValueError) as exc:
             self._eager_decided[key] = fixed(n, UNSTRUCTURED, f"eager timing failed ({type(exc).__name__}: "
                                                               f"{str(exc)[:120]}): the kernel, as in a graph")
-            self._dense = None if not self.keep_dense and all(k is not None for k in self._paths.values()) \
-                else self._dense
+            if not self.keep_dense and all(k is not None for k in self._paths.values()):
+                self._drop_dense()
             return
         picked, ratio = fastest_with_margin({UNSTRUCTURED: sparse_us, DENSE: dense_us}, UNSTRUCTURED, MIN_SPEEDUP)
         reason = (f"dense measured {ratio:.2f}x faster than the kernel called eagerly: eager calls run dense"
@@ -244,7 +255,7 @@ class _SparseWeight(nn.Module):
         if decision.path == DENSE:
             self._eager_dense.add(key)
         elif not (self.keep_dense or self._eager_dense or any(k is None for k in self._paths.values())):
-            self._dense = None  # no shape needs it (yet): made again if one does
+            self._drop_dense()  # no shape needs it (yet): made again if one does
 
     def _eager_extra(self, example: torch.Tensor) -> tuple:
         return ()
@@ -284,7 +295,7 @@ class _SparseWeight(nn.Module):
                         self._decide_eagerly(key, n, kernel, example)
         self._paths[key], self._decided[key] = kernel, decision
         if kernel is None:
-            self.dense_weight_2d()  # made now, not at the call, which may be a graph capture
+            self._make_dense_for(example)  # made now, not at the call, which may be a graph capture
         self._csr_to_host()  # a kernel holds W on the device now
         return kernel
 
@@ -336,7 +347,8 @@ class _SparseWeight(nn.Module):
     def __getstate__(self):
         # kernels are process- and device-bound: copies and pickles rebuild them (from the caches)
         state = self.__dict__.copy()
-        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _dense=None, _matrix=None,
+        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _dense=None,
+                     _dense_in_layout=None, _matrix=None,
                      _key=None)
         return state
 
@@ -598,8 +610,26 @@ class SparseConv2d(_SparseWeight):
                               residual=self.residual, layout=kernel.layout, device=self.device,
                               kernel_size=self.kernel_size, config=kernel.plan.config)
 
-    def dense_weight(self) -> torch.Tensor:
-        return self.dense_weight_2d().view(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
+    def dense_weight(self, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+        """W as the Conv2d weight (Cout, Cin/groups, kh, kw) in `memory_format`. cuDNN turns a weight that is
+        not in its input's layout into one on every call (a copy kernel each call, inside a CUDA graph too, and
+        the chooser timed cuDNN with W in the input's layout), so a channels_last W is made once and kept."""
+        weight = self.dense_weight_2d().view(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
+        if weight.is_contiguous(memory_format=memory_format):
+            return weight
+        if torch.compiler.is_compiling():
+            return weight.contiguous(memory_format=memory_format)
+        kept = getattr(self, "_dense_in_layout", None)
+        if kept is None or kept[0] is not self._dense or kept[1] != memory_format:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return weight  # nothing is allocated to keep during a capture: cuDNN converts it in the graph
+            with torch.inference_mode(False):  # as dense_weight_2d: it may serve a later autograd call
+                kept = self._dense_in_layout = (self._dense, memory_format,
+                                                weight.contiguous(memory_format=memory_format))
+        return kept[2]
+
+    def _make_dense_for(self, example: torch.Tensor) -> None:
+        self.dense_weight(conv_memory_format(example))
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
@@ -608,7 +638,8 @@ class SparseConv2d(_SparseWeight):
                 f"dtype={self.weight_values.dtype}, policy={self.policy!r}")
 
     def _dense_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        y = F.conv2d(x, self.dense_weight(), self.bias, self.stride, self.padding, self.dilation, self.groups)
+        y = F.conv2d(x, self.dense_weight(conv_memory_format(x)), self.bias, self.stride, self.padding, self.dilation,
+                     self.groups)
         if residual is not None:
             y = y + residual
         return F.relu(y) if self.relu else y

@@ -468,3 +468,41 @@ def test_a_bias_or_residual_needing_grad_sends_the_call_to_the_dense_path():
     y = layer(x, r)
     y.sum().backward()
     assert layer.bias.grad is not None and torch.allclose(layer.bias.grad, torch.full((6,), 49.0))
+
+
+def test_a_channels_last_input_runs_dense_on_a_channels_last_weight_made_once(monkeypatch):
+    """cuDNN turns a weight not in its input's layout into one on every call (a copy kernel a call, inside a
+    CUDA graph too): a channels_last input of a layer decided dense reads a channels_last W, made when the
+    shape is decided (not at a later call, which may be a capture), kept, counted in memory_bytes, and
+    dropped with the dense W."""
+    conv = _pruned(nn.Conv2d(8, 6, 3, padding=1), 0.3)
+    layer = SparseConv2d.from_dense(conv, policy="dense")
+    x = torch.randn(1, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    seen = []
+    real_conv2d = torch.nn.functional.conv2d
+    monkeypatch.setattr(torch.nn.functional, "conv2d", lambda inp, w, *a: seen.append(w) or real_conv2d(inp, w, *a))
+    with torch.no_grad():
+        y, again = layer(x), layer(x)
+        nchw = layer(x.contiguous())
+    assert torch.allclose(y, conv(x), atol=1e-6) and torch.equal(again, y) and torch.allclose(nchw, y, atol=1e-6)
+    assert seen[0].is_contiguous(memory_format=torch.channels_last) and not seen[0].is_contiguous()
+    assert seen[1] is seen[0]  # made once
+    assert seen[2].is_contiguous()  # an NCHW input keeps the NCHW W
+    dense_bytes = 6 * 8 * 9 * 4
+    assert layer.memory_bytes()["dense"] == 2 * dense_bytes  # both layouts are held, and counted
+    layer._drop_dense()
+    assert layer._dense is None and layer._dense_in_layout is None and layer.memory_bytes()["dense"] == 0
+    layer.to(torch.float64)  # a cast forgets both
+    assert layer._dense_in_layout is None
+
+
+def test_a_channels_last_dense_weight_is_not_made_during_a_capture(monkeypatch):
+    """During a CUDA graph capture nothing may be allocated to keep: the NCHW W serves (cuDNN converts it in the
+    graph) and nothing is kept."""
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(4, 4, 3), 0.5), policy="dense")
+    layer.dense_weight_2d()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    w = layer.dense_weight(torch.channels_last)
+    assert w.is_contiguous() and not w.is_contiguous(memory_format=torch.channels_last)
+    assert layer._dense_in_layout is None
