@@ -361,3 +361,84 @@ def test_a_fused_model_with_dense_epilogues_saves_and_loads_in_a_fresh_process(t
              % (tmp_path / "fused.pt"))
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _perturb_fused(monkeypatch, relative: float, only: str | None = None):
+    """Make every fused SparseConv2d (or the one named `only`) return its output scaled by 1 + relative: a
+    kernel that rounds once where the separate ops rounded twice (small `relative`), or a wrong one."""
+    original = SparseConv2d.forward
+
+    def forward(self, x, residual=None):
+        y = original(self, x, residual)
+        wrong = (self.relu or self.residual) and (only is None or self is only)
+        return y * (1 + relative) if wrong else y
+
+    monkeypatch.setattr(SparseConv2d, "forward", forward)
+
+
+class _IllConditioned(nn.Module):
+    """A fused layer's output minus 0.999 of the same computed unfused: the output is 1e-3 of the layer's, so
+    a relative change of the layer's output is 1000x larger at the model's output (a deep half-precision
+    model amplifies its layers' rounding alike, ResNet-50 about 25x)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sparse, self.plain = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        with torch.no_grad():
+            self.plain.weight.copy_(self.sparse.weight)
+            self.plain.bias.copy_(self.sparse.bias)
+
+    def forward(self, x):
+        return torch.relu(self.sparse(x)) - 0.999 * torch.relu(self.plain(x))
+
+
+def test_a_fused_layer_is_checked_alone_so_rounding_amplified_downstream_does_not_refuse_it(monkeypatch):
+    """Each fused node is compared with the node it replaced on the inputs the graph hands it, and the graph
+    goes on from the traced value: a fused kernel within rounding of the separate ops fuses even where the
+    model would amplify that past the bound at its output."""
+    model = _IllConditioned().double().eval()
+    x = torch.randn(1, 3, 6, 6, dtype=torch.float64)
+    convert(model, x, policy="sparse", include="sparse")
+    _perturb_fused(monkeypatch, 1e-5)  # far inside the float64 bound (1e-4) for the layer alone
+    fused, report = fuse_epilogues(model, x)
+    assert report.fused == [("sparse", "relu")] and fused is not model
+    with torch.no_grad():
+        out, want = fused(x), model.plain(x)  # (the unfused model, for the amplification below)
+        want = torch.relu(model.sparse._dense_forward(x)) - 0.999 * torch.relu(want)
+    assert float((out - want).norm() / want.norm()) > 1e-3  # 1e-5 at the layer, 100x past the bound at the output
+
+
+def test_a_fused_layer_that_computes_otherwise_is_refused_with_its_name(monkeypatch):
+    model = _model()
+    x = torch.randn(1, 3, 12, 12, dtype=torch.float64)
+    want = model(x)
+    convert(model, x, policy="sparse")
+    target = model[2].conv2
+    _perturb_fused(monkeypatch, 1e-2, only=target)  # 1e-2 relative: 100x the float64 bound
+    fused, report = fuse_epilogues(model, x)
+    assert fused is model and report.fused == []
+    reason = report.skipped[-1].reason
+    assert "2.conv2: relative difference" in reason and "nothing fused" in reason
+    assert not any(m.relu or m.residual for m in model.modules() if isinstance(m, SparseConv2d))
+    assert torch.allclose(fused(x), want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_rewiring_that_changes_what_the_graph_computes_is_refused(monkeypatch):
+    """Each fused layer right, but the graph wired wrong after them (here: the output replaced by zeros of its
+    shape): the run on the layers' traced values catches it."""
+    from sparseforge.nn import fuse as fuse_module
+
+    model = _model()
+    x = torch.randn(1, 3, 12, 12, dtype=torch.float64)
+    convert(model, x, policy="sparse")
+    real = fuse_module._fuse
+
+    def miswired(gm, *args):
+        real(gm, *args)
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(output):
+            output.args = (gm.graph.call_function(torch.zeros_like, (output.args[0],)),)
+
+    monkeypatch.setattr(fuse_module, "_fuse", miswired)
+    fused, report = fuse_epilogues(model, x)
+    assert fused is model and "the rewired graph" in report.skipped[-1].reason
