@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from sparseforge.bench.profile import describe_breakdown, kernel_breakdown
 from sparseforge.bench.report import finish_model_run, provenance
 from sparseforge.models import apply_dlmc_masks, calibrate_batchnorm, resnet50
 from sparseforge.nn import convert, fold_batchnorms, fuse_epilogues
@@ -88,6 +89,16 @@ def main() -> int:
     with torch.no_grad():
         out = sparse(xs).double()
     error = float((out - reference).norm() / reference.norm())
+    # the kernels each forward launches and their device time: the part of the latency outside the layers
+    # (bench/profile.py); the dense model as it ran channels_last
+    profiles, xcl = {}, xd.contiguous(memory_format=channels_last)
+    for label, run, latency in (("dense channels_last", lambda: dense(xcl), dense_cl),
+                                ("converted", lambda: sparse(xs), report.latency_after_us)):
+        try:
+            profiles[label] = kernel_breakdown(run)
+            print(describe_breakdown(label, profiles[label], latency), flush=True)
+        except RuntimeError as exc:  # the profiler needs CUPTI: the figure is extra, the run goes on
+            profiles[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     dense_us = min(dense_nchw, dense_cl, dense_fused_nchw)
     result = {"provenance": provenance(sys.argv), "model": "rn50", "patterns": str(args.pattern_dir),
               "sparsity": float(sum(sparsities.values()) / len(sparsities)), "dtype": args.dtype, "batch": args.batch,
@@ -102,7 +113,7 @@ def main() -> int:
               "converted_unfused_us": unfused_us,
               "fused": None if fused_report is None else [list(f) for f in fused_report.fused],
               "not_fused": None if fused_report is None else [s.__dict__ for s in fused_report.skipped],
-              "report": report.as_dict(), "seconds": time.perf_counter() - started}
+              "kernel_profile": profiles, "report": report.as_dict(), "seconds": time.perf_counter() - started}
     return finish_model_run(args.out, result, report, f"rn50 {args.dtype} batch {args.batch}: dense {dense_us:.1f} us "
                             f"(NCHW {dense_nchw:.1f}, channels_last {dense_cl:.1f}, NCHW with {len(dense_fuse_report.fused)} "
                             f"cuDNN-fused epilogues {dense_fused_nchw:.1f}), converted "
