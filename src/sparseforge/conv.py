@@ -24,7 +24,7 @@ from .plan.csr import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
 from .spmm import (_CONFIG_FAMILIES, _checked_bias, _config_record, _describe, _device_index, _dtype_name, _plans,
-                   _predicted_best, _renderable, within_compile_limit)
+                   _predicted_best, _renderable, prebuild_plans, within_compile_limit)
 from .tune.choose import choose, Choice, chooser_digest
 from .tune.space import csr_columns, search_space
 
@@ -85,6 +85,32 @@ def plan_conv2d(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32",
     return _predicted_best(make, _candidates(geometry, w, relu), time.perf_counter())
 
 
+def _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias, layout, kernel_size):
+    """(W as a matrix in the dtype, the geometry, the dtype's name, the bias values), refusing with the problem
+    named what no candidate could take."""
+    name = _dtype_name(dtype)
+    w, kernel = _conv_weight(W, kernel_size)
+    geometry = ConvGeometry.of(input_shape, w.shape[0], kernel, stride, padding, dilation, groups, layout)
+    if tuple(w.shape) != geometry.weight_shape:
+        raise ValueError(f"W is {w.shape[0]} x {w.shape[1]} as a matrix; input_shape {tuple(input_shape)} with "
+                         f"groups = {groups} and a {kernel[0]} x {kernel[1]} kernel needs Cout x "
+                         f"{geometry.weight_shape[1]} (Cin/groups x kh x kw = {geometry.channels // groups} x "
+                         f"{kernel[0]} x {kernel[1]})")
+    bias_values = _checked_bias(bias, w.shape[0])
+    return w.astype(name), geometry, name, bias_values
+
+
+def prebuild_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
+                    relu: bool = False, residual: bool = False, layout: str = "nchw", arch: int = 90,
+                    kernel_size=None, tune_budget: float | None = 5.0) -> int:
+    """Compile into the disk cache the kernels compile_conv2d with the same arguments, on a GPU of compute
+    capability `arch`, would compile, without a GPU (spmm.prebuild_spmm says why and what it returns)."""
+    w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
+                                                   layout, kernel_size)
+    make = _planner(w, geometry, name, bias_values, relu, residual, arch)
+    return prebuild_plans(make, _plans(make, _candidates(geometry, w, relu)), tune_budget)
+
+
 def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                    relu: bool = False, residual: bool = False, layout: str = "nchw", device="cuda",
                    kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
@@ -108,22 +134,13 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     the zero-bordered input, in that tiling; its vec is cut to what the geometry allows). k.mapping names
     the kernel's mapping ("conv-csr-columns", "conv-row-groups", "conv-row-per-block", "conv-split-k",
     "conv-inline")."""
-    name = _dtype_name(dtype)
-    w, kernel = _conv_weight(W, kernel_size)
-    geometry = ConvGeometry.of(input_shape, w.shape[0], kernel, stride, padding, dilation, groups, layout)
-    if tuple(w.shape) != geometry.weight_shape:
-        raise ValueError(f"W is {w.shape[0]} x {w.shape[1]} as a matrix; input_shape {tuple(input_shape)} with "
-                         f"groups = {groups} and a {kernel[0]} x {kernel[1]} kernel needs Cout x "
-                         f"{geometry.weight_shape[1]} (Cin/groups x kh x kw = {geometry.channels // groups} x "
-                         f"{kernel[0]} x {kernel[1]})")
     if config is not None and not isinstance(config, TileConfig) and \
             (not isinstance(config, CsrColumnsConfig) or config.columns not in CONV_COLUMNS):
         raise ValueError(f"config must be a CsrColumnsConfig with columns in {CONV_COLUMNS} or a TileConfig, got "
                          f"{config!r}")
-    bias_values = _checked_bias(bias, w.shape[0])
+    w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
+                                                   layout, kernel_size)
     index, arch = _device_index(device)
-    w = w.astype(name)
-
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
     if config is not None:
         return build_conv_kernel(make(config), index)

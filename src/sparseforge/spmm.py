@@ -14,7 +14,7 @@ from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
-from .tune.choose import Choice, choose, chooser_digest, rank
+from .tune.choose import Choice, choose, chooser_digest, rank, to_compile
 from .tune.cost import estimate, tile_compile_seconds
 from .tune.space import search_space
 
@@ -187,11 +187,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
-    space = within_compile_limit(search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
-                                              deterministic, dtype=name), w.nnz)
-    if residual:
-        space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
-            [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
+    space = _space(w, n, name, layout, relu, deterministic, residual)
     if tune_budget is None:
         plan, choice = _predicted_best(make, space, started)
         kernel = build_kernel(plan, index)
@@ -219,6 +215,62 @@ def within_compile_limit(space: list, nnz: int) -> list:
     fits = [c for c in space if not isinstance(c, TileConfig)
             or tile_compile_seconds(nnz, c.vec, c.inline) <= COMPILE_LIMIT_S]
     return fits or space
+
+
+def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, deterministic: bool,
+           residual: bool = False) -> list:
+    """The configs the chooser weighs for this problem: the design space (tune/space.py) within the compile
+    limit; with a residual, only the kernels that add one."""
+    space = within_compile_limit(search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
+                                              deterministic, dtype=name), w.nnz)
+    if residual:
+        space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
+            [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
+    return space
+
+
+def prebuild_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False, arch: int = 90,
+                  tune_budget: float | None = 5.0, deterministic: bool = False, residual: bool = False) -> int:
+    """Compile into the disk cache the kernels that compile_spmm with the same arguments, on a GPU of compute
+    capability `arch` (90: sm_90), would compile (the shortlist its tune_budget allows; the cost model's pick
+    where None), without a GPU: no timing, nothing loaded. nn.convert prebuilds all of a model's layers side by
+    side before it measures them one by one, so the compiles spread over every core (one layer's shortlist
+    keeps a few busy). Returns how many candidates were compiled or found compiled (0 where the toolkit's ptxas
+    is missing: the driver's JIT compiles on the GPU, one kernel at a time). Refusals are compile_spmm's."""
+    w = _as_sparse(W)
+    name = _dtype_name(dtype)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
+    n = int(n)
+    bias_values = _checked_bias(bias, w.shape[0])
+    w = w.astype(name)
+
+    def make(cfg, sketch: bool = False):
+        return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch, residual)
+
+    return prebuild_plans(make, _plans(make, _space(w, n, name, layout, relu, deterministic, residual)), tune_budget)
+
+
+def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
+    """Compile (into the disk cache) the candidates among `plans` that the chooser would compile: the shared
+    half of prebuild_spmm and prebuild_conv2d. A candidate that fails to compile is left to the chooser,
+    which records the failure."""
+    from .runtime.compiler import CompileError, PtxasCompiler
+
+    compiler = default_compiler()
+    if not isinstance(compiler, PtxasCompiler):
+        return 0
+    records = [_describe(p) for p in plans]
+    picked = [rank([r["predicted_us"] for r in records])[0]] if tune_budget is None else \
+        to_compile(records, tune_budget)
+    built = 0
+    for i in picked:
+        try:
+            compile_plan(_renderable(make, plans[i]), compiler=compiler)
+            built += 1
+        except CompileError:
+            continue
+    return built
 
 
 def _plans(make, space) -> list:
@@ -251,8 +303,7 @@ def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: b
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
     w = _as_sparse(W).astype(_dtype_name(dtype))
     name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
-    space = within_compile_limit(search_space(int(n), layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
-                                              deterministic, dtype=name), w.nnz)
+    space = _space(w, int(n), name, layout, relu, deterministic)
     return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())
 

@@ -322,3 +322,73 @@ def test_a_channels_last_conv_runs_nhwc_kernels_eagerly_in_a_graph_and_compiled(
         nchw = layer(*(t.contiguous() for t in args))
         assert nchw.is_contiguous() and layer._paths[(14, 14)].layout == "nchw"
         _close(nchw, want, dtype)
+
+
+def test_convert_prebuilds_every_candidate_so_measuring_compiles_nothing(tmp_path, monkeypatch):
+    """convert compiles every layer's candidates side by side first (prebuild_layers); the measuring pass then
+    finds each kernel it loads in the disk cache."""
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(8, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(32 * 10 * 10, 64))
+    for i in (0, 2, 5):
+        _pruned(model[i], 0.15, seed=i)
+    model = model.cuda().eval()
+    x = torch.randn(1, 8, 10, 10, device="cuda")
+    from sparseforge.runtime import kernel as kernel_module
+
+    loaded = []
+    real = kernel_module.LoadedPlanKernel.__init__
+
+    def record(self, plan, built, device_index):
+        loaded.append(built.hit)
+        real(self, plan, built, device_index)
+
+    monkeypatch.setattr(kernel_module.LoadedPlanKernel, "__init__", record)
+    report = convert(model, x, tune_budget=1.0, time_model=False)
+    assert len(report.layers) == 3 and loaded and all(loaded), loaded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_channels_last_model_is_decided_on_nhwc_kernels_fused_and_kept_channels_last(dtype):
+    """convert decides a channels_last model's convolutions on NHWC kernels (the ones it runs), layers kept
+    dense read a channels_last W, fuse_epilogues takes their ReLU / shortcut add (checked layer by layer), and
+    the output stays channels_last and right against float64."""
+    from sparseforge.nn import fuse_epilogues
+
+    torch.manual_seed(4)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(32, 32, 1)
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            out = self.conv2(self.relu(self.conv1(x)))
+            out += x
+            return self.relu(out)
+
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), Block(), Block())
+    for i, m in enumerate(m for m in model.modules() if isinstance(m, nn.Conv2d)):
+        _pruned(m, 0.1, seed=10 + i)
+    model = model.cuda().eval()
+    x = torch.randn(1, 16, 28, 28, device="cuda")
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+    cl = torch.channels_last
+    model = model.to(dtype).to(memory_format=cl)
+    xs = x.to(dtype).contiguous(memory_format=cl)
+    report = convert(model, xs, tune_budget=0.5, time_model=False)
+    convs = [m for m in model.modules() if isinstance(m, SparseConv2d)]
+    assert len(convs) == 5 and all(layer.input_shapes[0][-1] == "channels_last" for layer in report.layers)
+    for conv in convs:
+        assert conv._decided and all(key[-1] == "nhwc" for key in conv._decided), conv._decided
+        if any(k is None for k in conv._paths.values()):  # decided dense somewhere: its W is channels_last
+            assert conv._dense_in_layout is not None and conv._dense_in_layout[2].is_contiguous(memory_format=cl)
+    fused, fuse_report = fuse_epilogues(model, (xs,))
+    assert fuse_report.fused and not any(s.name == "(model)" for s in fuse_report.skipped), fuse_report.skipped
+    with torch.no_grad():
+        out = fused(xs)
+    assert out.is_contiguous(memory_format=cl)
+    _close(out, want, dtype)

@@ -1,11 +1,13 @@
 """torch modules backed by sparseforge kernels, and whole-model conversion."""
 from .. import ops  # noqa: F401  (registers the torch.library ops the modules call under torch.compile)
 from .dense_epilogue import FusedDenseConv2d
-from .convert import ConversionReport, LayerReport, ModelReport, convert, measure_layer, prepare, to_sparse24
+from .convert import (ConversionReport, LayerReport, ModelReport, convert, measure_layer, prebuild_layers, prepare,
+                      to_sparse24)
 from .fold import fold_batchnorms, fold_conv_bn
 from .fuse import FuseReport, fuse_epilogues
 from .linear24 import SparseLinear24
 from .sparse import ConvEpilogue, SparseConv2d, SparseLinear, SparseShapeError
 
 __all__ = ["ConvEpilogue", "ConversionReport", "FuseReport", "FusedDenseConv2d", "LayerReport", "ModelReport", "SparseConv2d", "SparseLinear", "SparseLinear24",
-           "SparseShapeError", "convert", "fold_batchnorms", "fold_conv_bn", "fuse_epilogues", "measure_layer", "prepare", "to_sparse24"]
+           "SparseShapeError", "convert", "fold_batchnorms", "fold_conv_bn", "fuse_epilogues", "measure_layer", "prebuild_layers", "prepare",
+           "to_sparse24"]

@@ -506,13 +506,24 @@ class SparseLinear(_SparseWeight):
             self._path(n, x)
         return self.decisions
 
+    def _kernel_args(self, n: int) -> dict:
+        """What compile_spmm and prebuild_spmm take for `n` tokens, alike."""
+        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+        return {"W": self.sparse_matrix(), "n": n, "dtype": self.weight_values.dtype, "layout": "nk", "bias": bias,
+                "tune_budget": self.tune_budget}
+
     def _compile(self, rows: torch.Tensor):
         from ..spmm import compile_spmm
 
-        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
-        return compile_spmm(self.sparse_matrix(), rows.shape[0], self.weight_values.dtype, "nk", bias=bias,
-                            device=self.device, tune_budget=self.tune_budget,
+        return compile_spmm(**self._kernel_args(rows.shape[0]), device=self.device,
                             time_dense=self.policy == "measure")
+
+    def prebuild(self, widths, arch: int) -> int:
+        """Compile into the disk cache, without a GPU, the kernels deciding each token count in `widths` would
+        compile on an sm_`arch` GPU (spmm.prebuild_spmm); how many."""
+        from ..spmm import prebuild_spmm
+
+        return sum(prebuild_spmm(**self._kernel_args(n), arch=arch) for n in sorted({int(n) for n in widths}))
 
 
 class SparseConv2d(_SparseWeight):
@@ -744,16 +755,29 @@ class SparseConv2d(_SparseWeight):
             self._path(_shape_key(int(shape[2]), int(shape[3]), layout), x)
         return self.decisions
 
+    def _kernel_args(self, shape: tuple, channels_last: bool) -> dict:
+        """What compile_conv2d and prebuild_conv2d take for inputs of `shape` in that layout, alike."""
+        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
+        return {"W": self.sparse_matrix(), "input_shape": tuple(shape), "stride": self.stride, "padding": self.padding,
+                "dilation": self.dilation, "groups": self.groups, "dtype": self.weight_values.dtype, "bias": bias,
+                "relu": self.relu, "residual": self.residual, "layout": "nhwc" if channels_last else "nchw",
+                "kernel_size": self.kernel_size, "tune_budget": self.tune_budget}
+
     def _compile(self, x: torch.Tensor):
         from ..conv import compile_conv2d
 
-        bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
-        layout = "nhwc" if conv_memory_format(x) == torch.channels_last else "nchw"
-        return compile_conv2d(self.sparse_matrix(), tuple(x.shape), self.stride, self.padding, self.dilation,
-                              self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
-                              residual=self.residual, layout=layout, device=self.device,
-                              kernel_size=self.kernel_size, tune_budget=self.tune_budget,
-                              time_dense=self.policy == "measure")
+        return compile_conv2d(**self._kernel_args(x.shape, conv_memory_format(x) == torch.channels_last),
+                              device=self.device, time_dense=self.policy == "measure")
+
+    def prebuild(self, input_shapes, arch: int, channels_last: bool = False) -> int:
+        """Compile into the disk cache, without a GPU, the kernels deciding each (batch, Cin, H, W) in
+        `input_shapes` (NCHW, or channels_last inputs) would compile on an sm_`arch` GPU; how many."""
+        from ..conv import prebuild_conv2d
+
+        # as prepare: a tensor that is both NCHW- and channels_last-contiguous (C = 1, or H = W = 1) runs NCHW
+        return sum(prebuild_conv2d(**self._kernel_args(shape, channels_last and shape[1] > 1 and
+                                                       shape[2] * shape[3] > 1), arch=arch)
+                   for shape in dict.fromkeys(tuple(s) for s in input_shapes))
 
 
 class ConvEpilogue(nn.Module):

@@ -124,7 +124,7 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
         raise ValueError("no candidate to choose from: the design space has nothing for this problem")
     started = time.perf_counter()
     records = [describe(c) for c in candidates]
-    chosen = within_budget(records, shortlist(records, max(1, top)), budget_s)
+    chosen = to_compile(records, budget_s, top)
     for i in shortlist(records, max(1, top)):
         if i not in chosen:
             records[i]["skipped"] = "its compile would pass the tuning budget"
@@ -151,6 +151,12 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
         choice.dense_us = time_dense()
     choice.seconds = time.perf_counter() - started
     return best, choice
+
+
+def to_compile(records: Sequence[dict], budget_s: float, top: int = TOP, cores: int | None = None) -> list[int]:
+    """Which candidates choose() compiles and times: the shortlist, cut where their predicted compile seconds
+    spread over the machine's cores pass budget_s (the prebuild of a model's layers compiles the same ones)."""
+    return within_budget(records, shortlist(records, max(1, top)), budget_s, cores)
 
 
 def within_budget(records: Sequence[dict], order: list[int], budget_s: float, cores: int | None = None) -> list[int]:

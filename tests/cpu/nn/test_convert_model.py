@@ -178,3 +178,32 @@ def test_folding_traces_past_sparse_layers_already_in_the_model():
     want = model(x)
     assert fold_batchnorms(model).folded == [("0", "1")]
     assert torch.allclose(model(x), want, atol=1e-5)
+
+
+def test_a_channels_last_conv_input_is_decided_on_an_nhwc_kernel_and_reported_so(monkeypatch):
+    """convert records each conv input's layout with its shape: a channels_last one is prepared as such (its
+    NHWC kernel, the one the model will run), not as an NCHW shape that the model never feeds it (whose
+    kernel would be compiled and timed for nothing, the NHWC one left to the first call)."""
+    from sparseforge.nn.convert import CHANNELS_LAST, _input_shapes
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 25, 4))
+    x = torch.randn(2, 3, 5, 5).contiguous(memory_format=torch.channels_last)
+    shapes = _input_shapes(model, (x,), [model[0], model[2]])
+    assert shapes[model[0]] == [(2, 3, 5, 5, CHANNELS_LAST)] and shapes[model[2]] == [(2, 200)]
+    assert _input_shapes(model, (x.contiguous(),), [model[0]])[model[0]] == [(2, 3, 5, 5)]
+
+    prepared = []
+
+    def prepare(self, input_shapes, channels_last=False):
+        prepared.append((list(input_shapes), channels_last))
+        for shape in input_shapes:
+            self._decided[(shape[2], shape[3], channels_last)] = Decision(50, "unstructured", "stub", 4.0, 8.0,
+                                                                           mode="graph")
+        return self.decisions
+
+    monkeypatch.setattr(SparseConv2d, "prepare", prepare)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    layer, replacement = measure_layer("conv", conv, [(2, 3, 5, 5, CHANNELS_LAST), (1, 3, 7, 7)], "measure", 1.0)
+    assert prepared == [([(1, 3, 7, 7)], False), ([(2, 3, 5, 5)], True)]
+    assert layer.times_us == {"dense": 16.0, "unstructured": 8.0} and isinstance(replacement, SparseConv2d)
+    assert layer.input_shapes == [[2, 3, 5, 5, CHANNELS_LAST], [1, 3, 7, 7]]

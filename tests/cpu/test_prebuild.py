@@ -1,0 +1,92 @@
+"""Prebuilding (spmm.prebuild_spmm, conv.prebuild_conv2d, the nn modules' prebuild, nn.prebuild_layers): without
+a GPU, the disk cache gets exactly the kernels the chooser would compile for the same problem, so that the
+measuring pass on the GPU finds every candidate built (convert compiles a model's layers side by side first)."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from sparseforge import SparseMatrix, prebuild_conv2d, prebuild_spmm
+from sparseforge.conv import _candidates, _conv_problem, _planner
+from sparseforge.nn import SparseConv2d, SparseLinear, prebuild_layers
+from sparseforge.nn.convert import CHANNELS_LAST
+from sparseforge.runtime import compile_plan
+from sparseforge.runtime.compiler import PtxasCompiler
+from sparseforge.spmm import _describe, _make_plan, _plans, _renderable, _space
+from sparseforge.tune.choose import rank, to_compile
+
+pytestmark = pytest.mark.skipif(not PtxasCompiler.available(), reason="needs the CUDA toolkit's ptxas")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPARSEFORGE_NO_CACHE", raising=False)
+    return tmp_path / "cache"
+
+
+def _cubins(cache) -> int:
+    return len(list(cache.rglob("kernel.cubin")))
+
+
+def _weight(m: int, k: int, density: float, seed: int = 0) -> SparseMatrix:
+    rng = np.random.default_rng(seed)
+    return SparseMatrix.from_dense(rng.standard_normal((m, k)) * (rng.random((m, k)) < density))
+
+
+def _all_hit(make, plans, picked) -> bool:
+    return all(compile_plan(_renderable(make, plans[i])).hit for i in picked)
+
+
+@pytest.mark.parametrize("budget", [5.0, None])
+def test_prebuild_spmm_compiles_what_the_chooser_would_and_nothing_else(cache, budget):
+    w = _weight(48, 96, 0.2).astype("float16")
+    built = prebuild_spmm(w, 16, "float16", "nk", arch=90, tune_budget=budget)
+    make = lambda cfg, sketch=False: _make_plan(w, 16, "float16", "nk", cfg, None, False, 90, sketch)  # noqa: E731
+    plans = _plans(make, _space(w, 16, "float16", "nk", False, False))
+    records = [_describe(p) for p in plans]
+    picked = to_compile(records, budget) if budget is not None else [rank([r["predicted_us"] for r in records])[0]]
+    assert built == len(picked) == _cubins(cache) and (budget is None or built >= 2)
+    assert _all_hit(make, plans, picked)  # what the chooser compiles next is already there
+    assert prebuild_spmm(w, 16, "float16", "nk", arch=90, tune_budget=budget) == built  # found, not rebuilt
+    assert _cubins(cache) == built
+
+
+def test_prebuild_conv2d_in_either_layout(cache):
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((8, 4, 3, 3)) * (rng.random((8, 4, 3, 3)) < 0.3)
+    for layout in ("nchw", "nhwc"):
+        before = _cubins(cache)
+        built = prebuild_conv2d(weight, (1, 4, 9, 9), padding=1, dtype="float32", layout=layout, arch=90,
+                                tune_budget=5.0)
+        w, geometry, name, bias = _conv_problem(weight, (1, 4, 9, 9), 1, 1, 1, 1, "float32", None, layout, None)
+        make = _planner(w, geometry, name, bias, False, False, 90)
+        plans = _plans(make, _candidates(geometry, w))
+        picked = to_compile([_describe(p) for p in plans], 5.0)
+        assert built == len(picked) == _cubins(cache) - before and _all_hit(make, plans, picked)
+
+
+def test_the_disk_cache_off_means_nothing_is_prebuilt_for_a_model(cache, monkeypatch):
+    monkeypatch.setenv("SPARSEFORGE_NO_CACHE", "1")
+    layer = nn.Linear(32, 16)
+    assert prebuild_layers([(layer, [(4, 32)])], 5.0, arch=90) == 0 and _cubins(cache) == 0
+
+
+def test_prebuild_layers_builds_each_layer_as_measure_layer_will_decide_it(cache):
+    """Linear widths as token counts, conv shapes in their layout; a layer the sparse modules refuse (reflect
+    padding) and a shape they refuse are left to measure_layer."""
+    torch.manual_seed(0)
+    linear, conv = nn.Linear(64, 24), nn.Conv2d(4, 8, 3, padding=1)
+    reflect = nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect")
+    for m in (linear, conv, reflect):
+        with torch.no_grad():
+            m.weight.mul_(torch.rand(m.weight.shape) < 0.3)
+    layers = [(linear, [(2, 3, 64), (6, 64)]), (conv, [(1, 4, 8, 8), (1, 4, 8, 8, CHANNELS_LAST)]),
+              (reflect, [(1, 4, 8, 8)])]
+    built = prebuild_layers(layers, 5.0, arch=90, workers=2)
+    assert built == _cubins(cache) > 0
+    # the same kernels as each module's own prebuild: nothing new is compiled
+    one = SparseLinear.from_dense(linear, tune_budget=5.0).prebuild([6], arch=90)
+    nchw = SparseConv2d.from_dense(conv, tune_budget=5.0).prebuild([(1, 4, 8, 8)], arch=90)
+    nhwc = SparseConv2d.from_dense(conv, tune_budget=5.0).prebuild([(1, 4, 8, 8)], arch=90, channels_last=True)
+    assert one + nchw + nhwc == built and _cubins(cache) == built
