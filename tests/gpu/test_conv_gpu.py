@@ -100,6 +100,12 @@ def test_bad_calls_name_the_problem():
         k(x.to(memory_format=torch.channels_last).permute(0, 1, 3, 2), residual=torch.zeros(1, 8, 8, 8, device="cuda"))
     with pytest.raises(TypeError, match="dtype"):
         k(x.half(), residual=torch.zeros(1, 8, 8, 8, device="cuda"))
+    with pytest.raises(ValueError, match="x is on cpu, the kernel was compiled for cuda:0: move it"):
+        k(x.cpu(), residual=torch.zeros(1, 8, 8, 8, device="cuda"))
+    with pytest.raises(ValueError, match="residual is on cpu"):
+        k(x, residual=torch.zeros(1, 8, 8, 8))
+    with pytest.raises(ValueError, match="out is on cpu"):
+        k(x, out=torch.empty(1, 8, 8, 8), residual=torch.zeros(1, 8, 8, 8, device="cuda"))
     with pytest.raises(ValueError, match="shares memory with x"):
         big = torch.zeros(1, 8, 8, 8, device="cuda")
         k(big[:, :4], out=big, residual=torch.zeros(1, 8, 8, 8, device="cuda"))

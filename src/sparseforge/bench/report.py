@@ -57,6 +57,10 @@ def summarize(records: list[dict]) -> list[dict]:
             baselines += ("speedup_vs_cublas_rotating",)
         for key in baselines:
             row[f"geomean_{key}"] = geomean(r.get(key) for r in items)
+        # what a caller of the chooser gets: dense (cuBLAS / cuDNN in the kernel's layout) where the chooser
+        # measured dense faster, so never below 1 unless the chooser misjudged
+        base = "cudnn" if "cudnn_us" in items[0] else "cublas"
+        row[f"geomean_speedup_chosen_vs_{base}"] = geomean(_chosen_speedup(r, base) for r in items)
         # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it
         row["median_floor_fraction"] = _median(r["floor_us"] / r["sparseforge_us"] for r in items if "floor_us" in r)
         row["median_fetched_tbs"] = _median(r.get("fetched_tbs") for r in items)
@@ -67,6 +71,20 @@ def summarize(records: list[dict]) -> list[dict]:
         row["dense_faster_cases"] = [r["case"] for r in items if r.get("dense_faster")]
         rows.append(row)
     return rows
+
+
+def _chosen_speedup(record: dict, base: str) -> float | None:
+    """The baseline's time over the time of what the chooser keeps: its kernel, or dense where it measured
+    dense faster (a convolution's dense runs cuDNN in the kernel's layout)."""
+    baseline = record.get(f"{base}_us")
+    if not baseline or not record.get("sparseforge_us"):
+        return None
+    if not record.get("dense_faster"):
+        return baseline / record["sparseforge_us"]
+    if base == "cudnn":
+        in_layout = record.get("cudnn_channels_last_us" if record.get("layout") == "nhwc" else "cudnn_nchw_us")
+        return baseline / (in_layout or baseline)
+    return 1.0
 
 
 def _median(values) -> float | None:

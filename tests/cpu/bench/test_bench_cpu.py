@@ -54,6 +54,25 @@ def test_geomean_and_summary():
     assert math.isclose(row["median_floor_fraction"], 0.2) and row["median_fetched_tbs"] == 2.0
 
 
+def test_the_summary_counts_dense_where_the_chooser_measured_it_faster():
+    """geomean_speedup_chosen_vs_*: what a caller of the chooser gets; a case whose chooser measured dense
+    faster counts dense (a convolution: cuDNN in the kernel's own layout), never the slower kernel."""
+    spmm = [{"model": "m", "sparsity": 0.9, "dtype": "float16", "layout": "nk", "batch": 1, "error_ok": True,
+             "sparseforge_us": us, "cublas_us": 10.0, "speedup_vs_cublas": 10.0 / us, "dense_faster": us > 10.0}
+            for us in (5.0, 20.0)]
+    for i, r in enumerate(spmm):
+        r["case"] = f"c{i}"
+    row = summarize(spmm)[0]
+    assert math.isclose(row["geomean_speedup_vs_cublas"], 1.0)
+    assert math.isclose(row["geomean_speedup_chosen_vs_cublas"], math.sqrt(2.0))
+    conv = [{"model": "vgg16", "sparsity": 0.9, "dtype": "float16", "layout": "nhwc", "batch": 8, "error_ok": True,
+             "sparseforge_us": 40.0, "cudnn_us": 10.0, "cudnn_nchw_us": 10.0, "cudnn_channels_last_us": 12.5,
+             "speedup_vs_cudnn": 0.25, "dense_faster": True, "case": "conv1"}]
+    row = summarize(conv)[0]
+    assert math.isclose(row["geomean_speedup_vs_cudnn"], 0.25)
+    assert math.isclose(row["geomean_speedup_chosen_vs_cudnn"], 0.8)  # cuDNN as the nhwc layer runs it
+
+
 def test_working_tree_hash_names_the_files_as_they_are(tmp_path):
     import subprocess
 
