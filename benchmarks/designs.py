@@ -25,18 +25,19 @@ from sparseforge.bench.report import provenance
 from sparseforge.runtime.compiler import CompileError
 from sparseforge.runtime.driver import CudaError
 from sparseforge.runtime.timing import graph_time_us
-from sparseforge.spmm import _describe, _make_plan, _plans, _renderable
-from sparseforge.runtime import build_kernel, compile_plan
+from sparseforge.spmm import _describe, _make_plan, _plans, compile_candidate, load_candidate
 from sparseforge.tune.choose import TOP, choose, shortlist
 from sparseforge.plan.bitmap import BitmapConfig
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+from sparseforge.plan.relayout import Split24Config
+from sparseforge.semi.cusparselt import Sparse24Error
 from sparseforge.plan.tc_scatter import TcScatterConfig
 from sparseforge.tune.space import search_space
 
 # the mappings each config family can give: --mappings drops a family before its plans are made (sketching
 # every generated candidate of a million-nonzero LLM layer costs minutes)
 FAMILY_MAPPINGS = {CsrConfig: {"csr"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"},
-                   TcScatterConfig: {"tc-scatter"}}
+                   TcScatterConfig: {"tc-scatter"}, Split24Config: {"split-24"}}
 TILE_MAPPINGS = {"row-groups", "row-per-block", "split-k", "staged-x", "inline"}
 
 
@@ -79,11 +80,10 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
     errors, kernels = {}, {}
 
     def compile_one(plan):
-        real = _renderable(make, plan)
-        return real, compile_plan(real)
+        return compile_candidate(make, plan)
 
     def load_and_time(plan, compiled):
-        kernel = build_kernel(compiled[0], 0, built=compiled[1])
+        kernel = load_candidate(*compiled, 0, 1.0)
         check = torch.full(out_shape, float("nan"), device="cuda", dtype=tdt)
         kernel(inputs[0], out=check)
         errors[kernel.plan.config.short()] = relative_error(check, ref)
@@ -97,7 +97,7 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
 
     started = time.perf_counter()
     _, choice = choose(plans, _describe, compile_one, load_and_time, math.inf, top=len(plans), time_dense=dense_us,
-                       build_errors=(CompileError, CudaError))
+                       build_errors=(CompileError, CudaError, Sparse24Error))
     records = choice.records
     for r in records:
         r["rel_error"] = errors.get(r["label"])

@@ -12,6 +12,7 @@ from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
 from .plan.plan import clusters_of, fp32_bias, remember_clusters
 from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+from .plan.relayout import Split24Config, make_split24_plan
 from .plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
 from .tune.choose import Choice, choose, chooser_digest, rank, to_compile
@@ -80,6 +81,8 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
         raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
                          "use a CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig (or no config: the "
                          "chooser takes those)")
+    if isinstance(config, Split24Config):
+        return make_split24_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     if isinstance(config, TcScatterConfig):
         return make_tc_scatter_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
     if isinstance(config, BitmapConfig):
@@ -91,7 +94,7 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
 
 # config classes by the name a cached choice records them under
 _CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "bitmap": BitmapConfig,
-                    "tc-scatter": TcScatterConfig, "tile": TileConfig}
+                    "tc-scatter": TcScatterConfig, "split-24": Split24Config, "tile": TileConfig}
 
 
 def _config_record(config) -> dict:
@@ -118,7 +121,8 @@ def _config_from_record(record: dict):
 
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
                  device="cuda",
-                 config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | None = None,
+                 config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | Split24Config
+                 | None = None,
                  tune_budget: float | None = 5.0,
                  deterministic: bool = False, time_dense: bool = True, residual: bool = False):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
@@ -133,7 +137,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     bfloat16 at n <= 64); with tune_budget seconds (default 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
     them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
-    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig / TcScatterConfig instead.
+    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig / TcScatterConfig instead, or
+    Split24Config (layout "nk", 16-bit: W's 2:4 part on Sparse Tensor Cores, the rest by an SpMM kernel; an
+    Split24Kernel comes back; not yet in the default space: benchmarks/designs.py measures it first).
     deterministic: no atomics (bitwise-reproducible runs). residual=True: the kernel takes k(B, residual=R)
     and adds R (laid out as the output) before relu; only the kernels that read W as data (csr, csr-columns,
     bitmap, tc-scatter) add one so far, so the chooser picks among those.
@@ -151,8 +157,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         raise ValueError(f"n must be a positive integer, got {n!r}")
     n = int(n)
     if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
-        raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig, "
-                        f"got {type(config).__name__}")
+        raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or "
+                        f"Split24Config, got {type(config).__name__}")
     if residual and config is not None and not isinstance(config, RESIDUAL_CONFIGS):
         raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
                          "use a CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig (or no config: the "
@@ -168,7 +174,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch, residual)
 
     if config is not None:
-        return build_kernel(make(config), index)
+        plan = make(config)
+        return load_candidate(plan, None, index, tune_budget) if plan.family == "split-24" else \
+            build_kernel(plan, index)
     started = time.perf_counter()
     cache = KernelCache()
     compiler = default_compiler()
@@ -183,8 +191,11 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     cached_choice = _choice_from_record(known) if winner is not None else None
     if cached_choice is not None:
         remember_clusters(w, known.get("clusters"))  # the winner's row clustering, as it was computed
-        # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
-        kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
+        if isinstance(winner, Split24Config):  # a composite: nothing of its own compiled, R's choice cached
+            kernel = load_candidate(make(winner), None, index, tune_budget)
+        else:
+            # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
+            kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
     space = _space(w, n, name, layout, relu, deterministic, residual)
@@ -266,8 +277,7 @@ def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
     built = 0
     for i in picked:
         try:
-            compile_plan(_renderable(make, plans[i]), compiler=compiler)
-            built += 1
+            built += compile_candidate(make, plans[i], compiler)[1] is not None
         except CompileError:
             continue
     return built
@@ -332,6 +342,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
     from .runtime.compiler import CompileError, PtxasCompiler
     from .runtime.driver import CudaError
     from .runtime.timing import graph_time_us
+    from .semi.cusparselt import Sparse24Error
 
     plans = _plans(make, space)
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
@@ -342,13 +353,12 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
     out = torch.empty(out_shape, device=f"cuda:{index}", dtype=torch_dtype)
 
     def compile_one(plan):
-        real = _renderable(make, plan)
-        return real, compile_plan(real, compiler=compiler)
+        return compile_candidate(make, plan, compiler)
 
     residual = torch.randn(out_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
 
     def load_and_time(plan, compiled):
-        kernel = build_kernel(*compiled[:1], index, built=compiled[1])
+        kernel = load_candidate(*compiled, index, budget)
         extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
         return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
 
@@ -363,7 +373,24 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
     # process on the current context, so it compiles them one at a time
     return choose(plans, _describe, compile_one, load_and_time, budget,
                   parallel=isinstance(compiler, PtxasCompiler),
-                  time_dense=dense_us if time_dense else None, build_errors=(CompileError, CudaError))
+                  time_dense=dense_us if time_dense else None, build_errors=(CompileError, CudaError, Sparse24Error))
+
+
+def compile_candidate(make, plan, compiler=None):
+    """(the renderable plan, its compiled cubin) of a candidate: what the chooser compiles, in a thread (no CUDA
+    call). A split-24 candidate compiles nothing of its own (R's kernel is chosen when it is loaded): None."""
+    real = _renderable(make, plan)
+    return real, None if real.family == "split-24" else compile_plan(real, compiler=compiler)
+
+
+def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
+    """The loaded kernel of a compiled candidate on device `index`: an SpmmKernel, or for split-24 the composite
+    (semi/split24.py: W24 compressed for cuSPARSELt, R's kernel chosen within tune_budget)."""
+    if real.family == "split-24":
+        from .semi.split24 import build_split24_kernel
+
+        return build_split24_kernel(real, index, tune_budget)
+    return build_kernel(real, index, built=built)
 
 
 def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune_budget: float | None = None,

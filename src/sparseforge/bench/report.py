@@ -19,6 +19,12 @@ def plan_traffic(plan) -> dict[str, int]:
     from ..plan.csr import csr_bytes
     from ..plan.tc_scatter import scatter_bytes
 
+    if plan.family == "split-24":  # W24 compressed (half its values + 2 bits each), X, Y^T written and read
+        es = 2  # back by the transpose, Y written, R as CSR
+        w24 = plan.M * plan.K // 2 * es + plan.M * plan.K // 8
+        x, y = plan.N * plan.K * es, plan.M * plan.N * es
+        return {"fetched_bytes": w24 + x + 3 * y + plan.split.residual.nnz * (es + 4),
+                "floor_bytes": w24 + x + y}
     output = plan.M * plan.N * plan.element_bytes
     if plan.family == "bitmap":  # W's bitmap and values streamed once, B's rows per nonzero
         b_reads = plan.nnz * plan.N * plan.element_bytes

@@ -4,12 +4,14 @@ Sparse Tensor Cores multiply a 2:4 matrix (at most 2 nonzeros in every 4 consecu
 A magnitude-pruned matrix is not 2:4, but at 90% sparsity 99.6% of its 4-groups already hold at most 2
 nonzeros (a group of 4 holds 3 or more with probability 0.37%), so W = W24 + R with W24 2:4 (each group's
 2 largest |w|) and R small: Y = W24 X on Sparse Tensor Cores (cuSPARSELt) plus R X from an SpMM kernel
-adding into Y. This module is that split, exact (W24 + R == W, every value in exactly one part), and its
-statistics; the runtime composing the two products is not built yet.
+adding into Y. This module is that split, exact (W24 + R == W, every value in exactly one part), its
+statistics, and the chooser's plan option for it (Split24Plan: mapping "split-24", layout "nk", 16-bit
+dtypes); semi/split24.py is its runtime (the cuSPARSELt product, the transpose to X's layout, the residual's
+own SpMM kernel adding in place).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,6 +19,8 @@ from ..formats import SparseMatrix
 
 GROUP = 4
 KEEP = 2
+DIM_MULTIPLE = 16  # cuSPARSELt's 16-bit 2:4 weights: M and K multiples of 16 (semi/cusparselt.check_weight)
+SPLIT24_DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -65,3 +69,63 @@ def _subset(w: SparseMatrix, rows: np.ndarray, mask: np.ndarray) -> SparseMatrix
     """The nonzeros of W where mask holds, as a SparseMatrix of W's shape (rows stay sorted by column)."""
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows[mask], minlength=w.shape[0]))]).astype(np.int64)
     return SparseMatrix(indptr, w.indices[mask], w.values[mask], w.shape, w.dtype)
+
+
+@dataclass(frozen=True)
+class Split24Config:
+    """The split-24 mapping has no tiling of its own: cuSPARSELt searches its algorithm per width, and the
+    residual's kernel is chosen for R by the same chooser."""
+
+    def short(self) -> str:
+        return "split24"
+
+
+@dataclass(frozen=True)
+class Split24Plan:
+    """Y (N x M) = X (N x K) W^T + bias as W24 on Sparse Tensor Cores plus R on an SpMM kernel."""
+    M: int
+    K: int
+    N: int
+    dtype: str
+    split: Split24 = field(repr=False)
+    bias: tuple[float, ...] | None = None
+    arch: int = 90
+    digest: str = ""
+    config: Split24Config = Split24Config()
+    layout: str = "nk"
+
+    family = "split-24"
+    mapping = "split-24"
+    relu = False
+    residual = False
+    partial_rows: tuple[int, ...] = ()
+
+    @property
+    def nnz(self) -> int:
+        return self.split.part24.nnz + self.split.residual.nnz
+
+    @property
+    def name(self) -> str:
+        return f"split24_{self.M}x{self.K}_n{self.N}_{self.dtype}_{self.digest[:12]}"
+
+
+def make_split24_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config: Split24Config, bias=None,
+                      relu: bool = False, arch: int = 90, residual: bool = False) -> Split24Plan:
+    """The split-24 plan of W at width n, or ValueError naming why this problem cannot take it: the product is
+    X W^T with X (n x K) (layout "nk"), in float16 / bfloat16, with M and K multiples of 16, on sm_80 or newer,
+    without a fused ReLU or residual (the two products would have to meet before them)."""
+    if layout != "nk":
+        raise ValueError("split-24 computes Y = X W^T (layout 'nk'): cuSPARSELt multiplies the 2:4 part by X as "
+                         "it lies")
+    if dtype not in SPLIT24_DTYPES:
+        raise ValueError(f"split-24 runs on Sparse Tensor Cores, which take {' or '.join(SPLIT24_DTYPES)}; "
+                         f"got {dtype}")
+    m, k = w.shape
+    if m % DIM_MULTIPLE or k % DIM_MULTIPLE:
+        raise ValueError(f"split-24 needs M and K multiples of {DIM_MULTIPLE} (cuSPARSELt), got {m} x {k}")
+    if relu or residual:
+        raise ValueError("split-24 fuses no ReLU or residual: its two products meet in the output first")
+    if arch < 80:
+        raise ValueError(f"split-24 needs Sparse Tensor Cores (sm_80 or newer), got sm_{arch}")
+    return Split24Plan(m, k, int(n), dtype, split_24(w), None if bias is None else tuple(float(b) for b in bias),
+                       arch, w.digest(), config)

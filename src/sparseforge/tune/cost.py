@@ -257,8 +257,33 @@ def _tc_scatter_estimate(plan: TcScatterPlan, batch: int, gpu: Gpu) -> Estimate:
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
+# split-24: Sparse Tensor Cores against dense tensor cores on the same product. cuSPARSELt measured 1.2-1.5x
+# over cuBLAS at N >= 2048 on Llama shapes (benchmarks/NOTES_24.md, fp16 / bf16), about 1x below N = 256.
+SPARSE_TC_SPEEDUP = 1.3
+# the residual R's product on CUDA cores: fp32 FMAs over R's nonzeros, at the rate the generated kernels reach
+# on rn50 layers (~15-25 TFLOP/s of useful FMAs on the H200): a guess until designs.py has measured split-24
+RESIDUAL_FLOPS = 20e12
+
+
+def _split24_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+    """cuSPARSELt's 2:4 product (dense tensor cores' estimate over SPARSE_TC_SPEEDUP, never below its
+    launch), the copy of its M x N output into X's layout (N x M: read and write), and R's product, each its own
+    launch."""
+    es = 2
+    dense = dense_estimate(plan.M, plan.K, plan.N, plan.dtype, batch, gpu) - gpu.launch_us
+    tensor = dense / SPARSE_TC_SPEEDUP
+    transpose = 2 * plan.M * plan.N * batch * es / gpu.hbm_bytes_per_s * 1e6
+    residual_nnz = plan.split.residual.nnz
+    residual = 2.0 * residual_nnz * plan.N * batch / RESIDUAL_FLOPS * 1e6 if residual_nnz else 0.0
+    launches = (3 if residual_nnz else 2) * gpu.launch_us
+    terms = {"tensor": tensor, "transpose": transpose, "residual": residual, "launches": launches}
+    return Estimate(launches + tensor + transpose + residual, terms, 0.3 if residual_nnz else 0.0)
+
+
 def estimate(plan, batch: int = 1, gpu: Gpu = H200) -> Estimate:
     """Predicted time of one launch of `plan` over `batch` inputs."""
+    if plan.family == "split-24":
+        return _split24_estimate(plan, batch, gpu)
     if plan.family == "tc-scatter":
         return _tc_scatter_estimate(plan, batch, gpu)
     if plan.family == "bitmap":

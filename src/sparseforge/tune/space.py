@@ -19,6 +19,9 @@
 - tc-scatter (plan/tc_scatter.py, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
   tiles for the tensor cores (mma.m16n8k16): a few instructions a nonzero whatever N is, where the CUDA-core
   kernels gather B per nonzero (issue 11's decode and small batches);
+- split-24 (plan/relayout.py, semi/split24.py; nk, float16 / bfloat16, N >= SPLIT24_MIN_N): W as a 2:4 part on
+  Sparse Tensor Cores (cuSPARSELt) plus the few nonzeros its 4-groups could not keep as a residual SpMM: the
+  tensor-core path for large N (prefill). Proposed only with unmeasured=True until designs.py has measured it;
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ import dataclasses
 from ..plan import TileConfig, pick_vec
 from ..plan.bitmap import BitmapConfig
 from ..plan.csr import CsrColumnsConfig, CsrConfig
+from ..plan.relayout import SPLIT24_DTYPES, Split24Config
 from ..plan.tc_scatter import TcScatterConfig
 from .autotune import _column_warps, candidates
 
@@ -100,6 +104,15 @@ def tc_scatter(n: int, dtype: str) -> list[TcScatterConfig]:
     return [TcScatterConfig(warps_per_block=w, ahead=a) for w, a in ((8, 2), (8, 4), (16, 2), (4, 4))]
 
 
+SPLIT24_MIN_N = 128  # below this cuSPARSELt measured no faster than cuBLAS (NOTES_24.md), and the decode
+# kernels (tc-scatter, csr, the 2:4 GEMV) are the ones made for those widths
+
+
+def split24(n: int, layout: str, dtype: str) -> list[Split24Config]:
+    """The split-24 composite where it applies: X W^T in 16-bit at large N."""
+    return [Split24Config()] if layout == "nk" and dtype in SPLIT24_DTYPES and n >= SPLIT24_MIN_N else []
+
+
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     """Row per block with every row's code inline (the shape of issue 10's NVRTC reference kernel, which
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
@@ -115,7 +128,8 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
                  deterministic: bool = False, unmeasured: bool = False, dtype: str = "float32") -> list:
-    """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig) for an
+    """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or
+    Split24Config) for an
     M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
@@ -128,7 +142,7 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
         configs += small_n(n, row_nnz)
     configs += tc_scatter(n, dtype)
     if unmeasured:
-        configs += decode(n, layout)
+        configs += decode(n, layout) + split24(n, layout, dtype)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []

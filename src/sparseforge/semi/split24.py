@@ -1,0 +1,141 @@
+"""The split-24 composite (issue 11's tensor-core path for large N), its runtime: an unstructured W split as
+W24 + R (plan/relayout.py Split24Plan) runs as Y = X W24^T on Sparse Tensor Cores through the one 2:4 runtime
+(semi/cusparselt.py: compressed once, the algorithm searched for this width), the copy of cuSPARSELt's M x N
+output into X's layout (semi/transpose.py, as SparseLinear24 does), then R's product by R's own SpMM kernel,
+chosen for R by compile_spmm, whose residual epilogue adds it into Y in place. Layout "nk" (X: N x K ->
+Y: N x M), float16 / bfloat16, any N (cuSPARSELt's refusals of a width are padded away, as for 2:4 layers).
+
+A magnitude-pruned W at 90% keeps 99.6% of its 4-groups within 2:4 (about 1% of its nonzeros go to R), so the
+composite costs about the 2:4 product: 1.2-1.5x faster than cuBLAS at N >= 2048 (NOTES_24.md). At 70% R holds
+~8% of the nonzeros and its CUDA-core product costs more than the tensor cores save; the chooser measures.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
+from .runtime import _padded_input
+from .transpose import transpose_columns
+
+
+class Split24Kernel:
+    """k(X) -> Y = X W^T (+ bias) for X (N x K) of the plan's dtype on the kernel's device; k(X, out=Y) writes
+    into Y (N x M, contiguous). Attributes as an SpmmKernel's: plan, mapping ("split-24"), choice,
+    compile_seconds (R's kernel's build), load_seconds (compression, the cuSPARSELt search), weight_bytes.
+    Keep the kernel alive as long as a CUDA graph that replays it (it owns the compressed W and R's kernel)."""
+
+    mapping = "split-24"
+    layout = "nk"
+    takes_rows_unchecked = False  # nn.SparseLinear's lean path hands rows to SpmmKernels only
+
+    def __init__(self, plan, device_index: int, tune_budget: float | None = 1.0, residual_kernel=None):
+        """residual_kernel: R's kernel, where one is already built (with_own_weights shares the choice)."""
+        start = time.perf_counter()
+        self.plan, self.device_index = plan, device_index
+        self._device = torch.device("cuda", device_index)
+        self._dtype = getattr(torch, plan.dtype)
+        self.choice, self.tuning, self.tune_seconds = None, [], 0.0
+        part = torch.from_numpy(plan.split.part24.to_dense()).to(self._device, self._dtype)
+        self.compressed = CompressedWeight(part)  # checks the 2:4 structure and the shape once more
+        del part
+        self._bias = None if plan.bias is None else torch.tensor(plan.bias, dtype=self._dtype, device=self._device)
+        self.matmul = MatmulPlan(self.compressed, plan.N, self._bias)
+        generator = torch.Generator(device=self._device).manual_seed(0)
+        probe = torch.randn(self.matmul.padded_n, plan.K, device=self._device, generator=generator).to(self._dtype)
+        self.matmul.search(probe, torch.empty(plan.M, self.matmul.padded_n, dtype=self._dtype, device=self._device))
+        if residual_kernel is None and plan.split.residual.nnz:
+            from ..spmm import compile_spmm
+
+            residual_kernel = compile_spmm(plan.split.residual, plan.N, plan.dtype, "nk", device=self._device,
+                                           tune_budget=tune_budget, time_dense=False, residual=True)
+        self.residual_kernel = residual_kernel
+        self.compile_seconds = 0.0 if residual_kernel is None else residual_kernel.compile_seconds
+        self.cache_hit = residual_kernel is None or residual_kernel.cache_hit
+        self.load_seconds = time.perf_counter() - start - self.compile_seconds
+
+    # -- what callers of SpmmKernel read ----------------------------------------------------------------
+    @property
+    def in_shape(self) -> tuple[int, int]:
+        return self.plan.N, self.plan.K
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        return self.plan.N, self.plan.M
+
+    @property
+    def dense_faster(self) -> bool | None:
+        return None if self.choice is None or self.choice.dense_us is None else self.choice.dense_faster
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.compressed.nbytes + (0 if self.residual_kernel is None else self.residual_kernel.weight_bytes)
+
+    @property
+    def registers(self) -> int:
+        """R's kernel's registers (cuSPARSELt's kernels are the library's): 0 where R is empty."""
+        return 0 if self.residual_kernel is None else self.residual_kernel.registers
+
+    @property
+    def source(self) -> str:
+        head = (f"// split-24: {self.plan.split.part24.nnz} nonzeros on Sparse Tensor Cores (cuSPARSELt), "
+                f"{self.plan.split.residual.nnz} in R")
+        return head if self.residual_kernel is None else head + "\n" + self.residual_kernel.source
+
+    def with_own_weights(self) -> "Split24Kernel":
+        """The same composite over fresh device copies of its weights (bench's rotating-weights protocol)."""
+        residual = None if self.residual_kernel is None else self.residual_kernel.with_own_weights()
+        twin = Split24Kernel(self.plan, self.device_index, residual_kernel=residual)
+        twin.choice, twin.tuning = self.choice, self.tuning
+        return twin
+
+    # -- the call ---------------------------------------------------------------------------------------
+    def __call__(self, b, out=None, residual=None):
+        if residual is not None:
+            raise ValueError("the split-24 kernel adds no residual: add it after the call, or compile with "
+                             "residual=True (the chooser then takes a kernel that adds one)")
+        self._check(b, "X", self.in_shape)
+        if out is not None:
+            self._check(out, "out", self.out_shape)
+            start, first = out.data_ptr(), b.data_ptr()
+            if start < first + b.numel() * b.element_size() and first < start + out.numel() * out.element_size():
+                raise ValueError("out shares memory with X: pass an out of its own, or omit out")
+        x = b if b.data_ptr() % 16 == 0 else b.clone()  # cuSPARSELt wants 16-byte aligned operands
+        product = torch.empty(self.plan.M, self.matmul.padded_n, dtype=self._dtype, device=self._device)
+        self.matmul.run(_padded_input(self.matmul, x), product)
+        y = transpose_columns(product, self.plan.N)
+        if self.residual_kernel is not None:
+            self.residual_kernel(x, out=y, residual=y)  # y += X R^T, in place
+        if out is None:
+            return y
+        out.copy_(y)
+        return out
+
+    def _check(self, t, what: str, shape: tuple[int, int]) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != self._device:
+            raise ValueError(f"{what} is on {t.device}, the kernel was built for {self._device}: move it with "
+                             f"{what}.to('{self._device}')")
+        if t.dtype != self._dtype:
+            raise TypeError(f"{what} has dtype {t.dtype}, the kernel was built for {self._dtype}: convert with "
+                            f"{what}.to({self._dtype})")
+        if t.dim() != 2 or tuple(t.shape) != shape:
+            names = "N x K" if what == "X" else "N x M"
+            raise ValueError(f"{what} has shape {tuple(t.shape)}; the split-24 kernel takes a 2-D {names} = "
+                             f"{shape[0]} x {shape[1]} tensor (N is fixed when the kernel is built)")
+        if not t.is_contiguous():
+            raise ValueError(f"{what} is not contiguous (strides {t.stride()}): call {what}.contiguous() first")
+
+    def __repr__(self) -> str:
+        return (f"Split24Kernel({self.plan.name}, {self.plan.split.part24.nnz} nonzeros 2:4, "
+                f"{self.plan.split.residual.nnz} in R)")
+
+
+def build_split24_kernel(plan, device_index: int, tune_budget: float | None = 1.0) -> Split24Kernel:
+    """The composite for a Split24Plan; cuSPARSELt's refusals come as Sparse24Error (a ValueError)."""
+    return Split24Kernel(plan, device_index, tune_budget)
+
+
+__all__ = ["Split24Kernel", "Sparse24Error", "build_split24_kernel"]
