@@ -136,7 +136,41 @@ case "${1:-}" in
           # died in conversion): bash device_next.sh model 0.98 float32 1
     timeout 560 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/$2 "$OUT/model_rn50_$2_$3_b$4.json" \
       --tune-budget 0.3 --dtype $3 --batch $4 > "$L/rn50.log" 2>&1; tail -2 "$L/rn50.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH"; exit 2 ;;
+  fifteenth)  # the fourteenth session's GPU-untested work, most important first: the whole GPU suite (channels_last
+              # dense W, layer-by-layer fusion check, convert's layouts and prebuild, kernel_breakdown; ~4 min with 6
+              # workers, the timing-sensitive files serially after), then ResNet-50 95% fp16 b1 channels_last (issue
+              # 13's 1.3x: fused now, with the kernel breakdown of dense and converted)
+    timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider -n 6 --deselect tests/gpu/test_timing_gpu.py \
+      --deselect tests/gpu/test_profile_gpu.py > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 40 python3 -m pytest tests/gpu/test_timing_gpu.py tests/gpu/test_profile_gpu.py -q -p no:cacheprovider \
+      > "$L/gpu_tests_serial.log" 2>&1; tail -2 "$L/gpu_tests_serial.log"
+    timeout $((570 - SECONDS)) python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.95 \
+      "$OUT/model_rn50_0.95_float16_b1_cl.json" --tune-budget 0.3 --dtype float16 --channels-last > "$L/rn50_cl.log" 2>&1
+    tail -25 "$L/rn50_cl.log" ;;
+  fifteenth_b8)  # issue 13's batch-8 figures (fp32 NCHW, fp16 channels_last), 95% then 90%, one stage line each
+    for s in 0.95 0.9; do
+      timeout 140 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/$s "$OUT/model_rn50_${s}_float32_b8.json" \
+        --tune-budget 0.3 --batch 8 > "$L/rn50_${s}_b8.log" 2>&1; tail -1 "$L/rn50_${s}_b8.log"
+      timeout 140 python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/$s "$OUT/model_rn50_${s}_float16_b8_cl.json" \
+        --tune-budget 0.3 --batch 8 --dtype float16 --channels-last > "$L/rn50_${s}_b8h.log" 2>&1; tail -1 "$L/rn50_${s}_b8h.log"
+    done ;;
+  fifteenth_conv)  # issue 12's figures never measured (each bench rewrites its JSON after every case)
+    timeout 120 $SF bench conv:vgg16:0.9 --dtype fp32 --tune-budget 0.5 --out "$OUT/conv_vgg16_0.9_fp32.json" > "$L/vgg.log" 2>&1; tail -1 "$L/vgg.log"
+    timeout 40 $SF bench conv:textcnn:0.9 --dtype fp32 --tune-budget 0.5 --out "$OUT/conv_textcnn_0.9_fp32_b1.json" > "$L/text1.log" 2>&1; tail -1 "$L/text1.log"
+    timeout 40 $SF bench conv:textcnn:0.9 --dtype fp32 --batch 50 --tune-budget 0.5 --out "$OUT/conv_textcnn_0.9_fp32_b50.json" > "$L/text50.log" 2>&1; tail -1 "$L/text50.log"
+    for dt in fp16 bf16; do for s in 0.9 0.95; do
+      timeout 60 $SF bench conv:$D/rn50/magnitude_pruning/$s --dtype $dt --tune-budget 0.5 --out "$OUT/conv_rn50_${s}_$dt.json" > "$L/conv_${s}_$dt.log" 2>&1; tail -1 "$L/conv_${s}_$dt.log"
+    done; done
+    timeout 90 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp32 --batch 8 --tune-budget 0.5 --out "$OUT/conv_rn50_0.9_fp32_b8.json" > "$L/conv_b8.log" 2>&1; tail -1 "$L/conv_b8.log"
+    timeout 70 $SF bench conv:$D/rn50/magnitude_pruning/0.95 --dtype fp32 --layout nhwc --tune-budget 0.5 --out "$OUT/conv_rn50_0.95_fp32_nhwc.json" > "$L/conv_nhwc.log" 2>&1; tail -1 "$L/conv_nhwc.log" ;;
+  fifteenth_split24)  # issue 11's tensor-core path for large N (built in the fourteenth session, unmeasured):
+                      # the split-24 composite against cuBLAS on Llama shapes in prefill, 90% and 70%, both dtypes
+    for dt in float16 bfloat16; do
+      timeout 200 python3 benchmarks/designs.py "$OUT/designs_split24_$dt.json" $D \
+        "llm:0.9,0.7:llama_4096x4096,llama_14336x4096,llama_4096x14336/2048" "llm:0.9:llama_4096x4096/8192" \
+        --dtype $dt --layout nk --mappings split-24 > "$L/split24_$dt.log" 2>&1; tail -8 "$L/split24_$dt.log"
+    done ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"
