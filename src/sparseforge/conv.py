@@ -102,13 +102,27 @@ def _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias
 
 def prebuild_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                     relu: bool = False, residual: bool = False, layout: str = "nchw", arch: int = 90,
-                    kernel_size=None, tune_budget: float | None = 5.0) -> int:
+                    kernel_size=None, tune_budget: float | None = 5.0, time_dense: bool = True) -> int:
     """Compile into the disk cache the kernels compile_conv2d with the same arguments, on a GPU of compute
     capability `arch`, would compile, without a GPU (spmm.prebuild_spmm says why and what it returns)."""
     w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
                                                    layout, kernel_size)
+    if KernelCache().get_tuned(_choice_key(w, geometry, name, bias_values, relu, residual, tune_budget, time_dense,
+                                           arch, default_compiler()), arch) is not None:
+        return 0  # compile_conv2d loads the cached winner without ranking or compiling candidates
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
     return prebuild_plans(make, _plans(make, _candidates(geometry, w, relu)), tune_budget)
+
+
+def _choice_key(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, relu: bool, residual: bool,
+                tune_budget: float | None, time_dense: bool, arch: int, compiler) -> str:
+    """The key of compile_conv2d's cached choice."""
+    bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
+    mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
+    # the batch is in the key: the kernel takes any batch, but the best config depends on it
+    return kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), geometry.layout, f"b{geometry.batch}",
+                                               name, bias_tag, str(relu), str(residual), mode, "csr-columns+generated",
+                                               chooser_digest()]), arch, compiler.version)
 
 
 def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
@@ -146,12 +160,7 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
         return build_conv_kernel(make(config), index)
     started = time.perf_counter()
     cache, compiler = KernelCache(), default_compiler()
-    bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
-    mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
-    # the batch is in the key: the kernel takes any batch, but the best config depends on it
-    key = kernel_key("conv-choice", "|".join([w.digest(), geometry.short(), geometry.layout, f"b{geometry.batch}", name,
-                                              bias_tag, str(relu), str(residual), mode, "csr-columns+generated",
-                                              chooser_digest()]), arch, compiler.version)
+    key = _choice_key(w, geometry, name, bias_values, relu, residual, tune_budget, time_dense, arch, compiler)
     known = cache.get_tuned(key, arch)
     cached = _cached(known)
     if cached is not None:

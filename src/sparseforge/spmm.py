@@ -1,8 +1,9 @@
 """The public SpMM API: compile_spmm() and spmm(): plan every mapping, let the chooser pick, build and load."""
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -14,7 +15,9 @@ from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .plan.relayout import Split24Config, make_split24_plan
 from .plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
+from .codegen import render
 from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
+from .runtime.kernel import compile_source, plan_key
 from .tune.choose import Choice, choose, chooser_digest, rank, to_compile
 from .tune.cost import estimate, tile_compile_seconds
 from .tune.space import search_space
@@ -149,13 +152,6 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     candidate predicted and measured; k.choice.explain()), k.dense_faster (True when cuBLAS measured faster
     than the fastest sparse kernel; both times in k.choice).
     """
-    w = _as_sparse(W)
-    name = _dtype_name(dtype)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    n = int(n)
     if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
         raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or "
                         f"Split24Config, got {type(config).__name__}")
@@ -166,13 +162,10 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
-    bias_values = _checked_bias(bias, w.shape[0])
+    problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch=0)  # refusals first
     index, arch = _device_index(device)
-    w = w.astype(name)
-
-    def make(cfg, sketch: bool = False):
-        return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch, residual)
-
+    problem = dataclasses.replace(problem, arch=arch)
+    w, n, name, make = problem.w, problem.n, problem.name, problem.make
     if config is not None:
         plan = make(config)
         return load_candidate(plan, None, index, tune_budget) if plan.family == "split-24" else \
@@ -180,12 +173,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     started = time.perf_counter()
     cache = KernelCache()
     compiler = default_compiler()
-    bias_tag = "none" if bias_values is None else cache_key(np.asarray(bias_values, np.float32).tobytes())
-    # the choice is cached like a kernel: a second compile of the same problem skips ranking and timing
-    mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
-    key = kernel_key("choice", "|".join([w.digest(), str(n), name, layout, bias_tag, str(relu), str(deterministic),
-                                         mode, chooser_digest()] + (["residual"] if residual else [])), arch,
-                     compiler.version)
+    key = problem.choice_key(tune_budget, time_dense, compiler)
     known = cache.get_tuned(key, arch)
     winner = _config_from_record(known) if known else None
     cached_choice = _choice_from_record(known) if winner is not None else None
@@ -198,7 +186,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
             kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         kernel.choice, kernel.tuning = cached_choice, cached_choice.records
         return kernel
-    space = _space(w, n, name, layout, relu, deterministic, residual)
+    space = problem.space()
     if tune_budget is None:
         plan, choice = _predicted_best(make, space, started)
         kernel = build_kernel(plan, index)
@@ -241,25 +229,62 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
 
 
 def prebuild_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False, arch: int = 90,
-                  tune_budget: float | None = 5.0, deterministic: bool = False, residual: bool = False) -> int:
+                  tune_budget: float | None = 5.0, deterministic: bool = False, residual: bool = False,
+                  time_dense: bool = True) -> int:
     """Compile into the disk cache the kernels that compile_spmm with the same arguments, on a GPU of compute
     capability `arch` (90: sm_90), would compile (the shortlist its tune_budget allows; the cost model's pick
-    where None), without a GPU: no timing, nothing loaded. nn.convert prebuilds all of a model's layers side by
-    side before it measures them one by one, so the compiles spread over every core (one layer's shortlist
-    keeps a few busy). Returns how many candidates were compiled or found compiled (0 where the toolkit's ptxas
-    is missing: the driver's JIT compiles on the GPU, one kernel at a time). Refusals are compile_spmm's."""
-    w = _as_sparse(W)
-    name = _dtype_name(dtype)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
-    n = int(n)
-    bias_values = _checked_bias(bias, w.shape[0])
-    w = w.astype(name)
+    where None), without a GPU: no timing, nothing loaded; nothing where compile_spmm would find its choice
+    cached. nn.convert prebuilds all of a model's layers side by side before it measures them one by one, so the
+    compiles spread over every core (one layer's shortlist keeps a few busy). Returns how many candidates were
+    compiled now (0 where the toolkit's ptxas is missing: the driver's JIT compiles on the GPU, one kernel at a
+    time). Refusals are compile_spmm's."""
+    problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch)
+    if KernelCache().get_tuned(problem.choice_key(tune_budget, time_dense, default_compiler()), arch) is not None:
+        return 0  # compile_spmm loads the cached winner without ranking or compiling candidates
+    return prebuild_plans(problem.make, _plans(problem.make, problem.space()), tune_budget)
 
-    def make(cfg, sketch: bool = False):
-        return _make_plan(w, n, name, layout, cfg, bias_values, relu, arch, sketch, residual)
 
-    return prebuild_plans(make, _plans(make, _space(w, n, name, layout, relu, deterministic, residual)), tune_budget)
+@dataclass(frozen=True)
+class _Problem:
+    """One SpMM problem as compile_spmm and prebuild_spmm both see it: W in the dtype, the checked bias, the
+    candidates' space, the plan maker and the key of the cached choice."""
+    w: SparseMatrix
+    n: int
+    name: str
+    layout: str
+    bias_values: object
+    relu: bool
+    deterministic: bool
+    residual: bool
+    arch: int
+
+    @classmethod
+    def of(cls, W, n, dtype, layout, bias, relu, deterministic, residual, arch) -> "_Problem":
+        w = _as_sparse(W)
+        name = _dtype_name(dtype)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        bias_values = _checked_bias(bias, w.shape[0])
+        return cls(w.astype(name), int(n), name, layout, bias_values, bool(relu), bool(deterministic), bool(residual),
+                   arch)
+
+    def make(self, cfg, sketch: bool = False):
+        return _make_plan(self.w, self.n, self.name, self.layout, cfg, self.bias_values, self.relu, self.arch, sketch,
+                          self.residual)
+
+    def space(self) -> list:
+        return _space(self.w, self.n, self.name, self.layout, self.relu, self.deterministic, self.residual)
+
+    def choice_key(self, tune_budget: float | None, time_dense: bool, compiler) -> str:
+        """The key of the cached choice: everything that decides it, the chooser's own code included."""
+        bias_tag = "none" if self.bias_values is None else cache_key(np.asarray(self.bias_values, np.float32).tobytes())
+        # the choice is cached like a kernel: a second compile of the same problem skips ranking and timing
+        mode = "predicted" if tune_budget is None else f"measured|budget={float(tune_budget):g}|dense={time_dense}"
+        return kernel_key("choice", "|".join([self.w.digest(), str(self.n), self.name, self.layout, bias_tag,
+                                              str(self.relu), str(self.deterministic), mode, chooser_digest()]
+                                             + (["residual"] if self.residual else [])), self.arch, compiler.version)
 
 
 def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
@@ -276,8 +301,12 @@ def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
         to_compile(records, tune_budget)
     built = 0
     for i in picked:
-        try:
-            built += compile_candidate(make, plans[i], compiler)[1] is not None
+        plan = plans[i]
+        if plan.family == "split-24":  # nothing of its own to compile
+            continue
+        try:  # looked up by the sketch's key (the whole plan's): a hit makes no plan and renders nothing
+            built += not compile_source(plan_key(plan, compiler.version), plan.arch,
+                                        lambda plan=plan: render(_renderable(make, plan)), compiler=compiler).hit
         except CompileError:
             continue
     return built

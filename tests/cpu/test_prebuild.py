@@ -48,7 +48,7 @@ def test_prebuild_spmm_compiles_what_the_chooser_would_and_nothing_else(cache, b
     picked = to_compile(records, budget) if budget is not None else [rank([r["predicted_us"] for r in records])[0]]
     assert built == len(picked) == _cubins(cache) and (budget is None or built >= 2)
     assert _all_hit(make, plans, picked)  # what the chooser compiles next is already there
-    assert prebuild_spmm(w, 16, "float16", "nk", arch=90, tune_budget=budget) == built  # found, not rebuilt
+    assert prebuild_spmm(w, 16, "float16", "nk", arch=90, tune_budget=budget) == 0  # found: nothing built
     assert _cubins(cache) == built
 
 
@@ -85,8 +85,35 @@ def test_prebuild_layers_builds_each_layer_as_measure_layer_will_decide_it(cache
               (reflect, [(1, 4, 8, 8)])]
     built = prebuild_layers(layers, 5.0, arch=90, workers=2)
     assert built == _cubins(cache) > 0
-    # the same kernels as each module's own prebuild: nothing new is compiled
+    # the same kernels as each module's own prebuild, into an empty cache
+    for path in cache.rglob("kernel.cubin"):
+        path.unlink()
     one = SparseLinear.from_dense(linear, tune_budget=5.0).prebuild([6], arch=90)
     nchw = SparseConv2d.from_dense(conv, tune_budget=5.0).prebuild([(1, 4, 8, 8)], arch=90)
     nhwc = SparseConv2d.from_dense(conv, tune_budget=5.0).prebuild([(1, 4, 8, 8)], arch=90, channels_last=True)
     assert one + nchw + nhwc == built and _cubins(cache) == built
+    assert prebuild_layers(layers, 5.0, arch=90, workers=2) == 0  # all found: nothing built again
+
+
+def test_a_failed_prebuild_warns_and_the_rest_goes_on(cache, monkeypatch):
+    """A prebuild is a head start: one that fails (here the cache's disk) is named in a warning and the other
+    layers are still prebuilt; measure_layer compiles what it needs."""
+    import importlib
+
+    spmm_module = importlib.import_module("sparseforge.spmm")  # (sparseforge.spmm is also the function)
+
+    real = spmm_module.prebuild_spmm
+    calls = []
+
+    def flaky(**arguments):
+        calls.append(arguments["n"])
+        if arguments["n"] == 4:
+            raise OSError("No space left on device")
+        return real(**arguments)
+
+    monkeypatch.setattr(spmm_module, "prebuild_spmm", flaky)
+    torch.manual_seed(1)
+    linear = nn.Linear(32, 16)
+    with pytest.warns(UserWarning, match="1 of 2 layer shapes failed .* OSError: No space left"):
+        built = prebuild_layers([(linear, [(4, 32), (8, 32)])], 5.0, arch=90, workers=2)
+    assert sorted(calls) == [4, 8] and built == _cubins(cache) > 0

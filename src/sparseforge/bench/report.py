@@ -64,7 +64,8 @@ def summarize(records: list[dict]) -> list[dict]:
         for key in baselines:
             row[f"geomean_{key}"] = geomean(r.get(key) for r in items)
         # what a caller of the chooser gets: dense (cuBLAS / cuDNN in the kernel's layout) where the chooser
-        # measured dense faster, so never below 1 unless the chooser misjudged
+        # measured dense faster (without the nn modules' margin). Below 1 only where the chooser misjudged or,
+        # for convolutions, where cuDNN's other layout (in the baseline) beats cuDNN in the kernel's layout
         base = "cudnn" if "cudnn_us" in items[0] else "cublas"
         row[f"geomean_speedup_chosen_vs_{base}"] = geomean(_chosen_speedup(r, base) for r in items)
         # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it

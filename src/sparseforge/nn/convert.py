@@ -203,8 +203,7 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     if policy == "measure":  # every layer's candidates compiled side by side first: measure_layer finds them built
         if progress is not None:
             progress("(compiling every layer's candidates)", 0, len(chosen))
-        prebuild_layers([(m, shapes[m]) for _, m in chosen if m in shapes], tune_budget,
-                        _arch(next(p.device for p in model.parameters() if p.is_cuda)))
+        prebuild_layers([(m, shapes[m]) for _, m in chosen if m in shapes], tune_budget)
     for index, (name, module) in enumerate(chosen):
         if progress is not None:
             progress(name, index, len(chosen))
@@ -307,49 +306,75 @@ def _arch(device: torch.device) -> int:
     return 10 * major + minor
 
 
-def prebuild_layers(layers: list, tune_budget: float | None, arch: int, workers: int | None = None) -> int:
-    """Compile into the disk cache, for an sm_`arch` GPU, the candidate kernels of every (Linear or Conv2d,
-    its input shapes as convert records them) in `layers`, the layers side by side on `workers` threads (all
-    cores; ptxas runs in subprocesses). measure_layer then times the layers one by one and finds their
-    candidates compiled: one layer's shortlist keeps only a few cores busy, so compiling layer after layer
-    left most of a 16-core machine idle (ResNet-50: 120-340 s of conversion). Nothing is timed or loaded here;
-    a layer the sparse modules refuse is left to measure_layer, which reports why. Returns the kernels built or
-    found. Does nothing where the disk cache is off (nothing would carry over)."""
+def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = None,
+                    workers: int | None = None) -> int:
+    """Compile into the disk cache the candidate kernels of every (Linear or Conv2d, its input shapes as convert
+    records them) in `layers` for GPUs of compute capability `arch` (default: each layer's own GPU), the layers
+    side by side on `workers` threads (all cores; ptxas runs in subprocesses). measure_layer then times the
+    layers one by one and finds their candidates compiled: one layer's shortlist keeps only a few cores busy, so
+    compiling layer after layer left most of a 16-core machine idle (ResNet-50: 120-340 s of conversion).
+    Nothing is timed or loaded here. A layer the sparse modules refuse is left to measure_layer, which reports
+    why; a prebuild that fails is only a missed head start (measure_layer compiles what it needs), so it warns
+    and goes on. Returns the kernels compiled now. Does nothing where the disk cache is off or ptxas is missing
+    (nothing would carry over)."""
     import os
+    import warnings
     from concurrent.futures import ThreadPoolExecutor
 
     from .. import env
+    from ..conv import prebuild_conv2d
+    from ..runtime.compiler import PtxasCompiler
+    from ..spmm import prebuild_spmm
     from .sparse import SparseConv2d, SparseLinear
 
-    if not env.disk_cache_enabled():
+    if not env.disk_cache_enabled() or not PtxasCompiler.available():
         return 0
-    jobs = []
-    for module, entries in layers:  # the modules made here, on this thread; only the compiles go to the pool
+    jobs = []  # (prebuild function, its arguments): made here, one layer at a time; only compiles go to the pool
+    for module, entries in layers:
         conv = isinstance(module, nn.Conv2d)
-        if conv and not _padding_taken(module):
+        target = arch if arch is not None else _arch(module.weight.device) if module.weight.is_cuda else None
+        if target is None or conv and not _padding_taken(module):
             continue
         try:
             sparse = (SparseConv2d if conv else SparseLinear).from_dense(module, policy="measure",
                                                                          tune_budget=tune_budget)
         except ValueError:
             continue
-        if conv:
-            jobs.append((sparse.prebuild, [s for s in entries if s[-1] != CHANNELS_LAST], False))
-            jobs.append((sparse.prebuild, [s[:-1] for s in entries if s[-1] == CHANNELS_LAST], True))
+        if conv:  # the module keys its kernels by image size and layout: one prebuild for each
+            seen = set()
+            for entry in entries:
+                tagged = entry[-1] == CHANNELS_LAST
+                shape = tuple(entry[:-1] if tagged else entry)
+                channels_last = tagged and shape[1] > 1 and shape[2] * shape[3] > 1  # else it runs NCHW
+                if (shape[2], shape[3], channels_last) not in seen:
+                    seen.add((shape[2], shape[3], channels_last))
+                    jobs.append((prebuild_conv2d, {**sparse._kernel_args(shape, channels_last), "arch": target}))
         else:
-            jobs.append((sparse.prebuild, sorted({math.prod(s[:-1]) for s in entries}), None))
+            jobs += [(prebuild_spmm, {**sparse._kernel_args(n), "arch": target})
+                     for n in sorted({math.prod(s[:-1]) for s in entries})]
+        del sparse  # its device buffers: the jobs hold W on the host (the module's SparseMatrix)
+    failures: list[str] = []
 
     def run(job) -> int:
-        prebuild, shapes, channels_last = job
-        if not shapes:
-            return 0
+        prebuild, arguments = job
         try:
-            return prebuild(shapes, arch) if channels_last is None else prebuild(shapes, arch, channels_last)
-        except ValueError:  # a shape the kernels refuse: measure_layer says so
+            return prebuild(**arguments)
+        except Exception as exc:  # noqa: BLE001 - a head start missed, not an error: measure_layer compiles it
+            failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
             return 0
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        return sum(pool.map(run, jobs))
+        futures = [pool.submit(run, job) for job in jobs]
+        try:
+            built = sum(f.result() for f in futures)
+        except BaseException:  # Ctrl-C: drop the queued compiles rather than wait for them
+            for f in futures:
+                f.cancel()
+            raise
+    if failures:
+        warnings.warn(f"prebuilding {len(failures)} of {len(jobs)} layer shapes failed (they compile when measured): "
+                      f"{failures[0]}", stacklevel=2)
+    return built
 
 
 def _summed(decisions: list, which: str) -> float | None:

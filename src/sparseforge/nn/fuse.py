@@ -135,14 +135,31 @@ def fuse_epilogues(model: nn.Module, example_inputs, dense_convs: str = "measure
     timing, cuDNN's call switched on where the model is on CUDA), "keep" (left as they are)."""
     if dense_convs not in _DENSE_CONVS:
         raise ValueError(f"dense_convs must be one of {_DENSE_CONVS}, got {dense_convs!r}")
-    report = FuseReport()
     inputs = tuple(example_inputs) if isinstance(example_inputs, tuple) else (example_inputs,)
+    refused: dict[str, str] = {}  # layer -> how its fused form computed otherwise: left unfused on the retry
+    for _ in range(2):
+        fused, report, failing = _fuse_once(model, inputs, dense_convs, refused)
+        if not failing:
+            return fused, report
+        if "(model)" in failing or set(failing) <= set(refused):
+            break
+        refused.update(failing)
+    why = "; ".join(f"{name}: {problem}" for name, problem in list(failing.items())[:3])
+    return model, FuseReport(skipped=report.skipped + [Skipped("(model)", f"the fused graph computes otherwise "
+                                                                          f"({why}): nothing fused")])
+
+
+def _fuse_once(model: nn.Module, inputs: tuple, dense_convs: str, refused: dict
+               ) -> tuple[torch.fx.GraphModule | nn.Module, FuseReport, dict]:
+    """One trace, rewrite and check: (the fused module or the model, the report, the fused layers whose check
+    failed with why ("(model)" where the rewired graph did)); on a failure every layer is put back."""
+    report = FuseReport()
     try:
         graph = _LeafTracer().trace(model)
     except Exception as exc:  # data-dependent control flow and the like
         report.skipped.append(Skipped("(model)", f"torch.fx cannot trace the model ({type(exc).__name__}: "
                                                  f"{str(exc)[:120]}): nothing fused"))
-        return model, report
+        return model, report, {}
     gm = torch.fx.GraphModule(model, graph, class_name=type(model).__name__ + "Fused")
     _drop_identities(gm)
     modules = dict(gm.named_modules())
@@ -157,21 +174,20 @@ def fuse_epilogues(model: nn.Module, example_inputs, dense_convs: str = "measure
     if problem:  # fx records `z += y` as a new tensor: a model that reads an alias of z after it traces wrong
         report.skipped.append(Skipped("(model)", f"the traced graph does not compute what the model does "
                                                  f"({problem}; in-place updates of aliased tensors?): nothing fused"))
-        return model, report
+        return model, report, {}
     changed: list[tuple[SparseConv2d, tuple]] = []
     try:
-        _fuse(gm, modules, calls, report, changed, dense_convs)
+        _fuse(gm, modules, calls, report, changed, dense_convs, refused)
         gm.graph.lint()
         gm.recompile()
-        problem = _check_fused(gm, recorder.values, inputs, traced) if report.fused else None
+        failing = _check_fused(gm, recorder.values, inputs, traced) if report.fused else {}
     except BaseException:  # not a refusal: put every layer changed so far back as it was
         _restore(changed)
         raise
-    if problem:
+    if failing:
         _restore(changed)
-        return model, FuseReport(skipped=report.skipped + [Skipped("(model)", f"the fused graph computes otherwise "
-                                                                              f"({problem}): nothing fused")])
-    return gm, report
+        return model, report, failing
+    return gm, report, {}
 
 
 class _Recorder(ShapeProp):
@@ -190,12 +206,15 @@ class _Recorder(ShapeProp):
 
 
 def _epilogue_candidates(gm: torch.fx.GraphModule, modules: dict, dense_convs: str) -> set[str]:
-    """The nodes a fused convolution may replace the output of: each convolution's users and theirs."""
+    """The nodes a fused convolution may replace the output of: a convolution's sole user (a ReLU, or an add),
+    and the users of such an add (its ReLU). Only those are kept: each recorded copy holds an activation on the
+    device until the check."""
     keep = set()
     for node in gm.graph.nodes:
-        if _conv_kind(node, modules, dense_convs) is not None:
-            for user in node.users:
-                keep.add(user.name)
+        if _conv_kind(node, modules, dense_convs) is not None and len(node.users) == 1:
+            user = next(iter(node.users))
+            keep.add(user.name)
+            if _add_operands(user) is not None:
                 keep.update(u.name for u in user.users)
     return keep
 
@@ -208,32 +227,42 @@ class _TeacherForced(torch.fx.Interpreter):
 
     def __init__(self, gm: torch.fx.GraphModule, values: dict):
         super().__init__(gm)
-        self.values, self.problems = values, []
+        self.values, self.problems = values, {}
 
     def run_node(self, n: torch.fx.Node):
-        result = super().run_node(n)
         replaced = n.meta.get(_REPLACES)
         if replaced is None:
-            return result
-        problem = _differs(result, self.values[replaced])
-        if problem:
-            self.problems.append(f"{n.target}: {problem}")
+            return super().run_node(n)
+        if replaced not in self.values:
+            raise RuntimeError(f"fuse_epilogues kept no traced value of {replaced!r}, which {n.target} replaced: "
+                               "the candidates recorded and the fusions made disagree (a bug: please report it)")
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        result = super().run_node(n)
+        # an output sharing memory with an operand would be handed on as the traced value: the check could not
+        # see that the kernel overwrote its input or residual in place
+        storages = {t.untyped_storage().data_ptr() for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)}
+        if isinstance(result, torch.Tensor) and result.untyped_storage().data_ptr() in storages:
+            self.problems[n.target] = "its output shares memory with an operand"
+        else:
+            problem = _differs(result, self.values[replaced])
+            if problem:
+                self.problems[n.target] = problem
         return self.values[replaced].clone()
 
 
-def _check_fused(gm: torch.fx.GraphModule, values: dict, inputs: tuple, traced) -> str | None:
-    """Why the fused graph does not compute what the traced one did, or None. Checked layer by layer (a fused
-    kernel rounds once where the separate ops rounded two or three times: in 16-bit a deep model amplifies that
-    past any bound at its output, ResNet-50 in fp16 to 1.4e-2, as it amplifies its own rounding; see
-    benchmarks/rn50_conditioning.py), and the rewired graph whole on the layers' traced values."""
+def _check_fused(gm: torch.fx.GraphModule, values: dict, inputs: tuple, traced) -> dict[str, str]:
+    """{fused layer: how it computes otherwise}, {"(model)": ...} where the rewired graph does, or {}. Checked
+    layer by layer (a fused kernel rounds once where the separate ops rounded two or three times: in 16-bit a
+    deep model amplifies that past any bound at its output, ResNet-50 in fp16 to 1.4e-2, as it amplifies its
+    own rounding; see benchmarks/rn50_conditioning.py), and the rewired graph whole on the layers' traced
+    values."""
     runner = _TeacherForced(gm, values)
     with torch.no_grad():
         out = runner.run(*_cloned(inputs))
     if runner.problems:
-        return "; ".join(runner.problems[:3]) + (f" and {len(runner.problems) - 3} more" if len(runner.problems) > 3
-                                                 else "")
+        return dict(runner.problems)
     problem = _differs(out, traced)
-    return None if problem is None else f"the rewired graph: {problem}"
+    return {} if problem is None else {"(model)": f"the rewired graph: {problem}"}
 
 
 def _restore(changed: list) -> None:
@@ -322,25 +351,29 @@ def _takes_the_add(kind: str, partner_kind: str | None, node_first: bool) -> boo
 
 
 def _fuse(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list,
-          dense_convs: str) -> None:
+          dense_convs: str, checked_out: dict | None = None) -> None:
     """Two passes at most: where a conv left a shared add to its partner and the partner then could not take
     it (split K, cuDNN measured slower, an in-place edit), the second pass offers the add to the first."""
     gone: set = set()
     deferred: dict = {}  # partner layer name -> the layer that left it the add
-    _fuse_pass(gm, modules, calls, report, changed, dense_convs, gone, deferred, refused=set())
+    for name, problem in (checked_out or {}).items():  # fused before, their kernels computed otherwise
+        report.skipped.append(Skipped(name, f"its fused form computed otherwise ({problem}): left unfused"))
+    skip = set(checked_out or {})
+    _fuse_pass(gm, modules, calls, report, changed, dense_convs, gone, deferred, refused=skip, skip=skip)
     refused = {s.name for s in report.skipped} & set(deferred)
     if refused:
         retry = {deferred[name] for name in refused}
         again = FuseReport()
-        _fuse_pass(gm, modules, calls, again, changed, dense_convs, gone, {}, refused=refused, only=retry)
+        _fuse_pass(gm, modules, calls, again, changed, dense_convs, gone, {}, refused=refused, only=retry, skip=skip)
         report.fused += again.fused
         report.skipped += [s for s in again.skipped if s.name not in {x.name for x in report.skipped}]
 
 
 def _fuse_pass(gm: torch.fx.GraphModule, modules: dict, calls: dict, report: FuseReport, changed: list,
-               dense_convs: str, gone: set, deferred: dict, refused: set, only: set | None = None) -> None:
+               dense_convs: str, gone: set, deferred: dict, refused: set, only: set | None = None,
+               skip: set = frozenset()) -> None:
     for node in list(gm.graph.nodes):
-        if node in gone:
+        if node in gone or node.op == "call_module" and node.target in skip:
             continue
         kind = _conv_kind(node, modules, dense_convs)
         if kind is None or only is not None and node.target not in only:

@@ -774,10 +774,12 @@ class SparseConv2d(_SparseWeight):
         `input_shapes` (NCHW, or channels_last inputs) would compile on an sm_`arch` GPU; how many."""
         from ..conv import prebuild_conv2d
 
-        # as prepare: a tensor that is both NCHW- and channels_last-contiguous (C = 1, or H = W = 1) runs NCHW
+        # one per image size (the layer keys its kernels so, whatever the batch: the first shape decides, as in
+        # prepare); a tensor both NCHW- and channels_last-contiguous (C = 1, or H = W = 1) runs NCHW
+        first = {(int(s[2]), int(s[3])): tuple(s) for s in reversed(list(input_shapes))}
         return sum(prebuild_conv2d(**self._kernel_args(shape, channels_last and shape[1] > 1 and
                                                        shape[2] * shape[3] > 1), arch=arch)
-                   for shape in dict.fromkeys(tuple(s) for s in input_shapes))
+                   for shape in first.values())
 
 
 class ConvEpilogue(nn.Module):

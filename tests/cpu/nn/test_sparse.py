@@ -2,6 +2,7 @@
 original layer does, the CSR buffers round-trip through state_dict and pickling at any nonzero count, casts
 and moves forget what was built, and bad input is refused with the problem named."""
 import io
+import pickle
 
 import pytest
 import torch
@@ -492,8 +493,24 @@ def test_a_channels_last_input_runs_dense_on_a_channels_last_weight_made_once(mo
     assert layer.memory_bytes()["dense"] == 2 * dense_bytes  # both layouts are held, and counted
     layer._drop_dense()
     assert layer._dense is None and layer._dense_in_layout is None and layer.memory_bytes()["dense"] == 0
-    layer.to(torch.float64)  # a cast forgets both
-    assert layer._dense_in_layout is None
+    for forget in (lambda: layer.to(torch.float64), lambda: layer.load_state_dict(layer.state_dict())):
+        with torch.no_grad():
+            layer(x.to(layer.weight_values.dtype))
+        assert layer._dense_in_layout is not None
+        forget()  # a cast, a load: the copy belongs to the old W
+        assert layer._dense_in_layout is None
+    with torch.no_grad():
+        layer(x.double())
+    assert pickle.loads(pickle.dumps(layer))._dense_in_layout is None
+
+
+def test_a_channels_last_shape_decided_dense_gets_its_w_when_decided():
+    """prepare(channels_last=True) on a layer the kernels refuse here (the CPU): dense, and the channels_last W
+    made then, before any call (which may be a CUDA graph capture)."""
+    layer = SparseConv2d.from_dense(_pruned(nn.Conv2d(8, 6, 3, padding=1), 0.3))
+    decisions = layer.prepare([(1, 8, 5, 5)], channels_last=True)
+    assert [d.path for d in decisions] == ["dense"] and layer._dense_in_layout is not None
+    assert layer._dense_in_layout[2].is_contiguous(memory_format=torch.channels_last)
 
 
 def test_a_channels_last_dense_weight_is_not_made_during_a_capture(monkeypatch):
