@@ -20,6 +20,20 @@ def _pruned(module: nn.Module, density: float, seed: int = 0) -> nn.Module:
     return module
 
 
+class _Bottleneck(nn.Module):
+    """A 3x3 and a 1x1 convolution, the shortcut added in place, ReLUs: the epilogues fusion takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(32, 32, 1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.conv2(self.relu(self.conv1(x)))
+        out += x
+        return self.relu(out)
+
+
 def _close(got, want, dtype):
     err = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
     assert torch.isfinite(got).all() and err <= TOL[dtype], err
@@ -191,18 +205,7 @@ def test_dense_convs_fused_by_cudnn_match_float64_under_graph_replay(dtype, monk
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(4)
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1, self.conv2 = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(32, 32, 1)
-            self.relu = nn.ReLU(inplace=True)
-
-        def forward(self, x):
-            out = self.conv2(self.relu(self.conv1(x)))
-            out += x
-            return self.relu(out)
-
-    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), Block()).cuda().eval()
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), _Bottleneck()).cuda().eval()
     x = torch.randn(2, 16, 14, 14, device="cuda")
     with torch.no_grad():
         want = copy.deepcopy(model).double()(x.double())
@@ -358,18 +361,7 @@ def test_a_channels_last_model_is_decided_on_nhwc_kernels_fused_and_kept_channel
 
     torch.manual_seed(4)
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1, self.conv2 = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(32, 32, 1)
-            self.relu = nn.ReLU(inplace=True)
-
-        def forward(self, x):
-            out = self.conv2(self.relu(self.conv1(x)))
-            out += x
-            return self.relu(out)
-
-    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), Block(), Block())
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), _Bottleneck(), _Bottleneck())
     for i, m in enumerate(m for m in model.modules() if isinstance(m, nn.Conv2d)):
         _pruned(m, 0.1, seed=10 + i)
     model = model.cuda().eval()
