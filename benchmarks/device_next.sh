@@ -170,7 +170,19 @@ case "${1:-}" in
         "llm:0.9,0.7:llama_4096x4096,llama_14336x4096,llama_4096x14336/2048" "llm:0.9:llama_4096x4096/8192" \
         --dtype $dt --layout nk --mappings split-24 > "$L/split24_$dt.log" 2>&1; tail -8 "$L/split24_$dt.log"
     done ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24"; exit 2 ;;
+  fifteenth_last)  # the fifteenth session's last call (~7 min of device time left): split-24 with R on D (its GPU
+                   # tests, then where each part's time goes), VGG-16 fp32 90% (its file was lost to the 8-file
+                   # limit), bf16 decode (issue 11), ResNet-50 95% fp32 batch 8 (issue 13) in what time is left
+    timeout 60 python3 -m pytest tests/gpu/test_split24_gpu.py -q -p no:cacheprovider > "$L/gpu_split24.log" 2>&1; tail -1 "$L/gpu_split24.log"
+    timeout 80 python3 benchmarks/split24_breakdown.py "$OUT/split24_breakdown_float16.json" \
+      "llm:0.9,0.7:llama_4096x4096/2048" "llm:0.9:llama_14336x4096,llama_4096x14336/2048" "llm:0.9:llama_4096x4096/8192" \
+      > "$L/split24.log" 2>&1; tail -5 "$L/split24.log"
+    timeout 120 $SF bench conv:vgg16:0.9 --dtype fp32 --tune-budget 0.5 --out "$OUT/conv_vgg16_0.9_fp32.json" > "$L/vgg.log" 2>&1; tail -1 "$L/vgg.log"
+    timeout 70 $SF bench llm:0.5,0.7,0.9:llama_4096x4096 --n 1 --dtype bf16 --tune-budget 0.5 \
+      --out "$OUT/decode_bf16.json" > "$L/decode_bf16.log" 2>&1; tail -3 "$L/decode_bf16.log"
+    timeout $((440 - SECONDS)) python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.95 "$OUT/model_rn50_0.95_float32_b8.json" \
+      --tune-budget 0.3 --batch 8 > "$L/rn50_b8.log" 2>&1; tail -1 "$L/rn50_b8.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last"; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 ls "$OUT"

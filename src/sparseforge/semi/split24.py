@@ -1,13 +1,19 @@
 """The split-24 composite (issue 11's tensor-core path for large N), its runtime: an unstructured W split as
 W24 + R (plan/relayout.py Split24Plan) runs as Y = X W24^T on Sparse Tensor Cores through the one 2:4 runtime
-(semi/cusparselt.py: compressed once, the algorithm searched for this width), the copy of cuSPARSELt's M x N
-output into X's layout (semi/transpose.py, as SparseLinear24 does), then R's product by R's own SpMM kernel,
-chosen for R by compile_spmm, whose residual epilogue adds it into Y in place. Layout "nk" (X: N x K ->
-Y: N x M), float16 / bfloat16, any N (cuSPARSELt's refusals of a width are padded away, as for 2:4 layers).
+(semi/cusparselt.py: compressed once, the algorithm searched for this width), which leaves D = Y^T (M x N,
+row-major: cuSPARSELt runs no column-major output on sm_90); R's product is added into D in place by R's own
+SpMM kernel in the "kn" orientation (D += R X^T, X^T one transposed copy of X), and D is copied into X's layout
+(semi/transpose.py, as SparseLinear24 does). Layout "nk" (X: N x K -> Y: N x M), float16 / bfloat16, any N
+(cuSPARSELt's refusals of a width are padded away, as for 2:4 layers).
+
+Why R runs on D and not on Y: in the "nk" orientation at large N only the small-N CSR kernel adds a residual,
+and it read X and wrote Y with a stride per token: 1.5 ms against cuBLAS's 83 us at 4096 x 4096, N = 2048
+(H200, fifteenth session). On D the csr-columns kernel reads rows of X^T and D whole (coalesced).
 
 A magnitude-pruned W at 90% keeps 99.6% of its 4-groups within 2:4 (about 1% of its nonzeros go to R), so the
-composite costs about the 2:4 product: 1.2-1.5x faster than cuBLAS at N >= 2048 (NOTES_24.md). At 70% R holds
-~8% of the nonzeros and its CUDA-core product costs more than the tensor cores save; the chooser measures.
+composite costs the 2:4 product (1.2-1.5x faster than cuBLAS at N >= 2048, NOTES_24.md) plus X's transposed
+copy and one pass over D. At 70% R holds ~8% of the nonzeros and its CUDA-core product costs more than the
+tensor cores save; the chooser measures.
 """
 from __future__ import annotations
 
@@ -48,8 +54,10 @@ class Split24Kernel:
         if residual_kernel is None and plan.split.residual.nnz:
             from ..spmm import compile_spmm
 
-            residual_kernel = compile_spmm(plan.split.residual, plan.N, plan.dtype, "nk", device=self._device,
-                                           tune_budget=tune_budget, time_dense=False, residual=True)
+            # D (M x padded N) += R X^T: R's kernel in the "kn" orientation over X^T (K x padded N)
+            residual_kernel = compile_spmm(plan.split.residual, self.matmul.padded_n, plan.dtype, "kn",
+                                           device=self._device, tune_budget=tune_budget, time_dense=False,
+                                           residual=True)
         self.residual_kernel = residual_kernel
         self.compile_seconds = 0.0 if residual_kernel is None else residual_kernel.compile_seconds
         self.cache_hit = residual_kernel is None or residual_kernel.cache_hit
@@ -102,11 +110,12 @@ class Split24Kernel:
             if start < first + b.numel() * b.element_size() and first < start + out.numel() * out.element_size():
                 raise ValueError("out shares memory with X: pass an out of its own, or omit out")
         x = b if b.data_ptr() % 16 == 0 else b.clone()  # cuSPARSELt wants 16-byte aligned operands
+        padded = _padded_input(self.matmul, x)
         product = torch.empty(self.plan.M, self.matmul.padded_n, dtype=self._dtype, device=self._device)
-        self.matmul.run(_padded_input(self.matmul, x), product)
+        self.matmul.run(padded, product)
+        if self.residual_kernel is not None:  # D += R X^T in place, on cuSPARSELt's M x N output
+            self.residual_kernel(transpose_columns(padded, self.plan.K), out=product, residual=product)
         y = transpose_columns(product, self.plan.N)
-        if self.residual_kernel is not None:
-            self.residual_kernel(x, out=y, residual=y)  # y += X R^T, in place
         if out is None:
             return y
         out.copy_(y)
