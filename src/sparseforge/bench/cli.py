@@ -3,7 +3,9 @@ and cuSPARSE, or, without a GPU, the CPU reference and ptxas assembly of every g
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -31,6 +33,9 @@ def add_bench_parser(sub) -> None:
                             "cases, whose weights would otherwise sit in the 50-60 MB L2)")
     bench.add_argument("--explain", action="store_true",
                        help="print, per case, every candidate mapping: predicted and measured time, the winner")
+    bench.add_argument("--no-prebuild", action="store_true",
+                       help="on a GPU, do not compile every case's candidates side by side (all cores, into the disk "
+                            "cache) before measuring; each case then compiles its own when measured")
     bench.add_argument("--limit", type=int, default=None, help="only the first LIMIT cases")
     bench.add_argument("--out", type=Path, default=None, help="write results JSON here")
     bench.add_argument("--plot", type=Path, default=None, help="write a speedup plot (PNG) here")
@@ -72,6 +77,12 @@ def run_bench(args) -> int:
     check_fits(jobs, gpu)
     records = []
     describe = lambda job: f"{job[0].name} {job[1]} {job[2]}"  # noqa: E731
+    prebuilt = {}
+    if gpu:
+        from .gpu import prebuild_case
+
+        prebuilt = _prebuild(args, [(describe(job), partial(prebuild_case, *job, job[0].N, _budget(args)))
+                                    for job in jobs])
     for case, dtype, layout in progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas"):
         record = _one(case, dtype, layout, gpu, args)
         record["batch"] = args.batch
@@ -79,11 +90,11 @@ def run_bench(args) -> int:
             console.print(_explain(record))
         records.append(record)
         if args.out and gpu:  # partial results survive an interrupted run
-            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+            write_json(args.out, records, [], {"mode": "gpu", "partial": True, **prebuilt})
     summary = summarize(records) if gpu else []
     _print(console, records, summary, gpu)
     if args.out:
-        write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu"})
+        write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu", **prebuilt})
         console.print(f"wrote {args.out}")
     if args.plot:  # without a GPU: what CPU mode measured, each plan's predicted traffic
         (plot if gpu else plot_plans)(args.plot, records)
@@ -111,12 +122,18 @@ def run_conv_bench(args) -> int:
     gpu = _gpu_present() and not args.cpu
     records = []
     jobs = [(c, d) for c in cases for d in dtypes]
-    for case, dtype in progress(jobs, lambda job: f"{job[0].name} {job[1]}",
-                                "benchmarking" if gpu else "CPU reference + ptxas"):
+    describe = lambda job: f"{job[0].name} {job[1]}"  # noqa: E731
+    prebuilt = {}
+    if gpu:
+        from .conv import prebuild_conv_case
+
+        prebuilt = _prebuild(args, [(describe(job), partial(prebuild_conv_case, *job, _budget(args), layout=layout))
+                                    for job in jobs])
+    for case, dtype in progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas"):
         if gpu:
             from .conv import run_conv_case
 
-            record = run_conv_case(case, dtype, args.tune_budget or None, layout=layout)
+            record = run_conv_case(case, dtype, _budget(args), layout=layout)
         else:
             from .conv import run_conv_case_cpu
 
@@ -125,7 +142,7 @@ def run_conv_bench(args) -> int:
             console.print(_explain(record))
         records.append(record)
         if args.out and gpu:
-            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+            write_json(args.out, records, [], {"mode": "gpu", "partial": True, **prebuilt})
     summary = summarize(records) if gpu else []
     table = Table(title="sparseforge bench (convolutions)" + ("" if gpu else " (CPU mode)"))
     cols = ["case", "dtype", "input", "kernel", "stride", "nnz", "config"]
@@ -144,7 +161,7 @@ def run_conv_bench(args) -> int:
         console.print(f"{row['model']} {row['sparsity']} {row['dtype']} batch {row['batch']}: {row['cases']} cases, "
                       f"geomean x cuDNN {row['geomean_speedup_vs_cudnn']:.2f}, all correct {row['all_correct']}")
     if args.out:
-        write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu"})
+        write_json(args.out, records, summary, {"mode": "gpu" if gpu else "cpu", **prebuilt})
         console.print(f"wrote {args.out}")
     if args.plot and gpu:
         plot(args.plot, [{**r, "cublas_us": r["cudnn_us"]} for r in records])
@@ -155,6 +172,44 @@ def run_conv_bench(args) -> int:
         console.print("[yellow]No GPU here: plans were checked on the CPU reference and the PTX assembled with "
                       "ptxas. Timings need an NVIDIA GPU (sm_80+).[/]")
     return 0 if all(r.get("error_ok", True) for r in records) else 1
+
+
+def _budget(args) -> float | None:
+    """The tune_budget every case is compiled (and prebuilt) with: --tune-budget 0 is the cost model's pick."""
+    return args.tune_budget or None
+
+
+def _gpu_arch() -> int:
+    """The compute capability compile_spmm / compile_conv2d (device "cuda") compile for: the current GPU's."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+    return 10 * major + minor
+
+
+def _prebuild(args, jobs: list[tuple[str, Callable[..., int]]]) -> dict:
+    """Compile every case's candidates into the disk cache side by side on all cores (runtime.prebuild), before
+    the cases are measured one by one and find them there: one case's short list keeps a few cores busy, so
+    compiling case after case left most of a 16-core host idle (ResNet-50's 17 convolutions at --tune-budget
+    0.5: 5-14 measured in 60 s). jobs: (label, prebuild call taking arch=) per case, with the arguments its
+    measuring call takes. With --tune-budget 0 each case still has its one predicted kernel compiled here.
+    Returns what the results JSON records (prebuild_seconds None where nothing was prebuilt, and why)."""
+    from ..console import console, progress
+    from ..runtime.prebuild import prebuild_useful, run_prebuilds
+
+    if args.no_prebuild:
+        return {"prebuild_seconds": None, "prebuild_skipped": "--no-prebuild"}
+    if not prebuild_useful():
+        reason = "the disk cache is off or the CUDA toolkit's ptxas is missing: nothing compiled now would carry over"
+        console.print(f"[yellow]no prebuild: {reason}[/]")
+        return {"prebuild_seconds": None, "prebuild_skipped": reason}
+    arch = _gpu_arch()
+    done = run_prebuilds([(label, partial(job, arch=arch)) for label, job in jobs], what="cases",
+                         progress=lambda pending: progress(pending, lambda p: p[0], f"prebuilding sm_{arch}"))
+    failed = f"; {len(done.failures)} failed (compiled when measured)" if done.failures else ""
+    console.print(f"prebuilt {done.built} kernels for {done.jobs} cases in {done.seconds:.1f} s on {done.workers} "
+                  f"threads{failed}")
+    return {"prebuild_seconds": done.seconds, "prebuilt_kernels": done.built, "prebuild_failures": list(done.failures)}
 
 
 def _check_outputs(args) -> None:
@@ -172,7 +227,7 @@ def _one(case, dtype, layout, gpu: bool, args) -> dict:
         from ..suite.llm import LLMCase
 
         rotate = isinstance(case, LLMCase) if args.rotate_weights is None else args.rotate_weights
-        return run_case(case, dtype, layout, case.N, args.tune_budget or None, rotate_weights=rotate)
+        return run_case(case, dtype, layout, case.N, _budget(args), rotate_weights=rotate)
     from .cpu import run_case_cpu
 
     return run_case_cpu(case, dtype, layout, case.N, assemble=True)

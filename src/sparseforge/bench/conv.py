@@ -26,20 +26,45 @@ def _record(case: ConvCase, dtype_name: str, w, layout: str) -> dict:
             "N": g.out_height * g.out_width, "nnz": w.nnz}
 
 
+def conv_kernel_args(case: ConvCase, dtype_name: str, tune_budget: float | None, seed: int = 0,
+                     layout: str = "nchw") -> dict:
+    """What run_conv_case's compile_conv2d and prebuild_conv_case's prebuild_conv2d take, alike (their cache
+    keys match only if every argument does)."""
+    g = case.geometry
+    return {"W": case.load(seed=seed, dtype=dtype_name), "input_shape": g.input_shape, "stride": g.stride,
+            "padding": g.padding, "dilation": g.dilation, "groups": g.groups, "dtype": dtype_name, "layout": layout,
+            "kernel_size": g.kernel, "tune_budget": tune_budget}
+
+
+def prebuild_conv_case(case: ConvCase, dtype_name: str, tune_budget: float | None, arch: int, seed: int = 0,
+                       layout: str = "nchw") -> int:
+    """Compile into the disk cache, without a GPU, the kernels run_conv_case with the same arguments will compile
+    on an sm_`arch` GPU (conv.prebuild_conv2d); how many."""
+    from ..conv import prebuild_conv2d
+
+    return prebuild_conv2d(**conv_kernel_args(case, dtype_name, tune_budget, seed, layout), arch=arch)
+
+
 def run_conv_case(case: ConvCase, dtype_name: str, tune_budget: float | None, seed: int = 0,
                   layout: str = "nchw") -> dict:
+    from ..conv import compile_conv2d
+
+    arguments = conv_kernel_args(case, dtype_name, tune_budget, seed, layout)
+    kernel = compile_conv2d(**arguments)
+    return _check_and_time(case, kernel, arguments["W"], dtype_name, tune_budget, seed, layout)
+
+
+def _check_and_time(case: ConvCase, kernel, w, dtype_name: str, tune_budget: float | None, seed: int,
+                    layout: str) -> dict:
+    """The record of a compiled case: its output checked against float64, its time beside cuDNN's."""
     import torch
     import torch.nn.functional as F
 
-    from ..conv import compile_conv2d
     from ..runtime.timing import graph_time_us
 
     g = case.geometry
     dtype = getattr(torch, dtype_name)
     memory = torch.channels_last if layout == "nhwc" else torch.contiguous_format
-    w = case.load(seed=seed, dtype=dtype_name)
-    kernel = compile_conv2d(w, g.input_shape, g.stride, g.padding, g.dilation, g.groups, dtype, layout=layout,
-                            kernel_size=g.kernel, tune_budget=tune_budget)
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     inputs = [torch.randn(g.input_shape, device="cuda", generator=gen).to(dtype, memory_format=memory)
               for _ in range(4)]

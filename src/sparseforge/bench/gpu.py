@@ -27,6 +27,23 @@ def _inputs(shape, dtype, count: int, seed: int):
     return [torch.randn(shape, device="cuda", generator=g).to(dtype) for _ in range(count)]
 
 
+def spmm_kernel_args(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None,
+                     seed: int = 0) -> dict:
+    """What run_case's compile_spmm and prebuild_case's prebuild_spmm take, alike (their cache keys match only if
+    every argument does)."""
+    return {"W": case.load(seed=seed, dtype=dtype_name), "n": n, "dtype": dtype_name, "layout": layout,
+            "tune_budget": tune_budget}
+
+
+def prebuild_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, arch: int,
+                  seed: int = 0) -> int:
+    """Compile into the disk cache, without a GPU, the kernels run_case with the same arguments (and no config)
+    will compile on an sm_`arch` GPU (spmm.prebuild_spmm); how many."""
+    from ..spmm import prebuild_spmm
+
+    return prebuild_spmm(**spmm_kernel_args(case, dtype_name, layout, n, tune_budget, seed), arch=arch)
+
+
 def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: float | None, seed: int = 0,
              config=None, with_cusparse: bool = True, rotate_weights: bool = False) -> dict:
     """config: a fixed TileConfig (no tuning); else chosen with tune_budget seconds of timing (None: the
@@ -35,13 +52,21 @@ def run_case(case: Case, dtype_name: str, layout: str, n: int, tune_budget: floa
     rotate_weights: also time both sides with W rotated through copies that together exceed the L2 twice
     (`*_rotating_*` keys), as a many-layer decoder streams its weights from HBM; the plain keys keep W
     resident in L2 (one copy)."""
-    import torch
-
     from ..spmm import compile_spmm
 
+    arguments = spmm_kernel_args(case, dtype_name, layout, n, tune_budget, seed)
+    kernel = compile_spmm(**arguments, config=config)
+    return _check_and_time(case, kernel, arguments["W"], dtype_name, layout, n, tune_budget, seed, with_cusparse,
+                           rotate_weights)
+
+
+def _check_and_time(case: Case, kernel, w, dtype_name: str, layout: str, n: int, tune_budget: float | None,
+                    seed: int, with_cusparse: bool, rotate_weights: bool) -> dict:
+    """The record of a compiled case: its output checked against float64, its time beside cuBLAS's and
+    cuSPARSE's."""
+    import torch
+
     dtype = getattr(torch, dtype_name)
-    w = case.load(seed=seed, dtype=dtype_name)
-    kernel = compile_spmm(w, n, dtype, layout, config=config, tune_budget=tune_budget)
     shape = (case.K, n) if layout == "kn" else (n, case.K)
     inputs = _inputs(shape, dtype, 4, seed + 1)
     dense = w.to_torch("cuda")

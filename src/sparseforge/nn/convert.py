@@ -310,26 +310,23 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                     workers: int | None = None) -> int:
     """Compile into the disk cache the candidate kernels of every (Linear or Conv2d, its input shapes as convert
     records them) in `layers` for GPUs of compute capability `arch` (default: each layer's own GPU), the layers
-    side by side on `workers` threads (all cores; ptxas runs in subprocesses). measure_layer then times the
+    side by side on `workers` threads (all cores: runtime.prebuild.run_prebuilds). measure_layer then times the
     layers one by one and finds their candidates compiled: one layer's shortlist keeps only a few cores busy, so
     compiling layer after layer left most of a 16-core machine idle (ResNet-50: 120-340 s of conversion).
     Nothing is timed or loaded here. A layer the sparse modules refuse is left to measure_layer, which reports
     why; a prebuild that fails is only a missed head start (measure_layer compiles what it needs), so it warns
     and goes on. Returns the kernels compiled now. Does nothing where the disk cache is off or ptxas is missing
     (nothing would carry over)."""
-    import os
-    import warnings
-    from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
-    from .. import env
     from ..conv import prebuild_conv2d
-    from ..runtime.compiler import PtxasCompiler
+    from ..runtime.prebuild import prebuild_useful, run_prebuilds
     from ..spmm import prebuild_spmm
     from .sparse import SparseConv2d, SparseLinear
 
-    if not env.disk_cache_enabled() or not PtxasCompiler.available():
+    if not prebuild_useful():
         return 0
-    jobs = []  # (prebuild function, its arguments): made here, one layer at a time; only compiles go to the pool
+    jobs = []  # (label, prebuild call): arguments made here, one layer at a time; only compiles go to the pool
     for module, entries in layers:
         conv = isinstance(module, nn.Conv2d)
         target = arch if arch is not None else _arch(module.weight.device) if module.weight.is_cuda else None
@@ -340,6 +337,7 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                                                                          tune_budget=tune_budget)
         except ValueError:
             continue
+        kind = type(module).__name__
         if conv:  # the module keys its kernels by image size and layout: one prebuild for each
             seen = set()
             for entry in entries:
@@ -348,33 +346,13 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                 channels_last = tagged and shape[1] > 1 and shape[2] * shape[3] > 1  # else it runs NCHW
                 if (shape[2], shape[3], channels_last) not in seen:
                     seen.add((shape[2], shape[3], channels_last))
-                    jobs.append((prebuild_conv2d, {**sparse._kernel_args(shape, channels_last), "arch": target}))
+                    arguments = sparse._kernel_args(shape, channels_last)
+                    jobs.append((f"{kind} {shape}", partial(prebuild_conv2d, **arguments, arch=target)))
         else:
-            jobs += [(prebuild_spmm, {**sparse._kernel_args(n), "arch": target})
+            jobs += [(f"{kind} n={n}", partial(prebuild_spmm, **sparse._kernel_args(n), arch=target))
                      for n in sorted({math.prod(s[:-1]) for s in entries})]
         del sparse  # its device buffers: the jobs hold W on the host (the module's SparseMatrix)
-    failures: list[str] = []
-
-    def run(job) -> int:
-        prebuild, arguments = job
-        try:
-            return prebuild(**arguments)
-        except Exception as exc:  # noqa: BLE001 - a head start missed, not an error: measure_layer compiles it
-            failures.append(f"{type(exc).__name__}: {str(exc)[:160]}")
-            return 0
-
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        futures = [pool.submit(run, job) for job in jobs]
-        try:
-            built = sum(f.result() for f in futures)
-        except BaseException:  # Ctrl-C: drop the queued compiles rather than wait for them
-            for f in futures:
-                f.cancel()
-            raise
-    if failures:
-        warnings.warn(f"prebuilding {len(failures)} of {len(jobs)} layer shapes failed (they compile when measured): "
-                      f"{failures[0]}", stacklevel=2)
-    return built
+    return run_prebuilds(jobs, workers, what="layer shapes").built
 
 
 def _summed(decisions: list, which: str) -> float | None:
