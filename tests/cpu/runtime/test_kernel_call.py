@@ -363,6 +363,33 @@ def _nhwc_conv(config, residual=False, **geometry):
     return cpu_conv_kernel(make_conv_plan(w, g, config=config, residual=residual))
 
 
+def test_generated_conv_without_padding_reads_an_aligned_x_in_place_and_copies_otherwise(monkeypatch):
+    """No padding, NCHW, one copy: the bordered image is x byte for byte, so the launch reads x itself (no copy
+    launch); a misaligned x (a view into a larger buffer) still goes through the 16-byte aligned buffer, and
+    padding, a vector layout needing shifted copies, or nhwc keep the copy."""
+    from sparseforge.plan.conv import ConvGeometry, make_conv_plan
+
+    g = ConvGeometry.of((1, 4, 6, 8), 5, 1, stride=2)  # a ResNet projection: 1x1, stride 2, no padding
+    w = SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32))
+    conv = cpu_conv_kernel(make_conv_plan(w, g, config=TileConfig(1, 1, 1)))
+    assert conv.reads_x_in_place
+    x = torch.randn(2, 4, 6, 8)
+    conv(x)
+    assert conv.launches[-1][0] == x.data_ptr() and (conv._bordered == 0).all()  # nothing copied
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # the buffer grows to 2
+    base = torch.randn(2 * 4 * 6 * 8 + 1)
+    shifted = base[1:].view(2, 4, 6, 8)  # 4 bytes past an aligned start
+    conv(shifted)
+    x_ptr = conv.launches[-1][0]
+    assert x_ptr == conv._bordered.data_ptr() and torch.equal(conv._bordered[:2].view(2, 4, 6, 8), shifted)
+
+    padded = ConvGeometry.of((1, 4, 6, 8), 5, 3, padding=1)
+    assert not cpu_conv_kernel(make_conv_plan(SparseMatrix.from_dense(np.ones(padded.weight_shape, np.float32)),
+                                              padded, config=TileConfig(1, 1, 1))).reads_x_in_place
+    nhwc = ConvGeometry.of((1, 4, 6, 8), 5, 1, layout="nhwc")
+    assert not cpu_conv_kernel(make_conv_plan(w, nhwc, config=TileConfig(1, 1, 1))).reads_x_in_place
+
+
 @pytest.mark.parametrize("config", [TileConfig(2, 1, 1), TileConfig(2, 1, 1, segment_nnz=6)], ids=["whole", "split"])
 def test_nhwc_generated_conv_transposes_x_into_the_bordered_buffer_and_writes_a_channels_last_output(config):
     """A channels_last x lands in the NCHW bordered buffer (torch's copy_ transposes); the output is made
