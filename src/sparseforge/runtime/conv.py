@@ -76,8 +76,9 @@ class ConvKernel(LoadedPlanKernel):
     def bordered(self, x, batch: int):
         """x ([batch,] Cin x H x W, NCHW- or channels_last-contiguous) copied into the interior of the
         kernel's zero-bordered NCHW buffer (one launch, which transposes a channels_last x), and, where the
-        plan reads shifted copies (plan.shifts > 1), copy j filled from copy 0 shifted by j elements (one
-        more launch); the [batch, shifts, plane] buffer the generated kernel reads. Where that buffer would
+        plan reads shifted copies (plan.shifts > 1), copy j holding copy 0 shifted by j elements (written in
+        the same launch where the padding leaves room, _views_for; else one more launch from copy 0); the
+        [batch, shifts, plane] buffer the generated kernel reads. Where that buffer would
         equal x (reads_x_in_place: no padding, NCHW, one copy) and x is 16-byte aligned, x itself."""
         import torch
 
@@ -95,14 +96,22 @@ class ConvKernel(LoadedPlanKernel):
             self._bordered = self._bordered_buffer(batch)
             self._border_views = {}
         buffer, interior, shifted = self._views_for(batch)
-        interior.copy_(x if x.dim() == 4 else x.view(batch, *self.in_shape))
+        x = x if x.dim() == 4 else x.view(batch, *self.in_shape)
+        if interior.dim() == 5:  # every copy's interior in one launch (_views_for)
+            interior.copy_(x.unsqueeze(1).expand(interior.shape))
+            return buffer
+        interior.copy_(x)
         if shifted is not None:
             shifted[0].copy_(shifted[1])
         return buffer
 
     def _views_for(self, batch: int):
         """(the buffer's first `batch` images, the interior of copy 0 as [batch, Cin, H, W], and the shifted
-        copies' (target, source) or None), made once per batch: views cost host time on every call."""
+        copies' (target, source) or None), made once per batch: views cost host time on every call. Where
+        the first interior element lies at least shifts - 1 elements into the image (any padding, in practice),
+        the interior is every copy's at once, [batch, shifts, Cin, H, W] (copy j's starts j elements earlier:
+        stride plane - 1 along the copies, no element written twice), so one copy_ launch fills them all
+        (shifted None); the border, never written, stays zero in each copy."""
         import torch
 
         views = self._border_views.get(batch)
@@ -111,6 +120,14 @@ class ConvKernel(LoadedPlanKernel):
             (ph, pw), buffer = g.padding, self._bordered[:batch]
             shifts, plane = buffer.shape[1], buffer.shape[2]
             xp = buffer[:, 0].view(batch, g.channels, g.bordered_height, g.bordered_width)
+            first = ph * g.bordered_width + pw  # the first interior element's place in a copy
+            if shifts > 1 and first >= shifts - 1:
+                hw = g.bordered_height * g.bordered_width
+                every = torch.as_strided(buffer, (batch, shifts, g.channels, g.height, g.width),
+                                         (shifts * plane, plane - 1, hw, g.bordered_width, 1),
+                                         buffer.storage_offset() + first)
+                views = self._border_views[batch] = (buffer, every, None)
+                return views
             shifted = None
             if shifts > 1:  # copy j (1 <= j < shifts) at i: copy 0 at i + j; its last j elements are never read
                 length = plane - shifts + 1

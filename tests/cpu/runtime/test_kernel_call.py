@@ -363,6 +363,33 @@ def _nhwc_conv(config, residual=False, **geometry):
     return cpu_conv_kernel(make_conv_plan(w, g, config=config, residual=residual))
 
 
+@pytest.mark.parametrize("padding, layout, one_copy_call", [(1, "nchw", True), (1, "nhwc", True),
+                                                          (0, "nchw", False), ((0, 1), "nchw", True)])
+def test_shifted_copies_are_filled_in_one_copy_where_the_padding_leaves_room(padding, layout, one_copy_call):
+    """Vector pairs (vec 2) read two copies of the bordered image, copy 1 being copy 0 shifted by one element:
+    with the first interior element at least one element in, one copy_ writes both copies' interiors
+    (every copy's view at once); without padding, copy 1 is filled from copy 0 after. Either way the buffer
+    is the bordered image and its shift, border zero."""
+    from sparseforge.plan.conv import ConvGeometry, make_conv_plan
+
+    g = ConvGeometry.of((2, 3, 6, 8), 4, 3, padding=padding, layout=layout)
+    plan = make_conv_plan(SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32)), g,
+                          config=TileConfig(rows_per_group=1, warps_per_block=1, vec=2))
+    assert plan.shifts == 2
+    conv = cpu_conv_kernel(plan)
+    x = torch.randn(2, 3, 6, 8)
+    x = x.contiguous(memory_format=torch.channels_last) if layout == "nhwc" else x
+    conv(x)
+    _, interior, shifted = conv._views_for(2)
+    assert (interior.dim() == 5 and shifted is None) == one_copy_call
+    (ph, pw) = g.padding
+    xp = torch.nn.functional.pad(x, (pw, pw, ph, ph)).reshape(2, -1)
+    buffer = conv._bordered
+    assert torch.equal(buffer[:, 0], xp) and torch.equal(buffer[:, 1, :-1], xp[:, 1:])
+    conv(x * 2)  # a second call rewrites the interiors, the border stays zero
+    assert torch.equal(buffer[:, 0], 2 * xp) and torch.equal(buffer[:, 1, :-1], 2 * xp[:, 1:])
+
+
 def test_generated_conv_without_padding_reads_an_aligned_x_in_place_and_copies_otherwise(monkeypatch):
     """No padding, NCHW, one copy: the bordered image is x byte for byte, so the launch reads x itself (no copy
     launch); a misaligned x (a view into a larger buffer) still goes through the 16-byte aligned buffer, and
