@@ -299,9 +299,13 @@ def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
     records = [_describe(p) for p in plans]
     picked = [rank([r["predicted_us"] for r in records])[0]] if tune_budget is None else \
         to_compile(records, tune_budget)
+    from .runtime.prebuild import stop_requested
+
     built = 0
     for i in picked:
         plan = plans[i]
+        if stop_requested():  # Ctrl-C: the ptxas it killed was this job's; start no other
+            break
         if plan.family == "split-24":  # nothing of its own to compile
             continue
         try:  # looked up by the sketch's key (the whole plan's): a hit makes no plan and renders nothing

@@ -3,6 +3,7 @@ and cuSPARSE, or, without a GPU, the CPU reference and ptxas assembly of every g
 from __future__ import annotations
 
 import argparse
+import contextlib
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -77,20 +78,25 @@ def run_bench(args) -> int:
     check_fits(jobs, gpu)
     records = []
     describe = lambda job: f"{job[0].name} {job[1]} {job[2]}"  # noqa: E731
-    prebuilt = {}
+    run = None
     if gpu:
         from .gpu import prebuild_case
 
-        prebuilt = _prebuild(args, [(describe(job), partial(prebuild_case, *job, job[0].N, _budget(args)))
-                                    for job in jobs])
-    for case, dtype, layout in progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas"):
-        record = _one(case, dtype, layout, gpu, args)
-        record["batch"] = args.batch
-        if args.explain:
-            console.print(_explain(record))
-        records.append(record)
-        if args.out and gpu:  # partial results survive an interrupted run
-            write_json(args.out, records, [], {"mode": "gpu", "partial": True, **prebuilt})
+        run = _start_prebuild(args, [(describe(job), partial(prebuild_case, *job, job[0].N, _budget(args)))
+                                     for job in jobs])
+    with run or contextlib.nullcontext():  # Ctrl-C or an error: the prebuild is cancelled
+        for i, (case, dtype, layout) in enumerate(progress(jobs, describe,
+                                                           "benchmarking" if gpu else "CPU reference + ptxas")):
+            if run is not None:
+                run.wait(i)  # this case's candidates are compiled; later cases' compile meanwhile
+            record = _one(case, dtype, layout, gpu, args)
+            record["batch"] = args.batch
+            if args.explain:
+                console.print(_explain(record))
+            records.append(record)
+            if args.out and gpu:  # partial results survive an interrupted run
+                write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+        prebuilt = _finish_prebuild(args, run) if gpu else {}
     summary = summarize(records) if gpu else []
     _print(console, records, summary, gpu)
     if args.out:
@@ -123,26 +129,15 @@ def run_conv_bench(args) -> int:
     records = []
     jobs = [(c, d) for c in cases for d in dtypes]
     describe = lambda job: f"{job[0].name} {job[1]}"  # noqa: E731
-    prebuilt = {}
+    run = None
     if gpu:
         from .conv import prebuild_conv_case
 
-        prebuilt = _prebuild(args, [(describe(job), partial(prebuild_conv_case, *job, _budget(args), layout=layout))
-                                    for job in jobs])
-    for case, dtype in progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas"):
-        if gpu:
-            from .conv import run_conv_case
-
-            record = run_conv_case(case, dtype, _budget(args), layout=layout)
-        else:
-            from .conv import run_conv_case_cpu
-
-            record = run_conv_case_cpu(case, dtype, layout=layout)
-        if args.explain and isinstance(record.get("choice"), dict):
-            console.print(_explain(record))
-        records.append(record)
-        if args.out and gpu:
-            write_json(args.out, records, [], {"mode": "gpu", "partial": True, **prebuilt})
+        run = _start_prebuild(args, [(describe(job), partial(prebuild_conv_case, *job, _budget(args), layout=layout))
+                                     for job in jobs])
+    with run or contextlib.nullcontext():  # Ctrl-C or an error: the prebuild is cancelled
+        records = _conv_records(args, jobs, describe, gpu, layout, run)
+        prebuilt = _finish_prebuild(args, run) if gpu else {}
     summary = summarize(records) if gpu else []
     table = Table(title="sparseforge bench (convolutions)" + ("" if gpu else " (CPU mode)"))
     cols = ["case", "dtype", "input", "kernel", "stride", "nnz", "config"]
@@ -174,6 +169,32 @@ def run_conv_bench(args) -> int:
     return 0 if all(r.get("error_ok", True) for r in records) else 1
 
 
+def _conv_records(args, jobs, describe, gpu: bool, layout: str, run) -> list[dict]:
+    """Each convolution case measured (GPU) or checked (CPU) in turn, the partial results written after each;
+    with a prebuild run, case i waits for its own prebuild only."""
+    from ..console import console, progress
+    from .report import write_json
+
+    records = []
+    for i, (case, dtype) in enumerate(progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas")):
+        if gpu:
+            from .conv import run_conv_case
+
+            if run is not None:
+                run.wait(i)  # this case's candidates are compiled; later cases' compile meanwhile
+            record = run_conv_case(case, dtype, _budget(args), layout=layout)
+        else:
+            from .conv import run_conv_case_cpu
+
+            record = run_conv_case_cpu(case, dtype, layout=layout)
+        if args.explain and isinstance(record.get("choice"), dict):
+            console.print(_explain(record))
+        records.append(record)
+        if args.out and gpu:
+            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+    return records
+
+
 def _budget(args) -> float | None:
     """The tune_budget every case is compiled (and prebuilt) with: --tune-budget 0 is the cost model's pick."""
     return args.tune_budget or None
@@ -187,25 +208,35 @@ def _gpu_arch() -> int:
     return 10 * major + minor
 
 
-def _prebuild(args, jobs: list[tuple[str, Callable[..., int]]]) -> dict:
-    """Compile every case's candidates into the disk cache side by side on all cores (runtime.prebuild), before
-    the cases are measured one by one and find them there: one case's short list keeps a few cores busy, so
-    compiling case after case left most of a 16-core host idle (ResNet-50's 17 convolutions at --tune-budget
-    0.5: 5-14 measured in 60 s). jobs: (label, prebuild call taking arch=) per case, with the arguments its
-    measuring call takes. With --tune-budget 0 each case still has its one predicted kernel compiled here.
-    Returns what the results JSON records (prebuild_seconds None where nothing was prebuilt, and why)."""
-    from ..console import console, progress
-    from ..runtime.prebuild import prebuild_useful, run_prebuilds
+def _start_prebuild(args, jobs: list[tuple[str, Callable[..., int]]]):
+    """Start compiling every case's candidates into the disk cache side by side on all cores (runtime.prebuild),
+    each case measured as soon as its own are compiled while the later ones compile: one case's short list
+    keeps a few cores busy, so compiling case after case left most of a 16-core host idle (ResNet-50's 17
+    convolutions at --tune-budget 0.5: 5-14 measured in 60 s), and a run cut short still has what it measured.
+    jobs: (label, prebuild call taking arch=) per case, with the arguments its measuring call takes. With
+    --tune-budget 0 each case has its one predicted kernel compiled here. None where nothing is prebuilt."""
+    from ..console import console
+    from ..runtime.prebuild import PrebuildRun, prebuild_useful
 
-    if args.no_prebuild:
-        return {"prebuild_seconds": None, "prebuild_skipped": "--no-prebuild"}
-    if not prebuild_useful():
-        reason = "the disk cache is off or the CUDA toolkit's ptxas is missing: nothing compiled now would carry over"
-        console.print(f"[yellow]no prebuild: {reason}[/]")
-        return {"prebuild_seconds": None, "prebuild_skipped": reason}
+    if args.no_prebuild or not prebuild_useful():
+        if not args.no_prebuild:
+            console.print(f"[yellow]no prebuild: {NO_PREBUILD}[/]")
+        return None
     arch = _gpu_arch()
-    done = run_prebuilds([(label, partial(job, arch=arch)) for label, job in jobs], what="cases",
-                         progress=lambda pending: progress(pending, lambda p: p[0], f"prebuilding sm_{arch}"))
+    return PrebuildRun([(label, partial(job, arch=arch)) for label, job in jobs], what="cases")
+
+
+NO_PREBUILD = "the disk cache is off or the CUDA toolkit's ptxas is missing: nothing compiled now would carry over"
+
+
+def _finish_prebuild(args, run) -> dict:
+    """What the results JSON records of the prebuild (prebuild_seconds None where nothing was prebuilt, and
+    why), once every job is done; a line saying what it did."""
+    from ..console import console
+
+    if run is None:
+        return {"prebuild_seconds": None, "prebuild_skipped": "--no-prebuild" if args.no_prebuild else NO_PREBUILD}
+    done = run.finish()
     failed = f"; {len(done.failures)} failed (compiled when measured)" if done.failures else ""
     console.print(f"prebuilt {done.built} kernels for {done.jobs} cases in {done.seconds:.1f} s on {done.workers} "
                   f"threads{failed}")

@@ -1,11 +1,12 @@
-"""`sparseforge bench` on a GPU compiles every case's candidates side by side before measuring the cases one by one
-(bench/cli.py _prebuild over runtime/prebuild.py). The GPU parts are stubbed here: compile_conv2d / compile_spmm
+"""`sparseforge bench` on a GPU compiles every case's candidates side by side, measuring each case as soon as its
+own are compiled (bench/cli.py _start_prebuild over runtime/prebuild.py PrebuildRun). The GPU parts are stubbed here: compile_conv2d / compile_spmm
 record the arguments the measuring pass gives them, the check-and-time tail returns a made-up record, and the
 prebuilds record theirs. What is checked is what makes the prebuild worth anything: every case is prebuilt,
 with the arguments (hence the cache keys) of its measuring call, for the GPU present."""
 import importlib
 import inspect
 import json
+import time
 import types
 
 import pytest
@@ -41,11 +42,15 @@ def calls(monkeypatch):
     made = {name: [] for name in SIGNATURES}
     failing: set = set()  # case names whose prebuild raises
     made["failing"] = failing
+    made["order"] = []  # (name, arguments) of every call, as they were made
 
     def recorder(name: str, result):
         def call(*args, **kwargs):
+            if name.startswith("prebuild"):
+                time.sleep(0.02)  # compiling takes a while: a measuring call that did not wait would come first
             arguments = _arguments(name, args, kwargs)
             made[name].append(arguments)
+            made["order"].append((name, arguments))
             if name.startswith("prebuild") and arguments["W"].digest() in failing:
                 raise OSError("No space left on device")
             return result
@@ -92,6 +97,16 @@ def _spmm_key(a: dict, arch: int) -> str:
     return problem.choice_key(a["tune_budget"], a["time_dense"], COMPILER)
 
 
+def _each_measured_after_its_prebuild(order: list, measure: str, prebuild: str, key) -> None:
+    """A case is measured only once its own prebuild has run (it waits for that job alone)."""
+    seen = set()
+    for name, arguments in order:
+        if name == prebuild:
+            seen.add(key(arguments, arguments["arch"]))
+        elif name == measure:
+            assert key(arguments, ARCH) in seen  # measured before its candidates were compiled
+
+
 def _same_problems(measured: list[dict], prebuilt: list[dict], key) -> None:
     """One prebuild per measuring call (the pool runs them in any order), on the GPU's arch, with every argument
     the two share equal (W by its digest) and so the same cache key; the measuring call on no fixed config."""
@@ -117,7 +132,7 @@ def test_conv_bench_prebuilds_every_case_with_its_measuring_arguments(calls, tmp
     assert {m["layout"] for m in measured} == {"nhwc"} and {m["tune_budget"] for m in measured} == {expected}
     assert {m["dtype"] for m in measured} == {"float32", "float16", "bfloat16"}
     text = capsys.readouterr().out
-    assert "prebuilding sm_90 [1/9] " in text and "prebuilding sm_90 [9/9] " in text  # progress off a terminal
+    _each_measured_after_its_prebuild(calls["order"], "compile_conv2d", "prebuild_conv2d", _conv_key)
     assert "prebuilt 27 kernels for 9 cases in " in text  # the stub reports 3 kernels a case
     assert text.index("prebuilt 27 kernels") < text.index("sparseforge bench (convolutions)")
     data = json.loads(out.read_text())
@@ -132,6 +147,7 @@ def test_spmm_bench_prebuilds_every_case_with_its_measuring_arguments(calls, tmp
     measured, prebuilt = calls["compile_spmm"], calls["prebuild_spmm"]
     assert len(measured) == 2 * 2  # two matrices in two layouts
     _same_problems(measured, prebuilt, _spmm_key)
+    _each_measured_after_its_prebuild(calls["order"], "compile_spmm", "prebuild_spmm", _spmm_key)
     assert {m["layout"] for m in measured} == {"kn", "nk"} and {m["tune_budget"] for m in measured} == {0.5}
     assert "prebuilt 8 kernels for 4 cases in " in capsys.readouterr().out
     assert json.loads(out.read_text())["prebuilt_kernels"] == 8

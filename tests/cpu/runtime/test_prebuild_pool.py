@@ -61,3 +61,46 @@ def test_ctrl_c_drops_the_queued_jobs():
 def test_nothing_is_worth_prebuilding_with_the_disk_cache_off(monkeypatch):
     monkeypatch.setenv("SPARSEFORGE_NO_CACHE", "1")
     assert not prebuild_useful()
+
+
+def test_a_run_hands_each_job_over_as_soon_as_it_is_done_while_later_ones_compile():
+    from sparseforge.runtime.prebuild import PrebuildRun
+
+    release = threading.Event()
+
+    def later():
+        assert release.wait(10)  # still compiling while job 0 is used
+        return 2
+
+    with PrebuildRun([("first", lambda: 1), ("later", later)], workers=2) as run:
+        run.wait(0)
+        assert run.pending[0][1].result() == 1 and not run.pending[1][1].done()
+        release.set()
+        run.wait(1)
+        done = run.finish()
+    assert (done.built, done.jobs, done.failures) == (3, 2, ())
+
+
+def test_a_cancelled_run_stops_its_running_jobs_before_their_next_candidate():
+    """Ctrl-C kills the ptxas running now; a job compiling a short list must not start the next one. The
+    flag belongs to the run whose job a thread runs: other code sees no stop."""
+    from sparseforge.runtime.prebuild import PrebuildRun, stop_requested
+
+    started, compiled = threading.Event(), []
+    cancelled = threading.Event()
+
+    def short_list():
+        started.set()
+        for candidate in range(5):
+            if stop_requested():
+                break
+            compiled.append(candidate)
+            cancelled.wait(0.2) if candidate == 0 else None
+        return len(compiled)
+
+    with pytest.raises(KeyboardInterrupt):
+        with PrebuildRun([("layer", short_list)], workers=1):
+            assert started.wait(10)
+            raise KeyboardInterrupt
+    time.sleep(0.4)  # the job saw the stop after its first candidate
+    assert compiled == [0] and not stop_requested()
