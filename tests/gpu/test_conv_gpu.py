@@ -228,6 +228,23 @@ def test_pairs_of_pixels_over_shifted_copies_on_an_rn50_layer(config, dtype):
         assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
 
 
+@pytest.mark.parametrize("padding, vec, launches", [(1, 2, 2), (1, 1, 2), (0, 1, 1)])
+def test_a_generated_conv_call_launches_its_kernel_and_at_most_one_copy(padding, vec, launches):
+    """The bordered copy and its shifted twin are one copy_ launch (vector pairs: padding leaves room); without
+    padding the kernel reads x in place, no copy at all. Counted by the profiler, outputs checked."""
+    from sparseforge.bench.profile import kernel_breakdown
+
+    weight = _pruned((32, 16, 3, 3), 0.2, seed=5)
+    k = compile_conv2d(weight, (2, 16, 20, 24), padding=padding, config=TileConfig(2, 4, vec, 16))
+    assert k.plan.config.vec == vec and k.reads_x_in_place == (padding == 0)
+    x = torch.randn(2, 16, 20, 24, device="cuda")
+    out = torch.full(k(x).shape, float("nan"), device="cuda")
+    got = kernel_breakdown(lambda: k(x, out=out), calls=3)
+    assert got["kernels_per_call"] == pytest.approx(launches)
+    ref = _reference(x, weight, None, 1, padding, 1, 1, None, False)
+    assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[torch.float32]
+
+
 def test_nhwc_and_nchw_kernels_agree_and_their_choices_are_cached_apart():
     """One layer compiled for both layouts: the same outputs on the same values (the NHWC one on channels_last
     tensors), each choice cached under its own key (a second compile of each is a hit with its record)."""
