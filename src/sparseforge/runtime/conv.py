@@ -10,7 +10,7 @@ zero; a channels_last x is transposed by the same copy).
 from __future__ import annotations
 
 from ..plan.conv import ConvTilePlan
-from .kernel import Built, LoadedPlanKernel, compile_plan
+from .kernel import Built, LoadedPlanKernel, check_tensor, compile_plan
 from .streams import current_stream_handle
 
 
@@ -142,14 +142,7 @@ class ConvKernel(LoadedPlanKernel):
         [batch,] `shape`, contiguous in the kernel's layout."""
         import torch
 
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device != self._device:
-            raise ValueError(f"{what} is on {t.device}, the kernel was compiled for {self._device}: move it with "
-                             f"{what}.to('{self._device}')")
-        if t.dtype != self._dtype:
-            raise TypeError(f"{what} has dtype {t.dtype}, the kernel was compiled for {self._dtype}: convert with "
-                            f"{what}.to({self._dtype}) or compile a kernel for {t.dtype}")
+        check_tensor(t, what, self._device, self._dtype)
         nhwc = self.layout == "nhwc"
         if t.dim() not in ((4,) if nhwc else (3, 4)) or tuple(t.shape[-3:]) != shape:
             g = self.plan.geometry

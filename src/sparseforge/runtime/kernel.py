@@ -91,6 +91,28 @@ class LoadedPlanKernel:
             out.index_fill_(dim, self._partial, 0)
 
 
+def check_tensor(t, what: str, device, dtype) -> None:
+    """Raise, naming the problem and the fix, unless t is a torch tensor on `device` of `dtype`: the first
+    checks of every kernel's call (SpmmKernel, ConvKernel, Split24Kernel). `what` names the argument ("out"
+    takes other fixes: a moved or cast copy of out would not be written)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        fix = (f"allocate it there (device='{device}') or omit out" if what == "out" else
+               f"move it with {what}.to('{device}')")
+        raise ValueError(f"{what} is on {t.device}, the kernel was compiled for {device}: {fix}")
+    if t.dtype != dtype:
+        if what == "out":
+            fix = f"allocate it as {dtype} or omit out"
+        elif t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            fix = f"convert with {what}.to({dtype}) or compile a kernel for {t.dtype}"
+        else:
+            fix = f"convert with {what}.to({dtype}) (kernels take float32, float16 or bfloat16)"
+        raise TypeError(f"{what} has dtype {t.dtype}, the kernel was compiled for {dtype}: {fix}")
+
+
 class SpmmKernel(LoadedPlanKernel):
     """C = W @ B (layout "kn": B [batch,] K x N -> C [batch,] M x N) or Y = X @ W^T (layout "nk":
     X [batch,] N x K -> Y [batch,] N x M), with W, N, dtype and epilogue fixed at compile time.
@@ -170,22 +192,7 @@ class SpmmKernel(LoadedPlanKernel):
     def _check(self, b, what: str, shape: tuple[int, int]):
         """Raise, naming the problem and the fix, unless b is a contiguous [batch,] `shape` tensor of the
         kernel's dtype on its device. `what`: "B", "X" or "out" (whose fixes differ: a copy of out is no use)."""
-        import torch
-
-        if not isinstance(b, torch.Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(b).__name__}")
-        if b.device != self._device:
-            fix = (f"allocate it there (device='{self._device}') or omit out" if what == "out" else
-                   f"move it with {what}.to('{self._device}')")
-            raise ValueError(f"{what} is on {b.device}, the kernel was compiled for {self._device}: {fix}")
-        if b.dtype != self._dtype:
-            if what == "out":
-                fix = f"allocate it as {self._dtype} or omit out"
-            elif b.dtype in (torch.float32, torch.float16, torch.bfloat16):
-                fix = f"convert with {what}.to({self._dtype}) or compile a kernel for {b.dtype}"
-            else:
-                fix = f"convert with {what}.to({self._dtype}) (kernels take float32, float16 or bfloat16)"
-            raise TypeError(f"{what} has dtype {b.dtype}, the kernel was compiled for {self._dtype}: {fix}")
+        check_tensor(b, what, self._device, self._dtype)
         if b.dim() not in (2, 3) or tuple(b.shape[-2:]) != shape:
             p = self._launch
             if what == "out":

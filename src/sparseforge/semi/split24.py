@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from ..runtime.kernel import check_tensor
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
 from .runtime import _padded_input
 from .transpose import transpose_columns
@@ -122,14 +123,7 @@ class Split24Kernel:
         return out
 
     def _check(self, t, what: str, shape: tuple[int, int]) -> None:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device != self._device:
-            raise ValueError(f"{what} is on {t.device}, the kernel was built for {self._device}: move it with "
-                             f"{what}.to('{self._device}')")
-        if t.dtype != self._dtype:
-            raise TypeError(f"{what} has dtype {t.dtype}, the kernel was built for {self._dtype}: convert with "
-                            f"{what}.to({self._dtype})")
+        check_tensor(t, what, self._device, self._dtype)
         if t.dim() != 2 or tuple(t.shape) != shape:
             names = "N x K" if what == "X" else "N x M"
             raise ValueError(f"{what} has shape {tuple(t.shape)}; the split-24 kernel takes a 2-D {names} = "

@@ -493,3 +493,23 @@ def test_a_bordered_buffer_made_under_inference_mode_takes_later_calls_outside_i
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     conv(torch.randn(3, 2, 5, 4))  # a larger batch: a new buffer, the old one kept for graphs captured with it
     assert conv._retired == [bigger] and conv._bordered.shape[0] == 3
+
+
+def test_check_tensor_names_the_problem_and_the_fix_for_inputs_and_out():
+    """The shared first checks of every kernel's call (SpmmKernel, ConvKernel, Split24Kernel)."""
+    from sparseforge.runtime.kernel import check_tensor
+
+    cpu = torch.device("cpu")
+    check_tensor(torch.zeros(2, dtype=torch.float16), "X", cpu, torch.float16)  # passes
+    with pytest.raises(TypeError, match="X must be a torch.Tensor, got ndarray"):
+        check_tensor(np.zeros(2), "X", cpu, torch.float16)
+    with pytest.raises(ValueError, match=r"X is on meta, the kernel was compiled for cpu: move it with X.to\('cpu'\)"):
+        check_tensor(torch.zeros(2, device="meta"), "X", cpu, torch.float32)
+    with pytest.raises(ValueError, match=r"out is on meta, .*: allocate it there \(device='cpu'\) or omit out"):
+        check_tensor(torch.zeros(2, device="meta"), "out", cpu, torch.float32)
+    with pytest.raises(TypeError, match=r"X has dtype torch.bfloat16, .* or compile a kernel for torch.bfloat16"):
+        check_tensor(torch.zeros(2, dtype=torch.bfloat16), "X", cpu, torch.float16)
+    with pytest.raises(TypeError, match=r"X has dtype torch.int64, .*\(kernels take float32, float16 or bfloat16\)"):
+        check_tensor(torch.zeros(2, dtype=torch.int64), "X", cpu, torch.float16)
+    with pytest.raises(TypeError, match=r"out has dtype torch.float32, .*: allocate it as torch.float16 or omit out"):
+        check_tensor(torch.zeros(2), "out", cpu, torch.float16)
