@@ -61,6 +61,19 @@ def breakdown(name: str, w, n: int, dtype: str) -> dict:
     return row
 
 
+def summarize_breakdown(rows: list[dict]) -> list[dict]:
+    """Summary rows with the keys of every benchmark file, per (sparsity, dtype, N): the geomean over the
+    group's shapes of cuBLAS over the composite."""
+    from sparseforge.bench.report import geomean
+
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((float(r["case"].rpartition("@")[2]), r["dtype"], r["N"]), []).append(r)
+    return [{"model": "llama", "sparsity": sparsity, "dtype": dtype, "batch": n, "layout": "nk", "cases": len(items),
+             "mapping": "split-24", "geomean_speedup_vs_cublas": geomean(r["speedup_vs_cublas"] for r in items),
+             "all_correct": all(r["error_ok"] for r in items)} for (sparsity, dtype, n), items in groups.items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -72,7 +85,8 @@ def main() -> int:
         llm_spec, _, n_text = spec.partition("/")
         for case in discover_llm(llm_spec, n=int(n_text)):
             rows.append(breakdown(str(case.path), case.load(dtype=args.dtype), case.N, args.dtype))
-            args.out.write_text(json.dumps({"provenance": provenance(sys.argv), "cases": rows}, indent=1))
+            args.out.write_text(json.dumps({"provenance": provenance(sys.argv), "summary": summarize_breakdown(rows),
+                                            "cases": rows}, indent=1))
     return 0 if all(r["error_ok"] for r in rows) else 1
 
 

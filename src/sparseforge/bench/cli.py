@@ -95,7 +95,7 @@ def run_bench(args) -> int:
                 console.print(_explain(record))
             records.append(record)
             if args.out and gpu:  # partial results survive an interrupted run
-                write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+                write_json(args.out, records, summarize(records), {"mode": "gpu", "partial": True})
         prebuilt = _finish_prebuild(args, run) if gpu else {}
     summary = summarize(records) if gpu else []
     _print(console, records, summary, gpu)
@@ -173,7 +173,7 @@ def _conv_records(args, jobs, describe, gpu: bool, layout: str, run) -> list[dic
     """Each convolution case measured (GPU) or checked (CPU) in turn, the partial results written after each;
     with a prebuild run, case i waits for its own prebuild only."""
     from ..console import console, progress
-    from .report import write_json
+    from .report import summarize, write_json
 
     records = []
     for i, (case, dtype) in enumerate(progress(jobs, describe, "benchmarking" if gpu else "CPU reference + ptxas")):
@@ -191,7 +191,7 @@ def _conv_records(args, jobs, describe, gpu: bool, layout: str, run) -> list[dic
             console.print(_explain(record))
         records.append(record)
         if args.out and gpu:
-            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+            write_json(args.out, records, summarize(records), {"mode": "gpu", "partial": True})
     return records
 
 
@@ -389,7 +389,7 @@ def run_bench24(args) -> int:
     for group, m, k, n, dtype in progress(jobs, describe, "2:4 benchmark"):
         records.append({"group": group, **run_case24(m, k, n, dtype, with_torch=not args.no_torch)})
         if args.out:  # partial results survive an interrupted run
-            write_json(args.out, records, [], {"mode": "gpu", "partial": True})
+            write_json(args.out, records, summarize24(records), {"mode": "gpu", "partial": True})
     overhead = host_overhead_us()
     summary = summarize24(records)
     print24(console, records, summary, overhead)
