@@ -217,7 +217,15 @@ case "${1:-}" in
         "$OUT/model_rn50_${s}_float16_b8_cl.json" --tune-budget 0.3 --batch 8 --dtype float16 --channels-last \
         > "$L/rn50_${s}_b8h.log" 2>&1; tail -1 "$L/rn50_${s}_b8h.log"
     done ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d"; exit 2 ;;
+  sixteenth_tests)  # the whole GPU suite on the code that resolves issues 11-13 (the conv / nn fix of the sixteenth
+                    # session's one failure included), then the first of issue 13's batch-8 figures with what is left
+    timeout 330 python3 -m pytest tests/gpu -q -p no:cacheprovider -n 6 --deselect tests/gpu/test_timing_gpu.py \
+      --deselect tests/gpu/test_profile_gpu.py > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 40 python3 -m pytest tests/gpu/test_timing_gpu.py tests/gpu/test_profile_gpu.py -q -p no:cacheprovider \
+      > "$L/gpu_tests_serial.log" 2>&1; tail -2 "$L/gpu_tests_serial.log"
+    T=$(left ${BUDGET_S:-430}) && timeout $T python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.9 \
+      "$OUT/model_rn50_0.9_float32_b8.json" --tune-budget 0.3 --batch 8 > "$L/rn50_b8.log" 2>&1; tail -1 "$L/rn50_b8.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests"; exit 2 ;;
 esac
 # one file back: the device returns at most 8 (the fifteenth session lost VGG-16's JSON to that limit)
 # (the JSON stay beside it where the tarball is over the 16 MiB a returned file may have)
