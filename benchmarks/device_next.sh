@@ -225,11 +225,13 @@ case "${1:-}" in
       > "$L/gpu_tests_serial.log" 2>&1; tail -2 "$L/gpu_tests_serial.log"
     T=$(left ${BUDGET_S:-430}) && timeout $T python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/0.9 \
       "$OUT/model_rn50_0.9_float32_b8.json" --tune-budget 0.3 --batch 8 > "$L/rn50_b8.log" 2>&1; tail -1 "$L/rn50_b8.log" ;;
-  seventeenth_a)  # issue 11's figures not measured with the current chooser (tc-scatter in the space): Transformer
-                  # N = 256 (the 16 layer-0 matrices a sparsity, kn) in fp16 and bf16 at 90 / 95%
+  seventeenth_a)  # issue 12's headline set on the current code (rn50 90% fp32 b1 was last measured at 37dacbb,
+                  # before the shifted-copy vectors), then issue 11's figures not measured with the current chooser
+                  # (tc-scatter in the space): Transformer N = 256 (16 layer-0 matrices a sparsity, kn), fp16 / bf16
+    timeout 110 $SF bench conv:$D/rn50/magnitude_pruning/0.9 --dtype fp32 --tune-budget 0.5 --out "$OUT/conv_rn50_0.9_fp32.json" > "$L/conv90.log" 2>&1; tail -1 "$L/conv90.log"
     tf_subset
     for dt in fp16 bf16; do for s in 0.9 0.95; do
-      timeout 125 $SF bench /tmp/tf_subset/transformer/magnitude_pruning/$s --dtype $dt --layout kn --tune-budget 0.5 \
+      T=$(left 565) && timeout $(( T < 110 ? T : 110 )) $SF bench /tmp/tf_subset/transformer/magnitude_pruning/$s --dtype $dt --layout kn --tune-budget 0.5 \
         --out "$OUT/transformer_${s}_n256_kn_$dt.json" > "$L/tf_${s}_$dt.log" 2>&1; tail -1 "$L/tf_${s}_$dt.log"
     done; done ;;
   seventeenth_b)  # issue 11's DLMC rn50 batch-1 sets in 16 bits not measured with the current chooser
