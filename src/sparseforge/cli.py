@@ -111,7 +111,7 @@ def print_prune_report(report: PruneReport) -> None:
         skipped.add_column("tensor")
         skipped.add_column("reason")
         for item in report.skipped:
-            skipped.add_row(item.name, item.reason)
+            skipped.add_row(str(item.name), item.reason)  # a checkpoint key need not be a str
         console.print(skipped)
     console.print(f"{len(report.layers)} layers pruned, overall sparsity {report.sparsity:.4f}; "
                   f"{len(report.skipped)} skipped")

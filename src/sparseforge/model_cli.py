@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import os
 from pathlib import Path
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -54,6 +56,7 @@ def _run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
+    from .bench.cli import check_tune_budget
     from .console import check_output_path, console
     from .nn import convert, fuse_epilogues
 
@@ -62,12 +65,16 @@ def _run(args) -> int:
         if path is not None:
             check_output_path(path, option)
     shape = _shape(args.example_shape)
+    check_tune_budget(args.tune_budget)
     if not args.input.is_file():
         raise ValueError(f"{args.input}: no such file (a model saved with torch.save(model))")
-    model = torch.load(args.input, weights_only=False, map_location="cpu")
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"{args.input} holds a {type(model).__name__}, not a model: save the module itself "
-                         "(torch.save(model, path)), not its state_dict")
+    output = getattr(args, "output", None)
+    if output is not None and output.exists() and os.path.samefile(args.input, output):
+        raise ValueError(f"OUTPUT {output} is the input file: converting would overwrite the original model; "
+                         "give another output path")
+    model = _load_model(args.input)
+    if next(model.parameters(), None) is None:  # nothing to convert, and no dtype to take the example's from
+        raise ValueError(f"{args.input}: the model has no parameters, so no Linear or Conv2d layer to convert")
     device = "cpu" if args.cpu else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA GPU here: measuring needs one. Pass --cpu with --policy sparse or dense")
@@ -75,7 +82,7 @@ def _run(args) -> int:
         model = copy.deepcopy(model)
     model.to(device)
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else next(model.parameters()).dtype
-    example = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    example = _example(model, shape, device, dtype, args.dtype)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("measuring layers", total=None)
 
@@ -111,6 +118,52 @@ def _run(args) -> int:
         console.print(f"wrote {args.output} (load it with torch.load(path, weights_only=False) in a process that "
                       "imports sparseforge)")
     return 0
+
+
+def _load_model(path: Path):
+    """The module torch.save(model) wrote at path; any other file is refused with what it holds or why it cannot
+    be read (torch raises many types for a damaged or foreign file, some with a traceback from deep inside)."""
+    import torch
+
+    if path.suffix == ".safetensors":
+        raise ValueError(f"{path}: a .safetensors file holds tensors only, not a model; save the module with "
+                         "torch.save(model, path)")
+    try:
+        model = torch.load(path, weights_only=False, map_location="cpu")
+    except Exception as err:
+        what = " ".join(str(err).split())[:200]
+        raise ValueError(f"{path}: not a readable model file ({type(err).__name__}: {what}); give a model saved "
+                         "with torch.save(model, path); a truncated or damaged file needs copying or saving again"
+                         ) from None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a model: save the module itself "
+                         "(torch.save(model, path)), not its state_dict")
+    return model
+
+
+def _example(model, shape: tuple[int, ...], device: str, dtype, dtype_option: str | None):
+    """The random example input, run through the model once: a shape the model does not take fails here with
+    the shape named, not inside the conversion with only the failing layer's message."""
+    import torch
+
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    try:
+        example = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    except (RuntimeError, MemoryError):
+        raise ValueError(f"--example-shape {','.join(map(str, shape))}: the example input needs {size / 2**30:.1f} "
+                         "GiB; give the shape of one real input") from None
+    if dtype_option is not None:
+        model.to(dtype)  # as convert(dtype=...) casts it first: the trial runs what will be converted
+    try:
+        with torch.no_grad():
+            model.eval()(example)
+    except Exception as err:
+        message = " ".join(str(err).split())[:300]
+        raise ValueError(f"the model fails on a random {dtype} input of shape {tuple(shape)} ({type(err).__name__}: "
+                         f"{message}); give --example-shape the shape of the model's one input (a model that takes "
+                         "token ids or several inputs needs the Python API: sparseforge.nn.convert(model, "
+                         "example_inputs))") from None
+    return example
 
 
 def _fmt(value, spec: str = "{:.2f}") -> str:

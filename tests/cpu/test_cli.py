@@ -124,3 +124,20 @@ def test_prune_bad_input_is_one_clear_error(tmp_path, cli_error, name, make, ext
     message = cli_error("prune", tmp_path / name, tmp_path / "out.pt", "--sparsity", "0.5", *extra)
     assert expected in message and "weights_only" not in message
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_prune_skips_entries_it_cannot_prune_with_the_reason(tmp_path, capsys):
+    src, dst = tmp_path / "m.pt", tmp_path / "p.pt"
+    # an int key was an AttributeError traceback; a sparse tensor, a page of torch dispatcher text
+    torch.save({1: torch.randn(4, 4), "s.weight": torch.randn(4, 4).to_sparse(), "fc.weight": torch.randn(4, 8)}, src)
+    assert main(["prune", str(src), str(dst), "--sparsity", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "not a parameter name" in out and "to_dense()" in out
+    assert int((torch.load(dst, weights_only=True)["fc.weight"] == 0).sum()) == 16
+
+
+def test_prune_names_the_tensor_holding_nan(tmp_path, cli_error):
+    src = tmp_path / "m.pt"
+    torch.save({"good.weight": torch.randn(4, 4), "bad.weight": torch.full((4, 4), float("nan"))}, src)
+    assert "bad.weight holds NaN or inf" in cli_error("prune", src, tmp_path / "p.pt", "--sparsity", "0.5")
+    assert not (tmp_path / "p.pt").exists()

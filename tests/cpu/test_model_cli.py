@@ -77,3 +77,56 @@ def test_bad_input_is_named(tmp_path, capsys):
     assert "positive integers" in capsys.readouterr().err
     assert main(["convert", str(path), str(tmp_path / "o.pt"), "--example-shape", "1,3,6,6", "--cpu"]) == 2
     assert "CUDA device" in capsys.readouterr().err
+
+
+def _cli_error(capsys, *argv) -> str:
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (code, err)
+    return err[0]
+
+
+def test_a_file_that_is_not_a_torch_model_is_named(tmp_path, capsys):
+    text, truncated = tmp_path / "text.pt", tmp_path / "cut.pt"
+    text.write_text("hello\n")  # was an UnpicklingError traceback, exit code 1
+    _, path = _saved_model(tmp_path)
+    truncated.write_bytes(path.read_bytes()[:300])
+    for bad in (text, truncated):
+        message = _cli_error(capsys, "profile", bad, "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense")
+        assert f"{bad}: not a readable model file" in message and "torch.save(model, path)" in message
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.randn(2, 2)}, str(tmp_path / "w.safetensors"))
+    message = _cli_error(capsys, "profile", tmp_path / "w.safetensors", "--example-shape", "1,3,6,6", "--cpu",
+                         "--policy", "dense")
+    assert "holds tensors only, not a model" in message
+
+
+def test_an_example_shape_the_model_does_not_take_is_named(tmp_path, capsys):
+    _, path = _saved_model(tmp_path)
+    message = _cli_error(capsys, "convert", path, tmp_path / "o.pt", "--example-shape", "1,5,6,6", "--cpu",
+                         "--policy", "sparse")
+    assert "the model fails on a random torch.float32 input of shape (1, 5, 6, 6)" in message
+    assert "give --example-shape the shape of the model's one input" in message
+    assert not (tmp_path / "o.pt").exists()
+    message = _cli_error(capsys, "profile", path, "--example-shape", "100000,100000,100000", "--cpu", "--policy",
+                         "dense")
+    assert "the example input needs 3725290.3 GiB" in message
+
+
+def test_a_model_without_parameters_is_named(tmp_path, capsys):
+    torch.save(nn.Sequential(nn.ReLU()), tmp_path / "relu.pt")  # was a StopIteration traceback
+    message = _cli_error(capsys, "profile", tmp_path / "relu.pt", "--example-shape", "1,4", "--cpu", "--policy",
+                         "dense")
+    assert "the model has no parameters" in message
+
+
+def test_convert_refuses_to_overwrite_its_input_and_a_negative_budget(tmp_path, capsys):
+    _, path = _saved_model(tmp_path)
+    before = path.read_bytes()
+    message = _cli_error(capsys, "convert", path, tmp_path / "." / path.name, "--example-shape", "1,3,6,6", "--cpu",
+                         "--policy", "dense")
+    assert "is the input file" in message and path.read_bytes() == before
+    message = _cli_error(capsys, "profile", path, "--example-shape", "1,3,6,6", "--cpu", "--policy", "sparse",
+                         "--tune-budget", "-1")
+    assert "--tune-budget -1.0: give seconds >= 0" in message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -53,6 +54,20 @@ def _gpu_present() -> bool:
         return False
 
 
+def check_tune_budget(value: float) -> None:
+    """--tune-budget: seconds, so >= 0 and finite (a negative one was passed on as a budget; NaN compared false
+    with everything)."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"--tune-budget {value}: give seconds >= 0 (0: the cost model's pick, nothing timed)")
+
+
+def _check_numbers(args) -> None:
+    check_tune_budget(args.tune_budget)
+    # cases[:limit] with limit 0 runs nothing and exits 0; with -1 it silently drops the last case
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give the number of cases to run, >= 1 (leave it out for all)")
+
+
 def run_bench(args) -> int:
     from ..console import console, progress
     from ..suite import discover
@@ -60,6 +75,7 @@ def run_bench(args) -> int:
     from .report import plot, plot_plans, summarize, write_json
 
     _check_outputs(args)
+    _check_numbers(args)
     from ..suite.conv import is_conv_spec
 
     if is_conv_spec(args.path):
@@ -119,6 +135,7 @@ def run_conv_bench(args) -> int:
     from ..suite.conv import discover_conv
     from .report import plot, summarize, write_json
 
+    _check_numbers(args)
     if args.layout in ("nk", "both") or args.n is not None or args.tokens is not None:
         raise ValueError("--layout kn/nk/both, --n and --tokens do not apply to convolution cases (--layout nchw or "
                          "nhwc; N = output pixels); --batch sets their batch")
@@ -356,6 +373,8 @@ def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
             m, k = (int(v) for v in item.lower().split("x"))
         except ValueError:
             raise ValueError(f"shape {item!r}: give a group ({', '.join(SHAPES)}) or OUTxIN such as 4096x11008") from None
+        if m < 1 or k < 1:
+            raise ValueError(f"shape {item!r}: OUT and IN must be >= 1, e.g. 4096x11008")
         shapes.append(("custom", m, k))
     if not shapes:
         raise ValueError("no shapes given")

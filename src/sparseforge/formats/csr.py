@@ -56,7 +56,10 @@ def validate_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, sh
     if m >= INDEX_LIMIT or k >= INDEX_LIMIT:
         raise SparseFormatError(f"shape {shape}: M and K must be < 2**31 = {INDEX_LIMIT}; indices are int32 "
                                 "in every kernel. Split the weight into blocks first")
-    if indptr.ndim != 1 or len(indptr) != m + 1:
+    for what, array in (("indptr", indptr), ("indices", indices), ("values", values)):
+        if array.ndim != 1:  # named as such: "found 2 entries" for a 1 x 2 array would read as a contradiction
+            raise SparseFormatError(f"{what} must be 1-D, got an array of shape {array.shape}; flatten it first")
+    if len(indptr) != m + 1:
         raise SparseFormatError(f"indptr must have M+1 = {m + 1} entries, found {indptr.size}")
     if indptr[0] != 0:
         raise SparseFormatError(f"indptr must start at 0, starts at {indptr[0]}")
@@ -166,6 +169,9 @@ class SparseMatrix:
     @classmethod
     def from_smtx(cls, path: str | Path, seed: int = 0, dtype: Any = "float32") -> "SparseMatrix":
         """From a DLMC `.smtx` pattern; values are a seeded standard normal (same seed, same values)."""
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            # numpy's own words ("expected non-negative integer", "SeedSequence expects int") name no argument
+            raise TypeError(f"seed must be a non-negative integer, got {type(seed).__name__} {seed!r}")
         shape, indptr, indices = read_smtx(path)
         values = np.random.default_rng(seed).standard_normal(len(indices))
         try:
@@ -177,11 +183,22 @@ class SparseMatrix:
     def load(cls, path: str | Path) -> "SparseMatrix":
         """Load a matrix written by save() (one .npz file, pattern and values)."""
         try:
+            with open(path, "rb") as head:
+                if head.read(2) != b"PK":  # np.load's word for other files is to try allow_pickle: the wrong way
+                    raise SparseFormatError(f"{path}: not a .npz archive, as SparseMatrix.save() writes; a DLMC .smtx "
+                                            "pattern is read with SparseMatrix.from_smtx")
             with np.load(path, allow_pickle=False) as f:
-                version = int(f["format_version"])
-                if version != _FORMAT_VERSION:
-                    raise SparseFormatError(f"{path}: format version {version}, this sparseforge reads {_FORMAT_VERSION}")
-                return cls(f["indptr"], f["indices"], f["values"], tuple(f["shape"]), str(f["dtype"]))
+                version, shape, dtype = f["format_version"], f["shape"], f["dtype"]
+                if version.shape != () or version.dtype.kind not in "iu" or int(version) != _FORMAT_VERSION:
+                    raise SparseFormatError(f"{path}: format version {version}, this sparseforge reads "
+                                            f"{_FORMAT_VERSION}; write the file again with SparseMatrix.save()")
+                if shape.shape != (2,) or dtype.shape != ():
+                    raise SparseFormatError(f"{path}: shape {shape.tolist()} and dtype {dtype.tolist()} must be a "
+                                            "pair (M, K) and one name; write the file again with SparseMatrix.save()")
+                try:
+                    return cls(f["indptr"], f["indices"], f["values"], tuple(shape), str(dtype))
+                except SparseFormatError as err:  # which file: the matrix's own message cannot say
+                    raise SparseFormatError(f"{path}: {err}") from None
         except (KeyError, zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
             if isinstance(err, SparseFormatError):
                 raise
@@ -282,6 +299,11 @@ def _exact_shape(shape) -> tuple[int, ...]:
 
 def _rounded_values(values, dtype: Any) -> tuple[np.ndarray, str]:
     """(values rounded to the matrix dtype, its name); the rules are in SparseMatrix's docstring."""
+    if type(values).__module__.startswith("torch") and hasattr(values, "dtype"):
+        if dtype is None:  # the tensor's own dtype, as from_dense keeps it
+            dtype = values.dtype
+        values = values.detach().cpu()
+        values = values.float() if values.is_floating_point() and values.itemsize < 4 else values  # bfloat16: no numpy
     array = as_array(values, "values")
     name = _dtype_name(dtype if dtype is not None else array.dtype)
     if array.dtype.kind == "O":
@@ -311,6 +333,12 @@ def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
     if type(dense).__module__.startswith("torch"):
         import torch
 
+        if dense.layout != torch.strided:
+            raise SparseFormatError(f"expected a dense weight, got a torch tensor in {dense.layout} layout; pass "
+                                    "weight.to_dense(), or its scipy form to SparseMatrix.from_scipy")
+        if dense.is_meta:
+            raise SparseFormatError("the weight is a meta tensor and holds no values; load or materialise the "
+                                    "weights first (e.g. model.to_empty(device='cpu') and load_state_dict)")
         if not torch.is_floating_point(dense):
             raise SparseFormatError(f"expected a floating-point weight, got {dense.dtype}")
         name = _dtype_name(dense.dtype)

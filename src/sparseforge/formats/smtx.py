@@ -94,6 +94,16 @@ def read_smtx(path: str | Path) -> tuple[tuple[int, int], np.ndarray, np.ndarray
 
 
 def write_smtx(path: str | Path, shape: tuple[int, int], indptr: np.ndarray, indices: np.ndarray) -> None:
+    """Write a pattern as a `.smtx` file; a pattern read_smtx would refuse is refused here, before the file is
+    opened (the header's nnz is len(indices): offsets that disagree would make a file no reader can use)."""
+    from .csr import validate_csr  # csr imports this module
+
+    indptr = exact_int_array(indptr, "indptr", np.int64)
+    indices = exact_int_array(indices, "indices", np.int32, hint="; column indices are int32, K must be < 2**31")
+    if isinstance(shape, (str, bytes)) or not np.iterable(shape):
+        raise TypeError(f"shape must be a pair of integers (M, K), got {type(shape).__name__} {shape!r}")
+    shape = tuple(exact_int_array(list(shape), "shape", np.int64).tolist())
+    validate_csr(indptr, indices, np.zeros(indices.shape, dtype=np.float32), shape)
     m, k = shape
     with open(path, "w") as f:
         f.write(f"{m}, {k}, {len(indices)}\n")

@@ -38,6 +38,9 @@ def to_sparse24(model: nn.Module, include: LayerFilter = None, exclude: LayerFil
     16-aligned in shape by a SparseLinear24 holding the same (masked) weights. Other layers stay as they
     were, listed in the report with the reason. Prune first with sparseforge.semi.sparsify_24; cast the
     model with .half() or .to(torch.bfloat16)."""
+    from ..semi.runtime import check_policy
+
+    check_policy(policy)  # checked here too: with no 2:4 layer in the model, nothing else would look at it
     chosen, skipped = select_layers(model, include, exclude)
     report = ConversionReport(skipped=list(skipped))
     for name, module in chosen:
@@ -65,7 +68,16 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
     """Decide now, for every SparseLinear24 and SparseLinear of `model` (on a CUDA device) and every input
     width n in `widths`, between the sparse kernels and dense (measuring on seeded random inputs), so that a
     later CUDA graph capture or latency-critical call finds every decision made. Returns the decisions."""
-    widths = sorted({int(n) for n in widths})
+    import numbers
+
+    # int() would read "16" as the widths 1 and 6, and 1.5 as 1: exact integers only
+    if isinstance(widths, (str, bytes)) or not isinstance(widths, Iterable):
+        raise TypeError(f"widths must be a list of input row counts such as [1, 16, 2048], got {widths!r}")
+    given = list(widths)
+    bad = [n for n in given if isinstance(n, bool) or not isinstance(n, numbers.Integral)]
+    if bad:
+        raise TypeError(f"widths must be integers (input row counts), got {bad[0]!r} in {given}")
+    widths = sorted({int(n) for n in given})
     if not widths or widths[0] < 1:
         raise ValueError(f"widths must be positive input row counts, got {widths}")
     from .sparse import SparseLinear
@@ -181,6 +193,7 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
 
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
+    _check_convert_arguments(model, example_inputs, dtype, include, exclude, tune_budget)
     started = time.perf_counter()
     inputs = tuple(example_inputs) if isinstance(example_inputs, tuple) else (example_inputs,)
     if dtype is not None:
@@ -220,6 +233,30 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
         report.latency_after_us = model_latency_us(model, inputs)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tune_budget) -> None:
+    """convert()'s arguments checked before the model is cast, timed or changed: a mistake found after the
+    whole-model timing or BatchNorm folding would surface from deep inside, or leave the model half done."""
+    from ..prune.targets import _name_filter
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if example_inputs is None:
+        raise TypeError("example_inputs is required: a tensor, or a tuple of the model's positional inputs")
+    if isinstance(example_inputs, list):  # a list is one input to some models, several to others: say which
+        raise TypeError("example_inputs is a list; pass a tuple of the model's positional inputs (or one tensor); "
+                        "a model whose one input is a list takes (that_list,)")
+    for x in example_inputs if isinstance(example_inputs, tuple) else (example_inputs,):
+        if type(x).__module__ == "numpy":
+            raise TypeError("example_inputs holds a numpy array; pass torch tensors (torch.from_numpy(x))")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
+    if tune_budget is not None and (isinstance(tune_budget, bool) or not isinstance(tune_budget, (int, float))
+                                    or not math.isfinite(tune_budget) or tune_budget < 0):
+        raise ValueError(f"tune_budget must be seconds >= 0 or None (the cost model's pick), got {tune_budget!r}")
+    _name_filter(include, "include")
+    _name_filter(exclude, "exclude")
 
 
 def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str, tune_budget: float | None,

@@ -1,13 +1,14 @@
 """Pruning whole models and state dicts, with a per-layer report of what was pruned and skipped."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from .magnitude import global_magnitude_masks, magnitude_mask, row_magnitude_mask
+from .magnitude import _check_sparsity, global_magnitude_masks, magnitude_mask, row_magnitude_mask
 from .masking import apply_mask
 from .nm import NMError, nm_mask
 from .targets import LayerFilter, Skipped, select_layers, select_state_dict, weight_matrix_view
@@ -89,9 +90,12 @@ def find_state_dict(checkpoint: dict) -> tuple[str | None, dict]:
 
 
 def parse_nm(nm) -> tuple[int, int]:
-    """'2:4' or (2, 4) -> (2, 4)."""
+    """'2:4' or (2, 4) -> (2, 4). Integers only: int() would read (2.7, 4) as 2:4 and (True, 4) as 1:4."""
     try:
-        n, m = (int(v) for v in (nm.split(":") if isinstance(nm, str) else nm))
+        parts = nm.split(":") if isinstance(nm, str) else list(nm)
+        if len(parts) != 2 or any(isinstance(v, bool) or not isinstance(v, (str, numbers.Integral)) for v in parts):
+            raise ValueError
+        n, m = (int(v) for v in parts)
     except (ValueError, TypeError):
         raise NMError(f"N:M must look like '2:4' or (2, 4), got {nm!r}") from None
     if not 0 < n <= m:
@@ -102,6 +106,8 @@ def parse_nm(nm) -> tuple[int, int]:
 def _method(sparsity, nm, scope, importance: Importance = None) -> str:
     if (sparsity is None) == (nm is None):
         raise ValueError("give exactly one of sparsity=... (magnitude pruning) or nm='2:4' (N:M pruning)")
+    if sparsity is not None:
+        _check_sparsity(sparsity)
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}")
     if importance is not None and not callable(importance):
@@ -135,6 +141,10 @@ def _scores(weights: dict[str, torch.Tensor], importance: Importance, modules: d
 
 def _masks(weights: dict[str, torch.Tensor], sparsity, nm, scope, skipped: list[Skipped],
            importance: Importance = None, modules: dict[str, nn.Module] | None = None) -> dict[str, torch.Tensor]:
+    for name, w in weights.items():  # named here: the mask functions only know "weight"
+        if not torch.isfinite(w).all():
+            raise ValueError(f"{name} holds NaN or inf values; pruning cannot rank them. Fix the weights first "
+                             "(or leave the tensor out with exclude)")
     weights = _scores(weights, importance, modules or {})
     if nm is not None:
         n, m = parse_nm(nm)
@@ -191,6 +201,9 @@ def prune_state_dict(state: dict[str, torch.Tensor], sparsity: float | None = No
     pruned there and returned whole, its other keys unchanged; report.state_key names where. importance as in
     prune_model, called with module None."""
     report = PruneReport(_method(sparsity, nm, scope, importance))
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a state dict (name -> tensor), got {type(state).__name__}; "
+                        "pass model.state_dict(), or use prune_model for a module")
     report.state_key, weights_in = find_state_dict(state)
     chosen, report.skipped = select_state_dict(weights_in, include, exclude)
     weights = {name: weights_in[name] for name in chosen}

@@ -2,15 +2,28 @@
 model). Any nonnegative importance score can stand in for the weight: the masks rank |input|."""
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 
 def _check_sparsity(sparsity: float) -> None:
+    # a str or a tensor would fail later inside round() or a format string, far from the argument
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+        raise TypeError(f"sparsity must be a number in [0, 1), got {type(sparsity).__name__} {sparsity!r}"
+                        + ("; pass float(sparsity)" if isinstance(sparsity, (str, torch.Tensor)) else ""))
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}: it is the fraction of weights removed")
 
 
 def _check_finite(weight: torch.Tensor, name: str = "weight") -> None:
+    """Refuse what magnitudes cannot rank: non-tensors, booleans, NaN / inf."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(weight).__name__}; "
+                        "wrap a numpy array with torch.from_numpy")
+    if weight.dtype == torch.bool:
+        raise TypeError(f"{name} is a boolean tensor; a mask has no magnitudes to rank, pass the weight itself")
     if not torch.isfinite(weight).all():
         raise ValueError(f"{name} holds NaN or inf values; magnitude pruning cannot rank them. Fix the weights first")
 
@@ -35,7 +48,10 @@ def row_magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     same number of inputs (Wanda's comparison group). Ties broken by position (stable sort)."""
     _check_sparsity(sparsity)
     _check_finite(weight)
-    matrix = weight.detach().abs().reshape(weight.shape[0], -1).float()
+    if weight.ndim < 2:  # a 1-D tensor is rows of one entry each: nothing would ever be pruned
+        raise ValueError(f"row pruning needs a weight with output rows (2-D Linear or 4-D Conv2d), got "
+                         f"{weight.ndim}-D {tuple(weight.shape)}; use magnitude_mask for other tensors")
+    matrix = weight.detach().abs().reshape(weight.shape[0], math.prod(weight.shape[1:])).float()
     n_prune = int(round(sparsity * matrix.shape[1]))
     mask = torch.ones_like(matrix, dtype=torch.bool)
     if n_prune:
@@ -48,6 +64,8 @@ def global_magnitude_masks(weights: dict[str, torch.Tensor], sparsity: float) ->
     """Masks for several tensors under one magnitude threshold, pruning round(sparsity * total) entries
     in all: layers with many small weights lose more than layers with few."""
     _check_sparsity(sparsity)
+    if not isinstance(weights, dict):
+        raise TypeError(f"weights must be a dict of name -> tensor, got {type(weights).__name__}")
     for name, w in weights.items():
         _check_finite(w, name)
     flats = [w.detach().abs().flatten().float().cpu() for w in weights.values()]

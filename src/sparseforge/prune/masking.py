@@ -35,6 +35,12 @@ def _mask_of(module: nn.Module) -> FixedMask | None:
 def apply_mask(module: nn.Module, mask: torch.Tensor) -> None:
     """Attach (or replace) the fixed mask of module.weight; zero the stored weight where it is off."""
     weight = module.weight
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}; wrap a numpy array with "
+                        "torch.from_numpy")
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        # .to(bool) would read 0.5 (or a score) as "keep": a mask of all ones, silently
+        raise ValueError("mask holds values other than 0 and 1; pass a boolean mask (True: keep)")
     if mask.shape != weight.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match weight shape {tuple(weight.shape)}")
     mask = mask.to(device=weight.device, dtype=torch.bool)

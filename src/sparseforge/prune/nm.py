@@ -2,6 +2,8 @@
 in every run of M consecutive input weights of one output row, at most N are nonzero."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .targets import weight_matrix_view
@@ -12,6 +14,13 @@ class NMError(ValueError):
 
 
 def _check_nm_args(weight: torch.Tensor, n: int, m: int) -> int:
+    # exact ints only: 2.5 or "2" would fail inside topk / reshape, and True would count as 1
+    for what, value in (("N", n), ("M", m)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise NMError(f"{what} must be an integer, got {type(value).__name__} {value!r}; e.g. n=2, m=4 for 2:4")
+    if not isinstance(weight, torch.Tensor):
+        raise NMError(f"weight must be a torch.Tensor, got {type(weight).__name__}; wrap a numpy array with "
+                      "torch.from_numpy")
     if not (0 < n <= m):
         raise NMError(f"need 0 < N <= M, got {n}:{m}")
     if weight.ndim not in (2, 4):
@@ -26,11 +35,12 @@ def _check_nm_args(weight: torch.Tensor, n: int, m: int) -> int:
 def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     """Boolean mask keeping the n largest-|w| entries in every group of m along the input dimension.
     Conv2d weights are grouped along Cin*kh*kw in PyTorch's (Cin, kh, kw) order."""
-    _check_nm_args(weight, n, m)
+    k = _check_nm_args(weight, n, m)
     if not torch.isfinite(weight).all():
         raise NMError("weight holds NaN or inf values; fix the weights before computing an N:M mask")
-    matrix = weight_matrix_view(weight.detach()).float()
-    groups = matrix.abs().reshape(matrix.shape[0], -1, m)
+    # |w| before the cast: .float() of a complex weight would drop its imaginary part
+    matrix = weight_matrix_view(weight.detach()).abs().float()
+    groups = matrix.reshape(matrix.shape[0], k // m, m)  # k // m, not -1: a weight with no rows has no -1
     keep = torch.zeros_like(groups, dtype=torch.bool)
     keep.scatter_(2, groups.topk(n, dim=2).indices, True)
     return keep.reshape(weight.shape)
@@ -38,9 +48,9 @@ def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
 
 def nm_violations(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
     """Indices (row, group) of the groups holding more than n nonzeros."""
-    _check_nm_args(weight, n, m)
+    k = _check_nm_args(weight, n, m)
     matrix = weight_matrix_view(weight.detach())
-    counts = (matrix != 0).reshape(matrix.shape[0], -1, m).sum(dim=2)
+    counts = (matrix != 0).reshape(matrix.shape[0], k // m, m).sum(dim=2)
     return torch.nonzero(counts > n)
 
 

@@ -6,15 +6,33 @@ pruning fast while many redundant weights remain and slowly near the target.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 from torch import nn
 
-from .api import Importance, PruneReport, prune_model
-from .targets import LayerFilter
+from .api import Importance, PruneReport, _method, prune_model
+from .targets import LayerFilter, select_layers
+
+
+def _check_step(value, what: str) -> None:
+    # a float or NaN step count would make `% frequency == 0` never true: masks silently never updated
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an integer (a training step count), got {type(value).__name__} {value!r}")
 
 
 def cubic_sparsity(step: int, final_sparsity: float, begin_step: int, end_step: int,
                    initial_sparsity: float = 0.0) -> float:
     """The target sparsity at `step` (clamped to [initial, final] outside [begin_step, end_step])."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Real):
+        raise TypeError(f"step must be a number, got {type(step).__name__} {step!r}")
+    if math.isnan(step):  # min/max would pass NaN through: a NaN sparsity
+        raise ValueError("step is NaN; pass the training step count")
+    for what, value in (("begin_step", begin_step), ("end_step", end_step)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{what} must be finite, got {value}")
     if end_step <= begin_step:
         raise ValueError(f"end_step ({end_step}) must be after begin_step ({begin_step})")
     if not 0.0 <= initial_sparsity <= final_sparsity < 1.0:
@@ -35,9 +53,15 @@ class GradualPruner:
     def __init__(self, model: nn.Module, final_sparsity: float, begin_step: int, end_step: int,
                  frequency: int = 100, initial_sparsity: float = 0.0, scope: str = "layer",
                  include: LayerFilter = None, exclude: LayerFilter = None, importance: Importance = None):
+        for what, value in (("frequency", frequency), ("begin_step", begin_step), ("end_step", end_step)):
+            _check_step(value, what)
         if frequency < 1:
             raise ValueError(f"frequency must be >= 1, got {frequency}")
         cubic_sparsity(begin_step, final_sparsity, begin_step, end_step, initial_sparsity)  # validates
+        # scope, importance and the include / exclude patterns are checked now, not at the first update
+        # thousands of training steps later
+        _method(final_sparsity, None, scope, importance)
+        select_layers(model, include, exclude)
         self.model, self.scope, self.include, self.exclude = model, scope, include, exclude
         self.importance = importance
         self.final_sparsity, self.initial_sparsity = final_sparsity, initial_sparsity

@@ -1,6 +1,7 @@
 """Which layers of a model get pruned, and why the others are skipped."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Union
@@ -22,6 +23,9 @@ def _name_filter(spec: LayerFilter, argument: str) -> Callable[[str, nn.Module |
     """The filter as a callable; a pattern is compiled here, so a bad one is named before any work is done."""
     if spec is None or callable(spec):
         return spec
+    if not isinstance(spec, (str, re.Pattern)):  # re.compile(5) would say only "first argument must be string"
+        raise TypeError(f"{argument} must be a regular expression (a str) or a callable (name, module) -> bool, "
+                        f"got {type(spec).__name__} {spec!r}; join several names as 'a|b'")
     try:
         pattern = re.compile(spec)
     except re.error as err:
@@ -32,12 +36,18 @@ def _name_filter(spec: LayerFilter, argument: str) -> Callable[[str, nn.Module |
 
 def weight_matrix_view(weight: torch.Tensor) -> torch.Tensor:
     """The 2-D view pruning works on: Linear as out x in, Conv2d as Cout x (Cin/groups * kh * kw)."""
-    return weight.reshape(weight.shape[0], -1)
+    if weight.ndim == 0:
+        raise ValueError("a 0-d tensor (a scalar) has no rows to prune; pass a Linear or Conv2d weight")
+    # the column count spelled out: reshape(0, -1) cannot infer it for a weight with no rows
+    return weight.reshape(weight.shape[0], math.prod(weight.shape[1:]))
 
 
 def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerFilter = None
                   ) -> tuple[list[tuple[str, nn.Module]], list[Skipped]]:
     """Split the model's weighted modules into (prunable Linear/Conv2d layers, skipped with reasons)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}"
+                        + ("; for a state dict use prune_state_dict" if isinstance(model, dict) else ""))
     include, exclude = _name_filter(include, "include"), _name_filter(exclude, "exclude")
     chosen: list[tuple[str, nn.Module]] = []
     skipped: list[Skipped] = []
@@ -61,6 +71,9 @@ def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerF
 def select_state_dict(state: dict[str, torch.Tensor], include: LayerFilter = None, exclude: LayerFilter = None
                       ) -> tuple[list[str], list[Skipped]]:
     """The same choice over a bare state dict: 2-D (Linear) and 4-D (Conv2d) floating 'weight' tensors."""
+    if not isinstance(state, dict):
+        raise TypeError(f"a state dict is a dict of name -> tensor, got {type(state).__name__}; "
+                        "pass model.state_dict(), or prune_model(model) for a module")
     include, exclude = _name_filter(include, "include"), _name_filter(exclude, "exclude")
     chosen: list[str] = []
     skipped: list[Skipped] = []
@@ -76,6 +89,10 @@ def select_state_dict(state: dict[str, torch.Tensor], include: LayerFilter = Non
 def _state_skip_reason(name: str, tensor, include, exclude) -> str | None:
     if not isinstance(tensor, torch.Tensor):
         return f"not a tensor ({type(tensor).__name__})"
+    if not isinstance(name, str):
+        return f"key {name!r} is not a parameter name (a str)"
+    if tensor.layout != torch.strided:  # masks are computed on dense tensors; torch has no ops for these here
+        return f"stored in torch's {tensor.layout} layout; save it dense (.to_dense()) to prune it"
     if not name.endswith("weight"):
         return "not a weight (bias, buffer or statistic)"
     if tensor.ndim not in (2, 4):

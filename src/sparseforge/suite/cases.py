@@ -51,9 +51,15 @@ def read_batchsizes(path: Path) -> dict[str, int]:
             continue
         try:
             layer, n = line.rsplit(",", 1)
-            table[layer.strip()] = int(n)
+            layer, n = layer.strip(), int(n)
         except ValueError:
             raise ValueError(f"{path}: line {lineno}: expected 'layer,N', found {line!r}") from None
+        # N < 1 would reach the kernels as a negative width; a second line would silently replace the first
+        if n < 1:
+            raise ValueError(f"{path}: line {lineno}: N = {n} for {layer}; N is output pixels per image, >= 1")
+        if layer in table:
+            raise ValueError(f"{path}: line {lineno}: {layer} is listed twice; keep one line per layer")
+        table[layer] = n
     return table
 
 
@@ -75,9 +81,10 @@ def _parse_sparsity(text: str) -> float | None:
 
 def _case(path: Path, batch: int, tokens: int, n: int | None, batchsizes: dict[str, int]) -> Case:
     (m, k), indptr, _ = read_smtx(path)
-    sparsity = _parse_sparsity(path.parent.name)
-    model = path.parent.parent.parent.name if sparsity is not None else path.parent.name
-    method = path.parent.parent.name if sparsity is not None else ""
+    folder = path.absolute().parent  # "w.smtx" given in its own folder: its parent "." names no model
+    sparsity = _parse_sparsity(folder.name)
+    model = folder.parent.parent.name if sparsity is not None else folder.name
+    method = folder.parent.name if sparsity is not None else ""
     if n is None and model == "rn50" and path.stem in batchsizes:
         n = batchsizes[path.stem] * batch
     elif n is None and model == "transformer":
@@ -100,6 +107,9 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
 
     if is_llm_spec(root):
         return discover_llm(root, tokens=tokens, n=n)
+    if isinstance(root, str) and root.startswith("conv:") and not Path(root).exists():
+        raise ValueError(f"{root}: convolution specs (conv:...) are cases for `sparseforge bench` only; here give a "
+                         ".smtx file, a DLMC-style directory, or llm[:sparsities[:shapes]]")
     tokens = DEFAULT_TOKENS if tokens is None else tokens
     root = Path(root)
     if root.is_file():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats import SparseMatrix
+from ..formats import SparseMatrix, read_smtx
 from ..plan.conv import ConvGeometry
-from .cases import _find_batchsizes
+from .cases import BATCHSIZES_FILE, _find_batchsizes, _parse_sparsity
 from .llm import magnitude_prune
 
 CONV_PREFIX = "conv"
@@ -112,17 +112,24 @@ def rn50_cases(directory: Path, batch: int = 1) -> list[ConvCase]:
     """The 3x3 (bottleneck_2_*) and 7x7 (initial_conv) layers of a DLMC rn50 directory."""
     directory = Path(directory)
     sizes = _find_batchsizes(directory)  # rn50_batchsizes.txt above it (or the bundled sample's)
-    try:
-        sparsity = float(directory.name)
-    except ValueError:
-        raise ValueError(f"{directory}: expected a DLMC rn50 sparsity directory such as .../rn50/magnitude_pruning/0.9")
+    sparsity = _parse_sparsity(directory.name)
+    if sparsity is None:  # a name such as 1.5 is no sparsity either
+        raise ValueError(f"{directory}: expected a DLMC rn50 sparsity directory such as .../rn50/magnitude_pruning/0.9 "
+                         "(its name the sparsity, a number in [0, 1))")
     cases = []
     for path in sorted(directory.glob("*.smtx")):
         layer = path.stem
         if not (layer.startswith("bottleneck_2_") or layer == "initial_conv") or layer not in sizes:
             continue
-        m, k = (int(v) for v in path.read_text().split("\n", 1)[0].split(",")[:2])
-        out = int(round(math.sqrt(sizes[layer])))
+        (m, k), _, _ = read_smtx(path)  # the whole file checked now, not when its case runs
+        taps = 49 if layer == "initial_conv" else 9
+        if k % taps:  # K // taps channels would give a weight of another width: an unrelated error much later
+            raise ValueError(f"{path}: K = {k} is not a multiple of the {int(math.sqrt(taps))}x{int(math.sqrt(taps))} "
+                             f"taps ({taps}) a {layer} layer has; this is not a DLMC rn50 pattern for that layer")
+        out = math.isqrt(sizes[layer])
+        if out * out != sizes[layer]:  # a rounded side would be another layer's geometry, silently
+            raise ValueError(f"{layer}: {sizes[layer]} output pixels in {BATCHSIZES_FILE} is not a square image "
+                             "(side x side); ResNet-50's are 112^2, 56^2, 28^2, 14^2 and 7^2")
         if layer == "initial_conv":
             geometry = ConvGeometry.of((batch, k // 49, 2 * out, 2 * out), m, 7, 2, 3)
         else:
@@ -139,6 +146,9 @@ def discover_conv(spec: str, batch: int = 1) -> list[ConvCase]:
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     rest = spec[len(CONV_PREFIX) + 1:]
+    if not rest:  # Path("") is ".", which would be read as a DLMC directory
+        raise ValueError(f"conv suite spec {spec!r} names no cases: give conv:vgg16[:sparsities], "
+                         "conv:textcnn[:sparsities] or conv:DIR with DIR a DLMC rn50 sparsity directory")
     name, _, sparsities = rest.partition(":")
     if name == "vgg16":
         return vgg16_cases(_sparsities(sparsities, spec), batch)

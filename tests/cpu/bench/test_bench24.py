@@ -15,6 +15,8 @@ def test_parse_shapes_groups_and_custom():
         parse_shapes("gpt")
     with pytest.raises(ValueError, match="no shapes"):
         parse_shapes(" , ")
+    with pytest.raises(ValueError, match="OUT and IN must be >= 1"):  # was accepted, to fail on the GPU
+        parse_shapes("0x4096")
 
 
 def record(group, n, dtype, dense, sparse, fallback, torch_ratio=None, ok=True):

@@ -151,3 +151,14 @@ def test_bench_cpu_mode_on_convolution_cases_in_nhwc(tmp_path, capsys):
     assert main(["bench", str(SAMPLE_DIR / "rn50/magnitude_pruning/0.9/initial_conv.smtx"), "--cpu", "--layout",
                  "nhwc"]) != 0
     assert "applies to convolution cases" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", [str(SAMPLE_DIR / "rn50/magnitude_pruning/0.95/initial_conv.smtx"), "conv:textcnn:0.9"])
+@pytest.mark.parametrize("option, value, expected", [
+    ("--limit", "0", "--limit 0: give the number of cases to run, >= 1"),  # ran nothing and exited 0
+    ("--limit", "-1", "--limit -1: give the number of cases"),  # silently dropped the last case
+    ("--tune-budget", "-1", "--tune-budget -1.0: give seconds >= 0"),
+    ("--tune-budget", "nan", "--tune-budget nan: give seconds >= 0"),
+])
+def test_bench_refuses_bad_numbers_before_running(spec, option, value, expected, cli_error):
+    assert expected in cli_error("bench", spec, "--cpu", option, value)

@@ -87,6 +87,9 @@ def test_immutable():
     ([0, 1], [0], [np.nan], (1, 2), "not finite"),
     ([0, 1], [0], [np.inf], (1, 2), "not finite"),
     ([0, 1], [0], [1.0, 2.0], (1, 2), "values"),
+    ([[0, 1]], [0], [1.0], (1, 2), r"indptr must be 1-D, got an array of shape \(1, 2\)"),  # was "found 2"
+    ([0, 1], [[0]], [1.0], (1, 2), r"indices must be 1-D, got an array of shape \(1, 1\)"),
+    ([0, 1], [0], [[1.0]], (1, 2), r"values must be 1-D"),  # was "nnz = 1 but there are 1 values"
 ])
 def test_validation_errors_name_the_problem(indptr, indices, values, shape, message):
     with pytest.raises(SparseFormatError, match=message):
@@ -104,10 +107,46 @@ def test_rows_are_checked_separately_for_order():
     (np.array([[1, 2]], dtype=np.int32), "floating-point"),
     (np.array([[1.0, np.nan]], dtype=np.float32), "not finite"),
     (torch.tensor([[1, 2]]), "floating-point"),
+    (torch.eye(3).to_sparse(), "torch.sparse_coo layout; pass weight.to_dense()"),  # was a TypeError from torch
+    (torch.ones(2, 2, device="meta"), "meta tensor and holds no values"),  # was NotImplementedError
 ])
 def test_from_dense_rejects_bad_input(bad, message):
     with pytest.raises(SparseFormatError, match=message):
         SparseMatrix.from_dense(bad)
+
+
+def _npz(path, **changes):
+    w = SparseMatrix.from_dense(np.eye(3, dtype=np.float32))
+    fields = dict(format_version=1, indptr=w.indptr, indices=w.indices, values=w.values, shape=np.array(w.shape),
+                  dtype=np.array(w.dtype))
+    np.savez(path, **{**fields, **changes})
+    return path
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"format_version": np.array([1, 2])}, r"format version \[1 2\], this sparseforge reads 1"),  # was TypeError
+    ({"shape": np.array(3)}, "shape 3 and dtype float32 must be a pair"),  # was TypeError from numpy
+    ({"shape": np.array([3])}, r"shape \[3\] .* must be a pair"),
+    ({"dtype": np.array("int8")}, "dtype int8 is not supported"),
+    ({"indices": np.array([0, 1, 7], dtype=np.int32)}, "column index 7 is out of range"),
+])
+def test_load_names_the_file_and_what_is_wrong_in_it(tmp_path, changes, message):
+    path = _npz(tmp_path / "w.npz", **changes)
+    with pytest.raises(SparseFormatError, match=f"w.npz: .*{message}"):
+        SparseMatrix.load(path)
+
+
+def test_load_of_a_file_that_is_not_npz_says_which_reader_to_use(tmp_path):
+    path = tmp_path / "w.smtx"
+    path.write_text("1, 1, 1\n0 1\n0\n")
+    with pytest.raises(SparseFormatError, match="not a .npz archive.*SparseMatrix.from_smtx") as info:
+        SparseMatrix.load(path)
+    assert "allow_pickle" not in str(info.value)  # numpy's advice: the wrong way for this file
+
+
+def test_constructor_takes_torch_values_of_any_float_dtype():
+    w = SparseMatrix(torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1.5], dtype=torch.bfloat16), (1, 1))
+    assert w.dtype == "bfloat16" and w.values.tolist() == [1.5]  # was "unsupported ScalarType BFloat16"
 
 
 def test_load_rejects_corrupt_file(tmp_path):

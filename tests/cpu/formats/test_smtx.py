@@ -193,3 +193,24 @@ def test_fuzzed_smtx_reads_exactly_what_it_says_or_raises(tmp_path_factory, case
     assert written[1] == w.indptr.tolist()
     assert (written[2] if len(written) > 2 else []) == w.indices.tolist()
     assert not any(written[3:])
+
+
+@pytest.mark.parametrize("seed", [-1, "a", 1.5, True])
+def test_from_smtx_names_a_bad_seed(seed):
+    with pytest.raises(TypeError, match="seed must be a non-negative integer"):
+        SparseMatrix.from_smtx(SAMPLE_DIR / "rn50/magnitude_pruning/0.9/initial_conv.smtx", seed=seed)
+
+
+@pytest.mark.parametrize("shape, indptr, indices, message", [
+    ((3, 4), [0, 1, 2, 2], [0, 7], "column index 7 is out of range"),
+    ((3, 4), [0, 2, 1, 2], [0, 1], "not monotone"),
+    ((3, 4), [0, 1, 2, 3], [0, 1], "nnz = 3 but there are 2 column indices"),  # header and body would disagree
+    ((3, 4), [0, 1.5, 2, 2], [0, 1], "entry 1 is 1.5, not an integer"),
+    ((2, 2), [0, 2, 2], [1, 0], "unsorted column indices"),
+])
+def test_write_smtx_refuses_a_pattern_the_reader_would_refuse(tmp_path, shape, indptr, indices, message):
+    from sparseforge.formats import write_smtx
+
+    with pytest.raises(SparseFormatError, match=message):
+        write_smtx(tmp_path / "w.smtx", shape, indptr, indices)
+    assert not (tmp_path / "w.smtx").exists()  # before: a file no reader accepts

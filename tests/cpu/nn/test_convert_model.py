@@ -207,3 +207,25 @@ def test_a_channels_last_conv_input_is_decided_on_an_nhwc_kernel_and_reported_so
     assert prepared == [([(1, 3, 7, 7)], False), ([(2, 3, 5, 5)], True)]
     assert layer.times_us == {"dense": 16.0, "unstructured": 8.0} and isinstance(replacement, SparseConv2d)
     assert layer.input_shapes == [[2, 3, 5, 5, CHANNELS_LAST], [1, 3, 7, 7]]
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"example_inputs": [torch.randn(1, 3, 6, 6)]}, TypeError, "example_inputs is a list; pass a tuple"),
+    ({"example_inputs": None}, TypeError, "example_inputs is required"),
+    ({"example_inputs": torch.randn(1, 3, 6, 6).numpy()}, TypeError, "numpy array.*torch.from_numpy"),
+    ({"dtype": "fp16"}, TypeError, "dtype must be a floating torch.dtype"),  # was "Invalid device string"
+    ({"dtype": torch.int8}, TypeError, "dtype must be a floating torch.dtype"),
+    ({"tune_budget": -1}, ValueError, "tune_budget must be seconds >= 0"),  # was accepted
+    ({"include": 3}, TypeError, "include must be a regular expression"),
+    ({"exclude": "("}, ValueError, "exclude '\\(' is not a valid regular expression"),
+])
+def test_bad_arguments_are_named_before_the_model_is_changed(kwargs, error, message):
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = {"example_inputs": torch.randn(1, 3, 6, 6), "policy": "sparse", **kwargs}
+    with pytest.raises(error, match=message):
+        convert(model, **args)
+    after = model.state_dict()
+    assert isinstance(model[1], nn.BatchNorm2d) and all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        convert({"0.weight": torch.randn(2, 2)}, torch.randn(1, 2), policy="sparse")

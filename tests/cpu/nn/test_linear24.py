@@ -236,3 +236,13 @@ def test_sparse_forward_names_the_device_before_the_dtype():
     layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
     with pytest.raises(Sparse24Error, match="input on meta, layer on cpu"):
         layer.sparse_forward(torch.randn(3, 32, device="meta"))  # float32 too: the device is the first fix
+
+
+def test_prepare_and_to_sparse24_name_bad_arguments():
+    model = nn.Sequential(SparseLinear24.from_dense(linear_from(weight_24(32, 32))))
+    with pytest.raises(TypeError, match="widths must be a list"):
+        prepare(model, "16")  # was read as the widths 1 and 6
+    with pytest.raises(TypeError, match="widths must be integers.*1.5"):
+        prepare(model, [1.5])  # was read as 1
+    with pytest.raises(ValueError, match="policy must be one of"):
+        to_sparse24(nn.Sequential(nn.Linear(8, 8)), policy="fast")  # was ignored with no 2:4 layer to build

@@ -100,3 +100,47 @@ def test_find_state_dict_prefers_usual_keys_and_refuses_what_it_cannot_tell():
         find_state_dict({"a": state, "b": state})
     with pytest.raises(ValueError, match="holds no tensors.*'epoch'"):
         find_state_dict({"epoch": 3})
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"sparsity": "0.5"}, TypeError, "sparsity must be a number in \\[0, 1\\), got str '0.5'; pass float"),
+    ({"sparsity": torch.tensor(0.5)}, TypeError, "sparsity must be a number.*got Tensor"),
+    ({"sparsity": True}, TypeError, "sparsity must be a number.*got bool"),
+    ({"nm": (2.7, 4)}, ValueError, "N:M must look like '2:4' or \\(2, 4\\), got \\(2.7, 4\\)"),  # was read as 2:4
+    ({"nm": (True, 4)}, ValueError, "N:M must look like"),  # was read as 1:4
+    ({"sparsity": 0.5, "include": 5}, TypeError, "include must be a regular expression \\(a str\\) or a callable"),
+    ({"sparsity": 0.5, "exclude": ["fc"]}, TypeError, "exclude must be a regular expression.*'a\\|b'"),
+])
+def test_bad_argument_types_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        prune_model(Net(), **kwargs)
+
+
+def test_not_a_model_or_not_a_state_dict_is_named():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got dict; for a state dict use prune_state_dict"):
+        prune_model({"fc.weight": torch.randn(4, 4)}, sparsity=0.5)
+    with pytest.raises(TypeError, match="state must be a state dict.*got list"):
+        prune_state_dict([torch.randn(4, 4)], sparsity=0.5)
+
+
+@pytest.mark.parametrize("kwargs", [{"sparsity": 0.5}, {"sparsity": 0.5, "scope": "global"}, {"nm": "2:4"}])
+def test_nan_weights_are_refused_naming_the_tensor(kwargs):
+    state = {"ok.weight": torch.randn(4, 8), "bad.weight": torch.randn(4, 8)}
+    state["bad.weight"][1, 2] = float("nan")
+    with pytest.raises(ValueError, match="bad.weight holds NaN or inf"):
+        prune_state_dict(state, **kwargs)
+
+
+def test_state_dict_entries_that_cannot_be_pruned_are_skipped_with_the_reason():
+    state = {1: torch.randn(4, 4), "sparse.weight": torch.randn(4, 4).to_sparse(), "fc.weight": torch.randn(4, 4)}
+    pruned, report = prune_state_dict(state, sparsity=0.5)
+    assert [layer.name for layer in report.layers] == ["fc.weight"]
+    reasons = {s.name: s.reason for s in report.skipped}
+    assert "not a parameter name" in reasons[1] and "to_dense()" in reasons["sparse.weight"]
+    assert pruned[1] is state[1]
+
+
+def test_weights_without_rows_prune_to_nothing_rather_than_crash():
+    for kwargs in ({"sparsity": 0.5}, {"nm": "2:4"}):
+        _, report = prune_state_dict({"a.weight": torch.zeros(0, 8)}, **kwargs)
+        assert report.layers[0].shape == (0, 8) and report.layers[0].nonzero_after == 0

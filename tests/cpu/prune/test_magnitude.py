@@ -35,3 +35,21 @@ def test_nan_weights_rejected():
         magnitude_mask(w, 0.5)
     with pytest.raises(ValueError, match="layer1 holds NaN"):
         global_magnitude_masks({"layer1": w}, 0.5)
+
+
+def test_wrong_types_are_named():
+    import numpy as np
+
+    from sparseforge.prune import row_magnitude_mask
+
+    with pytest.raises(TypeError, match="sparsity must be a number.*got str"):
+        magnitude_mask(torch.randn(4, 4), "0.5")
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor, got ndarray"):
+        magnitude_mask(np.ones((4, 4)), 0.5)
+    with pytest.raises(TypeError, match="boolean tensor"):
+        magnitude_mask(torch.ones(4, 4, dtype=torch.bool), 0.5)
+    with pytest.raises(TypeError, match="weights must be a dict"):
+        global_magnitude_masks([torch.ones(4)], 0.5)
+    with pytest.raises(ValueError, match="row pruning needs a weight with output rows.*1-D"):
+        row_magnitude_mask(torch.randn(5), 0.4)  # rows of one entry: would silently prune nothing
+    assert row_magnitude_mask(torch.zeros(0, 3), 0.5).shape == (0, 3)

@@ -50,3 +50,18 @@ def test_repruning_keeps_old_zeros():
     second = current_mask(layer)
     assert not (second & ~first).any()
     assert int((~second).sum()) == round(0.7 * layer.weight.numel())
+
+
+def test_apply_mask_refuses_what_is_not_a_mask():
+    import numpy as np
+    import pytest
+
+    from sparseforge.prune import apply_mask
+
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor, got ndarray"):
+        apply_mask(nn.Linear(4, 4), np.ones((4, 4)))
+    with pytest.raises(ValueError, match="values other than 0 and 1"):  # was read as all True
+        apply_mask(nn.Linear(4, 4), torch.full((4, 4), 0.5))
+    layer = nn.Linear(4, 4)
+    apply_mask(layer, torch.eye(4))  # a 0/1 float mask is a mask
+    assert int(torch.count_nonzero(layer.weight)) <= 4

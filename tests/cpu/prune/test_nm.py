@@ -53,3 +53,30 @@ def test_nan_rejected():
     w[0, 0] = float("inf")
     with pytest.raises(NMError, match="NaN or inf"):
         nm_mask(w)
+
+
+@pytest.mark.parametrize("n, m, message", [(2.5, 4, "N must be an integer, got float 2.5"),
+                                           ("2", 4, "N must be an integer, got str"),
+                                           (2, 4.0, "M must be an integer, got float 4.0"),
+                                           (True, 4, "N must be an integer, got bool")])
+def test_non_integer_n_or_m_is_named(n, m, message):
+    with pytest.raises(NMError, match=message):
+        nm_mask(torch.randn(2, 8), n, m)
+    with pytest.raises(NMError, match=message):
+        check_nm(torch.randn(2, 8), n, m)
+
+
+def test_not_a_tensor_is_named():
+    import numpy as np
+
+    with pytest.raises(NMError, match="must be a torch.Tensor, got ndarray"):
+        nm_mask(np.ones((2, 8)))
+
+
+def test_complex_weights_rank_by_modulus_not_real_part():
+    w = torch.tensor([[1 + 0j, 0 + 5j, 2 + 0j, 0 + 0.5j]])
+    assert nm_mask(w).tolist() == [[False, True, True, False]]
+
+
+def test_weight_with_no_rows():
+    assert nm_mask(torch.zeros(0, 8)).shape == (0, 8) and is_nm(torch.zeros(0, 8))

@@ -38,3 +38,22 @@ def test_gradual_pruning_during_training_reaches_target_and_masks_hold():
     assert sparsities[-1] == pytest.approx(0.8, abs=0.01)
     w = model[0].weight
     assert (w == 0).float().mean() >= 0.79
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"frequency": 2.5}, TypeError, "frequency must be an integer"),
+    ({"frequency": float("nan")}, TypeError, "frequency must be an integer"),  # never due: masks never updated
+    ({"begin_step": "0"}, TypeError, "begin_step must be an integer"),
+    ({"scope": "model"}, ValueError, "scope must be one of"),
+    ({"include": "("}, ValueError, "include '\\(' is not a valid regular expression"),
+    ({"importance": 3}, TypeError, "importance must be a callable"),
+])
+def test_bad_pruner_arguments_are_refused_at_construction(kwargs, error, message):
+    args = {"final_sparsity": 0.5, "begin_step": 0, "end_step": 10, **kwargs}
+    with pytest.raises(error, match=message):
+        GradualPruner(nn.Linear(4, 4), **args)
+
+
+def test_nan_step_is_refused():
+    with pytest.raises(ValueError, match="step is NaN"):
+        cubic_sparsity(float("nan"), 0.9, 0, 10)

@@ -39,9 +39,29 @@ def test_errors(tmp_path):
         discover(tmp_path)
     with pytest.raises(ValueError, match="batch"):
         discover(SAMPLE_DIR, batch=0)
+    with pytest.raises(ValueError, match=r"specs \(conv:\.\.\.\) are cases for `sparseforge bench` only"):
+        discover("conv:vgg16")  # was "conv:vgg16 does not exist"
 
 
 def test_unknown_model_has_no_n(tmp_path):
     (tmp_path / "w.smtx").write_text("2, 2, 1\n0 1 1\n0\n")
     case = discover(tmp_path)[0]
     assert case.N is None and case.sparsity is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("initial_conv,-5\n", "line 1: N = -5 for initial_conv; N is output pixels per image, >= 1"),  # was N = -5
+    ("initial_conv,12544\ninitial_conv,5\n", "line 2: initial_conv is listed twice"),  # the last silently won
+])
+def test_bad_batchsizes_file_names_the_line(tmp_path, text, message):
+    from sparseforge.suite import read_batchsizes
+
+    (tmp_path / "rn50_batchsizes.txt").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_batchsizes(tmp_path / "rn50_batchsizes.txt")
+
+
+def test_a_file_given_in_the_current_folder_is_named_by_that_folder(tmp_path, monkeypatch):
+    (tmp_path / "w.smtx").write_text((SAMPLE_DIR / "rn50/magnitude_pruning/0.9/initial_conv.smtx").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert discover("w.smtx")[0].name == f"{tmp_path.name}//?/w"  # was "//?/w": the model named ""

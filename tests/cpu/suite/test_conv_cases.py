@@ -42,7 +42,8 @@ def test_rn50_directory_gives_its_3x3_and_7x7_layers_with_strides_from_the_sizes
 
 
 @pytest.mark.parametrize("spec,message", [("conv:vgg16:1.5", "not a number in"), ("conv:resnet", "conv:vgg16"),
-                                          ("conv:vgg16:x", "not a number")])
+                                          ("conv:vgg16:x", "not a number"),
+                                          ("conv:", "names no cases: give conv:vgg16")])  # was read as the cwd
 def test_bad_specs_name_the_fix(spec, message):
     with pytest.raises(ValueError, match=message):
         discover_conv(spec)
@@ -68,3 +69,46 @@ def test_dlmc_patterns_are_reordered_from_tensorflows_hwio_to_torchs_order():
     case = [c for c in discover_conv(f"conv:{SAMPLE_DIR}/rn50/magnitude_pruning/0.9") if c.layer == "initial_conv"][0]
     per_tap = np.bincount(case.load().indices % 49, minlength=49).reshape(7, 7)
     assert per_tap[3, 3] > 4 * max(per_tap[0, 0], per_tap[0, 6], per_tap[6, 0], per_tap[6, 6])
+
+
+def _rn50_dir(tmp_path, sparsity="0.9"):
+    directory = tmp_path / "rn50" / "magnitude_pruning" / sparsity
+    directory.mkdir(parents=True)
+    (tmp_path / "rn50_batchsizes.txt").write_text((SAMPLE_DIR / "rn50_batchsizes.txt").read_text())
+    return directory
+
+
+def test_rn50_directory_with_a_corrupt_pattern_names_the_file_and_line(tmp_path):
+    directory = _rn50_dir(tmp_path)
+    (directory / "initial_conv.smtx").write_text("garbage\n")
+    with pytest.raises(ValueError, match="initial_conv.smtx: line 1 .*'garbage' is not an integer"):
+        discover_conv(f"conv:{directory}")
+
+
+def test_rn50_pattern_whose_k_is_not_whole_taps_is_refused(tmp_path):
+    from sparseforge import SparseMatrix
+
+    directory = _rn50_dir(tmp_path)
+    w = np.zeros((64, 100), dtype=np.float32)
+    w[:, ::7] = 1.0
+    SparseMatrix.from_dense(w).to_smtx(directory / "initial_conv.smtx")
+    # before: K // 49 = 2 channels, a 64 x 98 weight, and later "duplicate column indices" from the reorder
+    with pytest.raises(ValueError, match="K = 100 is not a multiple of the 7x7 taps"):
+        discover_conv(f"conv:{directory}")
+
+
+def test_rn50_directory_named_by_a_sparsity_outside_0_1_is_refused(tmp_path):
+    directory = _rn50_dir(tmp_path, "1.5")
+    (directory / "initial_conv.smtx").write_text(
+        (SAMPLE_DIR / "rn50/magnitude_pruning/0.9/initial_conv.smtx").read_text())
+    with pytest.raises(ValueError, match="expected a DLMC rn50 sparsity directory"):
+        discover_conv(f"conv:{directory}")
+
+
+def test_rn50_output_size_that_is_not_a_square_is_refused(tmp_path):
+    directory = _rn50_dir(tmp_path)
+    (directory / "initial_conv.smtx").write_text(
+        (SAMPLE_DIR / "rn50/magnitude_pruning/0.9/initial_conv.smtx").read_text())
+    (tmp_path / "rn50_batchsizes.txt").write_text("initial_conv,12000\n")  # was rounded to a 110 x 110 output
+    with pytest.raises(ValueError, match="12000 output pixels .* is not a square image"):
+        discover_conv(f"conv:{directory}")
