@@ -204,6 +204,7 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
         raise ValueError("convert(policy='measure') times the kernels on a CUDA device: move the model and "
                          "example_inputs there first (model.cuda()), or pass policy='sparse' / 'dense'")
     model.eval()
+    _check_model_runs(model, inputs)
     report = ModelReport(memory_before_bytes=_model_bytes(model))
     if time_model and on_gpu:
         report.latency_before_us = model_latency_us(model, inputs)
@@ -257,6 +258,19 @@ def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tun
         raise ValueError(f"tune_budget must be seconds >= 0 or None (the cost model's pick), got {tune_budget!r}")
     _name_filter(include, "include")
     _name_filter(exclude, "exclude")
+
+
+def _check_model_runs(model: nn.Module, inputs: tuple) -> None:
+    """One forward on the example first: inputs the model does not take fail here, with their shapes named,
+    not after the whole-model timing and BatchNorm folding, from inside the layer hooks."""
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as err:
+        shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
+        message = " ".join(str(err).split())[:300]
+        raise ValueError(f"the model fails on example_inputs {shapes} ({type(err).__name__}: {message}); pass "
+                         "inputs the model takes (a tuple of its positional inputs)") from err
 
 
 def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str, tune_budget: float | None,

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..formats import SparseMatrix
+from ..formats import SparseFormatError, SparseMatrix
 from ..ops import conv_memory_format, register
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
 from ..tune.choose import fastest_with_margin
@@ -122,6 +122,11 @@ class _SparseWeight(nn.Module):
     def _set_weight(self, matrix2d: torch.Tensor) -> None:
         """Fill the CSR buffers from a dense 2-D weight (zeros where pruned), in the layer's dtype."""
         dense = matrix2d.detach()
+        finite = torch.isfinite(dense)
+        if not bool(finite.all()):  # refused here, not at the first kernel build from inside a forward
+            row, col = (int(i) for i in torch.nonzero(~finite)[0])
+            raise SparseFormatError(f"weight[{row}, {col}] = {dense[row, col].item()} is not finite; NaN/inf "
+                                    "weights would poison every output that uses them: fix the weights first")
         rows, cols = torch.nonzero(dense, as_tuple=True)  # row-major: already CSR order
         counts = torch.bincount(rows, minlength=dense.shape[0])
         with torch.no_grad():
@@ -418,6 +423,9 @@ class SparseLinear(_SparseWeight):
     def from_dense(cls, linear: nn.Linear, policy: str = "measure", tune_budget: float | None = 5.0,
                    keep_dense: bool = False) -> "SparseLinear":
         """A copy of `linear` (plain or mask-parametrized: its weight's zeros are the pattern)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"SparseLinear.from_dense takes an nn.Linear, got {type(linear).__name__}"
+                            + ("; use SparseConv2d.from_dense" if isinstance(linear, nn.Conv2d) else ""))
         weight = linear.weight.detach()
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, 0, weight.device, weight.dtype,
                     policy, tune_budget, keep_dense)
@@ -555,6 +563,9 @@ class SparseConv2d(_SparseWeight):
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, policy: str = "measure", tune_budget: float | None = 5.0,
                    keep_dense: bool = False, relu: bool = False, residual: bool = False) -> "SparseConv2d":
+        if not isinstance(conv, nn.Conv2d):
+            raise TypeError(f"SparseConv2d.from_dense takes an nn.Conv2d, got {type(conv).__name__}"
+                            + ("; use SparseLinear.from_dense" if isinstance(conv, nn.Linear) else ""))
         if conv.padding_mode != "zeros":
             raise ValueError(f"padding_mode={conv.padding_mode!r}: the sparse convolution pads with zeros only")
         padding = conv.padding

@@ -229,3 +229,12 @@ def test_bad_arguments_are_named_before_the_model_is_changed(kwargs, error, mess
     assert isinstance(model[1], nn.BatchNorm2d) and all(torch.equal(before[k], after[k]) for k in before)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         convert({"0.weight": torch.randn(2, 2)}, torch.randn(1, 2), policy="sparse")
+
+
+def test_example_inputs_the_model_does_not_take_are_named_before_anything_is_timed_or_folded():
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"fails on example_inputs \[\(1, 5, 6, 6\)\] \(RuntimeError"):
+        convert(model, torch.randn(1, 5, 6, 6), policy="sparse")
+    after = model.state_dict()
+    assert isinstance(model[1], nn.BatchNorm2d) and all(torch.equal(before[k], after[k]) for k in before)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from sparseforge.formats import SparseFormatError
 from sparseforge.nn import SparseConv2d, SparseLinear, SparseShapeError
 
 
@@ -83,6 +84,20 @@ def test_bad_inputs_are_refused_with_the_problem_named():
         layer(torch.randn(3, 16).half())
     with pytest.raises(ValueError, match="policy must be one of"):
         SparseLinear(4, 4, policy="fastest")
+
+
+def test_from_dense_refuses_another_layer_kind_and_non_finite_weights_up_front():
+    with pytest.raises(TypeError, match="takes an nn.Linear, got Conv2d; use SparseConv2d.from_dense"):
+        SparseLinear.from_dense(nn.Conv2d(3, 4, 3))
+    with pytest.raises(TypeError, match="takes an nn.Conv2d, got Linear; use SparseLinear.from_dense"):
+        SparseConv2d.from_dense(nn.Linear(3, 4))
+    linear, conv = _pruned(nn.Linear(16, 8), 0.5), nn.Conv2d(4, 4, 3)
+    with torch.no_grad():
+        linear.weight[2, 5], conv.weight[1, 2, 0, 1] = float("nan"), float("-inf")
+    with pytest.raises(SparseFormatError, match=r"weight\[2, 5\] = nan is not finite"):
+        SparseLinear.from_dense(linear)
+    with pytest.raises(SparseFormatError, match=r"weight\[1, 19\] = -inf is not finite"):  # 2 * 9 + 0 * 3 + 1
+        SparseConv2d.from_dense(conv)
 
 
 @pytest.mark.parametrize("kwargs", [dict(kernel_size=3, padding=1), dict(kernel_size=(1, 5), stride=2),
