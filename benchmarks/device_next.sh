@@ -238,7 +238,11 @@ case "${1:-}" in
     timeout 190 $SF bench $D/rn50/magnitude_pruning/0.95 --dtype fp16 --tune-budget 0.5 --out "$OUT/rn50_0.95_fp16_b1.json" > "$L/rn50_95h.log" 2>&1; tail -1 "$L/rn50_95h.log"
     timeout 190 $SF bench $D/rn50/magnitude_pruning/0.95 --dtype bf16 --tune-budget 0.5 --out "$OUT/rn50_0.95_bf16_b1.json" > "$L/rn50_95b.log" 2>&1; tail -1 "$L/rn50_95b.log"
     T=$(left 565) && timeout $T $SF bench $D/rn50/magnitude_pruning/0.9 --dtype bf16 --tune-budget 0.5 --out "$OUT/rn50_0.9_bf16_b1.json" > "$L/rn50_90b.log" 2>&1; tail -1 "$L/rn50_90b.log" ;;
-  seventeenth_c)  # issue 13's last figures: ResNet-50 batch 8 in fp16, channels_last, 95% then 90%
+  seventeenth_c)  # the GPU files that cover what changed after 97f4dc7 (convert's argument checks and trial forward,
+                  # from_dense's checks, the CPU-surface fixes reached by to_sparse24 / prune), then issue 13's last
+                  # figures: ResNet-50 batch 8 in fp16, channels_last, 95% then 90%
+    timeout 150 python3 -m pytest tests/gpu/test_nn_sparse_gpu.py tests/gpu/test_errors_gpu.py tests/gpu/test_semi_gpu.py \
+      -q -p no:cacheprovider -n 6 > "$L/gpu_tests.log" 2>&1; tail -1 "$L/gpu_tests.log"
     for s in 0.95 0.9; do
       T=$(left 565) && timeout $(( T < 260 ? T : 260 )) python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/$s \
         "$OUT/model_rn50_${s}_float16_b8_cl.json" --tune-budget 0.3 --batch 8 --dtype float16 --channels-last \
