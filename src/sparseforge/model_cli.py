@@ -56,16 +56,17 @@ def _run(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from .bench.cli import check_tune_budget
     from .console import check_output_path, console
     from .nn import convert, fuse_epilogues
+    from .nn.convert import ExampleInputError, _one_line
+    from .tune.choose import check_tune_budget
 
     for option, path in (("--report", args.report), ("--plot", getattr(args, "plot", None)),
                          ("OUTPUT", getattr(args, "output", None))):
         if path is not None:
             check_output_path(path, option)
     shape = _shape(args.example_shape)
-    check_tune_budget(args.tune_budget)
+    check_tune_budget(args.tune_budget, "--tune-budget")
     if not args.input.is_file():
         raise ValueError(f"{args.input}: no such file (a model saved with torch.save(model))")
     output = getattr(args, "output", None)
@@ -82,16 +83,22 @@ def _run(args) -> int:
         model = copy.deepcopy(model)
     model.to(device)
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else next(model.parameters()).dtype
-    example = _example(model, shape, device, dtype, args.dtype)
+    example = _example(shape, device, dtype)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("measuring layers", total=None)
 
         def progress(name, index, total):
             bar.update(task, total=total, completed=index, description=f"measuring {name}")
 
-        report = convert(model, example, dtype=dtype if args.dtype else None, include=args.include,
-                         exclude=args.exclude, policy=args.policy, tune_budget=args.tune_budget,
-                         fold_bn=not args.no_fold_bn, time_model=device == "cuda", progress=progress)
+        try:
+            report = convert(model, example, dtype=dtype if args.dtype else None, include=args.include,
+                             exclude=args.exclude, policy=args.policy, tune_budget=args.tune_budget,
+                             fold_bn=not args.no_fold_bn, time_model=device == "cuda", progress=progress)
+        except ExampleInputError as err:  # convert's own trial forward: said here in the CLI's terms
+            raise ValueError(f"the model fails on a random {dtype} input of shape {tuple(shape)} "
+                             f"({_one_line(err.__cause__)}); give --example-shape the shape of the model's one "
+                             "input (a model that takes token ids or several inputs needs the Python API: "
+                             "sparseforge.nn.convert(model, example_inputs))") from None
     table = Table(title=f"sparseforge {args.command}: {args.input.name}")
     for col in ("layer", "kind", "weight", "sparsity", "choice", "mapping", "dense us", "chosen us", "speedup"):
         table.add_column(col, justify="left" if col in ("layer", "kind", "choice", "mapping") else "right")
@@ -141,29 +148,16 @@ def _load_model(path: Path):
     return model
 
 
-def _example(model, shape: tuple[int, ...], device: str, dtype, dtype_option: str | None):
-    """The random example input, run through the model once: a shape the model does not take fails here with
-    the shape named, not inside the conversion with only the failing layer's message."""
+def _example(shape: tuple[int, ...], device: str, dtype):
+    """The seeded random example input; one too large to allocate is refused with its size named."""
     import torch
 
     size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     try:
-        example = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+        return torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     except (RuntimeError, MemoryError):
         raise ValueError(f"--example-shape {','.join(map(str, shape))}: the example input needs {size / 2**30:.1f} "
                          "GiB; give the shape of one real input") from None
-    if dtype_option is not None:
-        model.to(dtype)  # as convert(dtype=...) casts it first: the trial runs what will be converted
-    try:
-        with torch.no_grad():
-            model.eval()(example)
-    except Exception as err:
-        message = " ".join(str(err).split())[:300]
-        raise ValueError(f"the model fails on a random {dtype} input of shape {tuple(shape)} ({type(err).__name__}: "
-                         f"{message}); give --example-shape the shape of the model's one input (a model that takes "
-                         "token ids or several inputs needs the Python API: sparseforge.nn.convert(model, "
-                         "example_inputs))") from None
-    return example
 
 
 def _fmt(value, spec: str = "{:.2f}") -> str:

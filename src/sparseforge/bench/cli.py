@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -54,15 +53,10 @@ def _gpu_present() -> bool:
         return False
 
 
-def check_tune_budget(value: float) -> None:
-    """--tune-budget: seconds, so >= 0 and finite (a negative one was passed on as a budget; NaN compared false
-    with everything)."""
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"--tune-budget {value}: give seconds >= 0 (0: the cost model's pick, nothing timed)")
-
-
 def _check_numbers(args) -> None:
-    check_tune_budget(args.tune_budget)
+    from ..tune.choose import check_tune_budget
+
+    check_tune_budget(args.tune_budget, "--tune-budget")
     # cases[:limit] with limit 0 runs nothing and exits 0; with -1 it silently drops the last case
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give the number of cases to run, >= 1 (leave it out for all)")

@@ -14,7 +14,7 @@ from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, SPARSE, UNSTRUCTURED, Decision
 from ..ops import conv_memory_format
-from ..tune.choose import fastest_with_margin
+from ..tune.choose import check_tune_budget, fastest_with_margin
 from .linear24 import SparseLinear24
 
 CHANNELS_LAST = "channels_last"  # the tag of a channels_last input shape in convert's per-layer shapes
@@ -253,11 +253,13 @@ def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tun
             raise TypeError("example_inputs holds a numpy array; pass torch tensors (torch.from_numpy(x))")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
-    if tune_budget is not None and (isinstance(tune_budget, bool) or not isinstance(tune_budget, (int, float))
-                                    or not math.isfinite(tune_budget) or tune_budget < 0):
-        raise ValueError(f"tune_budget must be seconds >= 0 or None (the cost model's pick), got {tune_budget!r}")
+    check_tune_budget(tune_budget)
     _name_filter(include, "include")
     _name_filter(exclude, "exclude")
+
+
+class ExampleInputError(ValueError):
+    """The model fails on convert()'s example_inputs (the original error is the __cause__)."""
 
 
 def _check_model_runs(model: nn.Module, inputs: tuple) -> None:
@@ -268,9 +270,12 @@ def _check_model_runs(model: nn.Module, inputs: tuple) -> None:
             model(*inputs)
     except Exception as err:
         shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
-        message = " ".join(str(err).split())[:300]
-        raise ValueError(f"the model fails on example_inputs {shapes} ({type(err).__name__}: {message}); pass "
-                         "inputs the model takes (a tuple of its positional inputs)") from err
+        raise ExampleInputError(f"the model fails on example_inputs {shapes} ({_one_line(err)}); pass inputs the "
+                                "model takes (a tuple of its positional inputs)") from err
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str, tune_budget: float | None,

@@ -32,6 +32,15 @@ TOP = 6  # candidates timed by default: the best of each mapping (up to six appl
 # the next best overall
 
 
+def check_tune_budget(value, name: str = "tune_budget") -> None:
+    """A tuning budget is seconds: None (the API's "the cost model's pick") or a finite number >= 0. A negative
+    one would be passed on as a budget, NaN compares false with everything, a bool or str fails far from here."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} {value!r}: give seconds >= 0 (0: the cost model's pick, nothing timed)")
+
+
 @dataclass
 class Choice:
     """What the chooser did: every candidate with its prediction, and the measured ones with their times."""

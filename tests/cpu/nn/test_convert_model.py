@@ -215,7 +215,7 @@ def test_a_channels_last_conv_input_is_decided_on_an_nhwc_kernel_and_reported_so
     ({"example_inputs": torch.randn(1, 3, 6, 6).numpy()}, TypeError, "numpy array.*torch.from_numpy"),
     ({"dtype": "fp16"}, TypeError, "dtype must be a floating torch.dtype"),  # was "Invalid device string"
     ({"dtype": torch.int8}, TypeError, "dtype must be a floating torch.dtype"),
-    ({"tune_budget": -1}, ValueError, "tune_budget must be seconds >= 0"),  # was accepted
+    ({"tune_budget": -1}, ValueError, "tune_budget -1: give seconds >= 0"),  # was accepted
     ({"include": 3}, TypeError, "include must be a regular expression"),
     ({"exclude": "("}, ValueError, "exclude '\\(' is not a valid regular expression"),
 ])

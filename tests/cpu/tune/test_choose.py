@@ -2,8 +2,8 @@
 failures scored not raised, and the sparse-over-dense margin the 2:4 decisions use."""
 import pytest
 
-from sparseforge.tune.choose import (MIN_SPEEDUP, Choice, choose, fastest_with_margin, rank, shortlist,
-                                     within_budget)
+from sparseforge.tune.choose import (MIN_SPEEDUP, Choice, check_tune_budget, choose, fastest_with_margin, rank,
+                                     shortlist, within_budget)
 
 
 def _records(pairs):
@@ -106,3 +106,14 @@ def test_serial_compiles_when_asked_and_a_broken_cached_choice_is_made_again():
     assert _choice_from_record({"choice": choice.as_dict()}).as_dict() == choice.as_dict()
     for broken in ({}, {"choice": {}}, {"choice": {"records": [], "winner": 3}}, {"choice": None}):
         assert _choice_from_record(broken) is None
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, float("nan"), float("inf"), True, "5", [1.0]])
+def test_a_tune_budget_that_is_not_seconds_is_refused_with_the_name_given(value):
+    with pytest.raises(ValueError, match=r"^--tune-budget .*: give seconds >= 0"):
+        check_tune_budget(value, "--tune-budget")
+
+
+@pytest.mark.parametrize("value", [None, 0, 0.5, 5])
+def test_none_and_seconds_are_tune_budgets(value):
+    check_tune_budget(value)
