@@ -100,8 +100,11 @@ def _median(values) -> float | None:
 
 
 def provenance(command: list[str]) -> dict:
+    from ..runtime.timing import TIMING_PROTOCOL
+
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(command), "python": platform.python_version(), "host": platform.node()}
+            "command": " ".join(command), "python": platform.python_version(), "host": platform.node(),
+            "timing": TIMING_PROTOCOL}
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent)

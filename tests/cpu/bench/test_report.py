@@ -7,3 +7,14 @@ def test_model_results_carry_the_summary_keys_of_every_benchmark_file():
     assert linear["geomean_speedup_vs_cublas"] == 1.15 and "geomean_speedup_vs_cudnn" not in linear
     assert cnn["geomean_speedup_vs_cudnn"] == 3.0 and "geomean_speedup_vs_cublas" not in cnn
     assert model_summary_keys({"speedup_vs_cublas": 2.0, "geomean_speedup_vs_cublas": 1.5})["geomean_speedup_vs_cublas"] == 1.5
+
+
+def test_provenance_names_the_timing_protocol():
+    # results timed before the held stream (some with host stalls counted) have no "timing" key: the key is
+    # what tells a reader which files to trust
+    from sparseforge.bench.report import provenance
+    from sparseforge.runtime.timing import TIMING_PROTOCOL
+
+    info = provenance(["sparseforge", "bench"])
+    assert info["timing"] == TIMING_PROTOCOL and "held" in TIMING_PROTOCOL
+    assert info["command"] == "sparseforge bench"

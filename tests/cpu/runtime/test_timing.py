@@ -23,3 +23,75 @@ def test_a_dense_llama_weight_needs_four_copies_and_a_90_percent_one_twenty():
 def test_tiny_weights_are_capped_and_empty_ones_still_rotate():
     assert weight_copies(16, L2) == MAX_WEIGHT_COPIES
     assert weight_copies(0, L2) == 2
+
+
+class _FakeCuda:
+    """torch.cuda as _median_of uses it, scripted: `released` says, sample by sample, whether the hold's spin
+    had already ended when the stop event was issued; `elapsed` the ms each kept sample measured."""
+
+    def __init__(self, released: list[bool], elapsed: list[float]):
+        self.released, self.elapsed, self.sleeps = list(released), list(elapsed), []
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.timing = enable_timing
+
+            def record(self):
+                pass
+
+            def query(self):
+                return cuda.released.pop(0)
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return cuda.elapsed.pop(0)
+
+        self.Event = Event
+
+    def _sleep(self, cycles):
+        self.sleeps.append(cycles)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import torch
+
+    from sparseforge.runtime import timing
+
+    def install(released, elapsed):
+        fake = _FakeCuda(released, elapsed)
+        monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+        monkeypatch.setattr(torch.cuda, "_sleep", fake._sleep, raising=False)
+        monkeypatch.setattr(timing, "_clock_khz", lambda: 1_000_000.0)  # 1 GHz: 1000 cycles a microsecond
+        return fake
+    return install
+
+
+def test_a_held_sample_the_hold_did_not_cover_is_dropped_and_the_hold_doubles(fake_cuda):
+    from sparseforge.runtime.timing import HOLD_START_US, _median_of
+
+    # the second sample's spin ended before its stop event was issued: it is not timed, the next hold doubles
+    fake = fake_cuda(released=[False, True, False, False], elapsed=[1.0, 2.0, 3.0])
+    assert _median_of(lambda: None, repeats=3, hold=True) == pytest.approx(2000.0)  # median of 1, 2, 3 ms in us
+    assert fake.sleeps == [HOLD_START_US * 1000, HOLD_START_US * 1000, 2 * HOLD_START_US * 1000,
+                           2 * HOLD_START_US * 1000]
+
+
+def test_a_host_that_never_issues_in_time_is_an_error_not_a_figure(fake_cuda):
+    from sparseforge.runtime.timing import HOLD_MAX_US, HOLD_RETRIES, _median_of
+
+    fake = fake_cuda(released=[True] * (HOLD_RETRIES + 1), elapsed=[])
+    with pytest.raises(RuntimeError, match="dropped .* samples"):
+        _median_of(lambda: None, repeats=5, hold=True)
+    assert max(fake.sleeps) <= HOLD_MAX_US * 1000  # the hold grows, capped
+
+
+def test_eager_timing_is_not_held(fake_cuda):
+    from sparseforge.runtime.timing import _median_of
+
+    fake = fake_cuda(released=[], elapsed=[4.0, 5.0, 6.0])
+    assert _median_of(lambda: None, repeats=3) == pytest.approx(5000.0)
+    assert fake.sleeps == []
