@@ -248,7 +248,26 @@ case "${1:-}" in
         "$OUT/model_rn50_${s}_float16_b8_cl.json" --tune-budget 0.3 --batch 8 --dtype float16 --channels-last \
         > "$L/rn50_${s}_b8h.log" 2>&1; tail -1 "$L/rn50_${s}_b8h.log"
     done ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c"; exit 2 ;;
+  eighteenth_a)  # issue 11's bench figures again with the held timing (e0685ac): every `sparseforge bench` run with a
+                 # prebuild since 4fa8f14 counted host stalls as kernel time (NOTES, seventeenth session); rn50 b1
+                 # 16-bit sets first (the 95% ones decide the target), then Transformer N = 256
+    for run in "0.95 fp16" "0.95 bf16" "0.9 fp16"; do set -- $run
+      T=$(left 565) && timeout $(( T < 185 ? T : 185 )) $SF bench $D/rn50/magnitude_pruning/$1 --dtype $2 --tune-budget 0.5 \
+        --out "$OUT/rn50_$1_$2_b1.json" > "$L/rn50_$1_$2.log" 2>&1; tail -1 "$L/rn50_$1_$2.log"
+    done ;;
+  eighteenth_b)  # rn50 90% bf16, Transformer N = 256 at 90 / 95% fp16 (bf16 tracked fp16 within 2% there)
+    T=$(left 565) && timeout 185 $SF bench $D/rn50/magnitude_pruning/0.9 --dtype bf16 --tune-budget 0.5 --out "$OUT/rn50_0.9_bf16_b1.json" > "$L/rn50_0.9_bf16.log" 2>&1; tail -1 "$L/rn50_0.9_bf16.log"
+    tf_subset
+    for s in 0.9 0.95; do
+      T=$(left 565) && timeout $(( T < 110 ? T : 110 )) $SF bench /tmp/tf_subset/transformer/magnitude_pruning/$s --dtype fp16 --layout kn \
+        --tune-budget 0.5 --out "$OUT/transformer_${s}_n256_kn_fp16.json" > "$L/tf_${s}_fp16.log" 2>&1; tail -1 "$L/tf_${s}_fp16.log"
+    done ;;
+  eighteenth_c)  # issue 12's half-precision conv figures and the 90% fp32 headline with the held timing
+    for run in "0.9 fp32" "0.9 fp16" "0.95 fp16" "0.9 bf16"; do set -- $run
+      T=$(left 565) && timeout $(( T < 130 ? T : 130 )) $SF bench conv:$D/rn50/magnitude_pruning/$1 --dtype $2 --tune-budget 0.5 \
+        --out "$OUT/conv_rn50_$1_$2.json" > "$L/conv_$1_$2.log" 2>&1; tail -1 "$L/conv_$1_$2.log"
+    done ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c"; exit 2 ;;
 esac
 # one file back: the device returns at most 8 (the fifteenth session lost VGG-16's JSON to that limit)
 # (the JSON stay beside it where the tarball is over the 16 MiB a returned file may have)

@@ -93,9 +93,10 @@ def package_corpus() -> list[str]:
     """Natural general-domain English that the PyPI package gensim ships offline in its test data (another
     source than the bundled sentences, and nearer their domain than stdlib_prose's help topics): news
     articles (lee_background.cor, lee.cor, one document a line) and movie-review sentences
-    (pang_lee_polarity.cor, lower-case and tokenized, one a line after a fastText label). Split into
-    sentences as stdlib_prose does (6-40 words of plain characters each), deduplicated and sorted: about
-    2,600 in gensim 4.4 (some 190 of them reviews). Unlabelled: the teacher labels them, so the student
+    (pang_lee_polarity.cor, lower-case and tokenized, one a line after a fastText label; alldata-id-10.txt,
+    ten long IMDB reviews after a document id) and encyclopedia prose about cities and states
+    (para2para_text{1,2}.txt). Split into sentences as stdlib_prose does (6-40 words of plain characters
+    each), deduplicated and sorted. Unlabelled: the teacher labels them, so the student
     learns its function on text that owes nothing to the bundled sentences, words they never use included.
     mini_newsgroup is left out: it is a zlib-compressed pickle (an sklearn Bunch), not text, and unpickling
     a test fixture would run whatever it names."""
@@ -107,11 +108,14 @@ def package_corpus() -> list[str]:
         raise SystemExit("--corpus needs gensim's test data: pip install gensim (or sparseforge[minilm])")
     data = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data"
     documents = []
-    for name in ("lee_background.cor", "lee.cor", "pang_lee_polarity.cor"):
+    for name in ("lee_background.cor", "lee.cor", "pang_lee_polarity.cor", "alldata-id-10.txt",
+                 "para2para_text1.txt", "para2para_text2.txt"):
         # lee.cor and the reviews hold a few Latin-1 / cp1252 bytes; latin-1 decodes any byte, and the
         # plain-character filter below drops the sentences they are in
         for line in (data / name).read_text(encoding="latin-1").splitlines():
             line = re.sub(r"^__label__\w+\s+", "", line)  # the reviews' fastText label
+            line = re.sub(r"^_\*\d+\s+", "", line)  # alldata-id-10's document id
+            line = re.sub(r"\[\d+\]", "", line)  # para2para's Wikipedia footnote marks
             # the reviews are tokenized ("silly , and tedious ."): join punctuation back to its word
             documents.append(re.sub(r"\s+([,.;:!?])", r"\1", line))
     text = re.sub(r"\s+", " ", " ".join(documents))
