@@ -107,7 +107,8 @@ def host_time_us(fn, inputs: list, repeats: int = 15, stall_us: float = 20_000.0
 
 HOLD_START_US = 200.0         # the first hold of a timed replay; doubled after every sample it did not cover
 HOLD_MAX_US = 200_000.0       # a host that cannot issue three calls in 0.2 s is not timing anything
-HOLD_RETRIES = 12             # dropped samples a measurement may have before it gives up
+HOLD_RETRIES = 24             # dropped samples a measurement may have before it gives up (the hold reaches
+                              # its cap after 10: a host stalled past that is not a timing host)
 
 
 def _median_of(run, repeats: int, hold: bool = False) -> float:
