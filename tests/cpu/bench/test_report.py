@@ -18,3 +18,19 @@ def test_provenance_names_the_timing_protocol():
     info = provenance(["sparseforge", "bench"])
     assert info["timing"] == TIMING_PROTOCOL and "held" in TIMING_PROTOCOL
     assert info["command"] == "sparseforge bench"
+
+
+def test_a_model_run_over_its_bound_fails_and_names_the_dense_models_own_error(tmp_path, capsys):
+    import json
+
+    from sparseforge.bench.report import finish_model_run
+
+    result = {"model": "rn50", "speedup_vs_cudnn": 1.0, "rel_error_vs_float64": 2.6e-2, "error_ok": False,
+              "dense_rel_error_vs_float64": 2.7e-2}
+    assert finish_model_run(tmp_path / "r.json", result, "report", "rn50 float16") == 1  # the bound still fails
+    out = capsys.readouterr().out
+    assert "rel. error vs float64 2.6e-02 (FAIL; the dense model's own 2.7e-02)" in out
+    assert json.loads((tmp_path / "r.json").read_text())["geomean_speedup_vs_cudnn"] == 1.0
+    result.update(rel_error_vs_float64=1e-5, error_ok=True, dense_rel_error_vs_float64=None)
+    assert finish_model_run(tmp_path / "r.json", result, "report", "rn50 float32") == 0
+    assert "(ok)" in capsys.readouterr().out
