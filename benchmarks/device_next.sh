@@ -249,14 +249,14 @@ case "${1:-}" in
         > "$L/rn50_${s}_b8h.log" 2>&1; tail -1 "$L/rn50_${s}_b8h.log"
     done ;;
   eighteenth_a)  # issue 11's bench figures again with the held timing (e0685ac): every `sparseforge bench` run with a
-                 # prebuild since 4fa8f14 counted host stalls as kernel time (NOTES, seventeenth session); rn50 b1
-                 # 16-bit sets first (the 95% ones decide the target), then Transformer N = 256
+                 # prebuild since 4fa8f14 counted host stalls as kernel time (NOTES, seventeenth session): the rn50
+                 # b1 16-bit sets (the 95% ones decide the target; Transformer N = 256 is in eighteenth_b)
     for run in "0.95 fp16" "0.95 bf16" "0.9 fp16"; do set -- $run
       T=$(left 565) && timeout $(( T < 185 ? T : 185 )) $SF bench $D/rn50/magnitude_pruning/$1 --dtype $2 --tune-budget 0.5 \
         --out "$OUT/rn50_$1_$2_b1.json" > "$L/rn50_$1_$2.log" 2>&1; tail -1 "$L/rn50_$1_$2.log"
     done ;;
   eighteenth_b)  # rn50 90% bf16, Transformer N = 256 at 90 / 95% fp16 (bf16 tracked fp16 within 2% there)
-    T=$(left 565) && timeout 185 $SF bench $D/rn50/magnitude_pruning/0.9 --dtype bf16 --tune-budget 0.5 --out "$OUT/rn50_0.9_bf16_b1.json" > "$L/rn50_0.9_bf16.log" 2>&1; tail -1 "$L/rn50_0.9_bf16.log"
+    T=$(left 565) && timeout $(( T < 185 ? T : 185 )) $SF bench $D/rn50/magnitude_pruning/0.9 --dtype bf16 --tune-budget 0.5 --out "$OUT/rn50_0.9_bf16_b1.json" > "$L/rn50_0.9_bf16.log" 2>&1; tail -1 "$L/rn50_0.9_bf16.log"
     tf_subset
     for s in 0.9 0.95; do
       T=$(left 565) && timeout $(( T < 110 ? T : 110 )) $SF bench /tmp/tf_subset/transformer/magnitude_pruning/$s --dtype fp16 --layout kn \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..suite import Case
-from ..runtime.timing import eager_time_us, graph_time_us
+from ..runtime.timing import TimingContention, eager_time_us, graph_time_us
 
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3, "bfloat16": 3e-2}
 H200 = {"bandwidth": 4.3e12, "fp32_fma": 67e12}  # measured copy bandwidth; datasheet FP32 (CUDA cores)
@@ -177,9 +177,13 @@ def _cusparse_time(dense, inputs, layout: str) -> dict:
         fn = (lambda b: torch.mm(csr, b)) if layout == "kn" else (lambda x: torch.mm(csr, x.t()).t())
         try:
             return {"cusparse_us": graph_time_us(fn, inputs), "cusparse_timing": "graph"}
+        except TimingContention:
+            raise
         except Exception:
             torch.cuda.synchronize()
             return {"cusparse_us": eager_time_us(fn, inputs), "cusparse_timing": "eager (graph capture refused)"}
+    except TimingContention:
+        raise
     except Exception as err:
         return {"cusparse_us": None, "cusparse_error": f"{type(err).__name__}: {str(err)[:200]}"}
 

@@ -126,7 +126,7 @@ def _torch_semi_structured(w, xs, record: dict) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from ..runtime.timing import eager_time_us, graph_time_us
+    from ..runtime.timing import TimingContention, eager_time_us, graph_time_us
 
     try:
         from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
@@ -141,6 +141,8 @@ def _torch_semi_structured(w, xs, record: dict) -> dict:
     out["fallback_speedup_vs_torch_semi_eager"] = out["torch_semi_eager_us"] / record["with_fallback_eager_us"]
     try:
         out["torch_semi_us"] = graph_time_us(lambda x: F.linear(x, ws), xs, calls_per_graph=5, repeats=10)
+    except TimingContention:
+        raise
     except Exception as exc:
         out["torch_semi_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     torch.cuda.synchronize()

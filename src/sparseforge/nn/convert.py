@@ -465,7 +465,7 @@ def _model_bytes(model: nn.Module) -> int:
 
 def model_latency_us(model: nn.Module, inputs) -> float:
     """One forward of the whole model under CUDA-graph replay (median); eagerly where capture fails."""
-    from ..runtime.timing import eager_time_us, graph_time_us
+    from ..runtime.timing import TimingContention, eager_time_us, graph_time_us
 
     def run(_):
         return model(*inputs)
@@ -473,6 +473,8 @@ def model_latency_us(model: nn.Module, inputs) -> float:
     with torch.no_grad():
         try:
             return graph_time_us(run, [None], calls_per_graph=5, repeats=15)
+        except TimingContention:
+            raise
         except Exception:
             torch.cuda.synchronize()
             return eager_time_us(run, [None] * 5, repeats=15)

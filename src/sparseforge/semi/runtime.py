@@ -119,10 +119,12 @@ def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
 
 def _graph_us(fn) -> float:
     """Median GPU microseconds per call under CUDA-graph replay (what a graph-captured model sees)."""
-    from ..runtime.timing import eager_time_us, graph_time_us
+    from ..runtime.timing import TimingContention, eager_time_us, graph_time_us
 
     try:
         return graph_time_us(lambda _: fn(), [None], calls_per_graph=10, repeats=15)
+    except TimingContention:
+        raise
     except RuntimeError:  # not capturable: the eager figure is the honest one
         return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)
 

@@ -27,24 +27,27 @@ def test_tiny_weights_are_capped_and_empty_ones_still_rotate():
 
 class _FakeCuda:
     """torch.cuda as _median_of uses it, scripted: `released` says, sample by sample, whether the hold's spin
-    had already ended when the stop event was issued; `elapsed` the ms each kept sample measured."""
+    had already ended when it was asked (after the stop event was issued); `elapsed` the ms each kept sample
+    measured. `log` records every call in order, by event role (the n-th event of a sample: released, start,
+    stop when held; start, stop when not)."""
 
     def __init__(self, released: list[bool], elapsed: list[float]):
-        self.released, self.elapsed, self.sleeps = list(released), list(elapsed), []
+        self.released, self.elapsed, self.sleeps, self.log = list(released), list(elapsed), [], []
         cuda = self
 
         class Event:
             def __init__(self, enable_timing=False):
-                self.timing = enable_timing
+                self.role = "timed" if enable_timing else "released"
 
             def record(self):
-                pass
+                cuda.log.append((self.role, "record"))
 
             def query(self):
+                cuda.log.append((self.role, "query"))
                 return cuda.released.pop(0)
 
             def synchronize(self):
-                pass
+                cuda.log.append((self.role, "synchronize"))
 
             def elapsed_time(self, other):
                 return cuda.elapsed.pop(0)
@@ -53,6 +56,7 @@ class _FakeCuda:
 
     def _sleep(self, cycles):
         self.sleeps.append(cycles)
+        self.log.append(("stream", "sleep"))
 
 
 @pytest.fixture
@@ -70,23 +74,38 @@ def fake_cuda(monkeypatch):
     return install
 
 
-def test_a_held_sample_the_hold_did_not_cover_is_dropped_and_the_hold_doubles(fake_cuda):
+def test_a_held_sample_is_asked_about_after_its_stop_event_and_before_waiting_for_it(fake_cuda):
+    from sparseforge.runtime.timing import _median_of
+
+    fake = fake_cuda(released=[False], elapsed=[1.0])
+    _median_of(lambda: fake.log.append(("graph", "replay")), repeats=1, hold=True)
+    # the spin and its event first, then start, the replay, stop; only then the question (asked before the
+    # stop is waited for: afterwards every spin has ended and every sample would be dropped)
+    assert fake.log == [("stream", "sleep"), ("released", "record"), ("timed", "record"), ("graph", "replay"),
+                        ("timed", "record"), ("released", "query"), ("timed", "synchronize")]
+
+
+def test_a_held_sample_the_hold_did_not_cover_is_dropped_and_the_hold_doubles_then_relaxes(fake_cuda):
     from sparseforge.runtime.timing import HOLD_START_US, _median_of
 
-    # the second sample's spin ended before its stop event was issued: it is not timed, the next hold doubles
+    # the second sample's spin ended before its stop event was issued: it is not timed, the next hold doubles;
+    # a covered sample halves it again (not below the start)
     fake = fake_cuda(released=[False, True, False, False], elapsed=[1.0, 2.0, 3.0])
     assert _median_of(lambda: None, repeats=3, hold=True) == pytest.approx(2000.0)  # median of 1, 2, 3 ms in us
-    assert fake.sleeps == [HOLD_START_US * 1000, HOLD_START_US * 1000, 2 * HOLD_START_US * 1000,
-                           2 * HOLD_START_US * 1000]
+    start = HOLD_START_US * 1000
+    assert fake.sleeps == [start, start, 2 * start, start]
+    assert not fake.released and not fake.elapsed
 
 
 def test_a_host_that_never_issues_in_time_is_an_error_not_a_figure(fake_cuda):
-    from sparseforge.runtime.timing import HOLD_MAX_US, HOLD_RETRIES, _median_of
+    from sparseforge.runtime.timing import HOLD_MAX_US, HOLD_RETRIES, TimingContention, _median_of
 
     fake = fake_cuda(released=[True] * (HOLD_RETRIES + 1), elapsed=[])
-    with pytest.raises(RuntimeError, match="dropped .* samples"):
+    with pytest.raises(TimingContention, match="dropped .* samples"):
         _median_of(lambda: None, repeats=5, hold=True)
-    assert max(fake.sleeps) <= HOLD_MAX_US * 1000  # the hold grows, capped
+    assert not fake.released  # every one of the allowed drops was tried first
+    assert fake.sleeps[-1] == HOLD_MAX_US * 1000 and max(fake.sleeps) == HOLD_MAX_US * 1000  # grown, capped
+    assert issubclass(TimingContention, RuntimeError)
 
 
 def test_eager_timing_is_not_held(fake_cuda):
@@ -94,4 +113,27 @@ def test_eager_timing_is_not_held(fake_cuda):
 
     fake = fake_cuda(released=[], elapsed=[4.0, 5.0, 6.0])
     assert _median_of(lambda: None, repeats=3) == pytest.approx(5000.0)
-    assert fake.sleeps == []
+    assert fake.sleeps == [] and ("released", "query") not in fake.log
+
+
+def test_fallbacks_to_eager_timing_do_not_swallow_contention(monkeypatch):
+    # a starved host must stop the measurement, not turn into an eager figure that counts the same stalls
+    import importlib
+
+    import torch
+
+    from sparseforge.runtime import timing
+
+    convert_module = importlib.import_module("sparseforge.nn.convert")  # the module, not nn's convert()
+
+    def starved(*args, **kwargs):
+        raise timing.TimingContention("timing dropped 25 samples")
+
+    def eager(*args, **kwargs):
+        raise AssertionError("fell back to eager timing")
+
+    monkeypatch.setattr(timing, "graph_time_us", starved)
+    monkeypatch.setattr(timing, "eager_time_us", eager)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    with pytest.raises(timing.TimingContention):
+        convert_module.model_latency_us(torch.nn.Identity(), (torch.zeros(1),))
