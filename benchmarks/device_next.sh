@@ -251,6 +251,7 @@ case "${1:-}" in
   eighteenth_a)  # issue 11's bench figures again with the held timing (e0685ac): every `sparseforge bench` run with a
                  # prebuild since 4fa8f14 counted host stalls as kernel time (NOTES, seventeenth session): the rn50
                  # b1 16-bit sets (the 95% ones decide the target; Transformer N = 256 is in eighteenth_b)
+    timeout 60 python3 -m pytest tests/gpu/test_timing_gpu.py -q -p no:cacheprovider > "$L/gpu_timing_tests.log" 2>&1; tail -1 "$L/gpu_timing_tests.log"
     for run in "0.95 fp16" "0.95 bf16" "0.9 fp16"; do set -- $run
       T=$(left 565) && timeout $(( T < 185 ? T : 185 )) $SF bench $D/rn50/magnitude_pruning/$1 --dtype $2 --tune-budget 0.5 \
         --out "$OUT/rn50_$1_$2_b1.json" > "$L/rn50_$1_$2.log" 2>&1; tail -1 "$L/rn50_$1_$2.log"
