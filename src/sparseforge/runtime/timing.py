@@ -87,7 +87,7 @@ def host_time_us(fn, inputs: list, repeats: int = 15, stall_us: float = 20_000.0
     for x in inputs:
         fn(x)
     torch.cuda.synchronize()
-    cycles = int(stall_us * _clock_khz() / 1e3)  # (a clock above the one reported only shortens the spin: checked below)
+    cycles = int(stall_us * _clock_khz() / 1e3)  # a clock above the one reported only shortens it: checked below
     times = []
     for _ in range(repeats):
         torch.cuda._sleep(cycles)
@@ -143,9 +143,9 @@ def _median_of(run, repeats: int, hold: bool = False) -> float:
             continue
         dropped += 1
         if dropped > HOLD_RETRIES:
-            raise TimingContention(f"timing dropped {dropped} samples: the host took longer to issue a replay than "
-                               f"a {hold_us:.0f} us hold of the GPU (another thread holding the GIL, or an "
-                               f"overloaded CPU); measure with fewer threads busy")
+            raise TimingContention(f"timing dropped {dropped} samples: the host took longer to issue a replay "
+                                   f"than a {hold_us:.0f} us hold of the GPU (another thread holding the GIL, or "
+                                   f"an overloaded CPU); measure with fewer threads busy")
         hold_us = min(2 * hold_us, HOLD_MAX_US)
     return statistics.median(times)
 
