@@ -11,6 +11,7 @@ issued may hold such a gap: it is dropped and the next hold is twice as long."""
 from __future__ import annotations
 
 import statistics
+import sys
 
 # recorded in every results file (bench.report.provenance): files without it were timed unheld, and those of
 # `sparseforge bench` runs with a prebuild (prebuild_seconds set, 4fa8f14 to fc6bf5d) may hold host stalls
@@ -111,8 +112,13 @@ class TimingContention(RuntimeError):
     figure taken on the same starved host would count the stalls the hold exists to exclude)."""
 
 
-HOLD_START_US = 200.0         # the first hold of a timed replay; doubled after every sample it did not cover,
-                              # halved (not below this) after every sample it did
+HOLD_START_US = 200.0         # the first hold of a timed replay; doubled after every sample it did not cover
+                              # and kept for the rest of the measurement (halving it after a covered sample,
+                              # f8ae4cb, dropped every other sample beside busy threads and gave up: H200,
+                              # the eighteenth session)
+HELD_SWITCH_INTERVAL_S = 5e-4  # the GIL switch interval while a held measurement runs (Python's default 5 ms
+                               # lets each busy thread keep the GIL that long at every handoff: six threads
+                               # stalled the timing thread past 100 ms a sample)
 HOLD_MAX_US = 200_000.0       # a host that cannot issue three calls in 0.2 s is not timing anything
 HOLD_RETRIES = 24             # dropped samples a measurement may have before it gives up (the hold reaches
                               # its cap after 10: a host stalled past that is not a timing host)
@@ -122,9 +128,21 @@ def _median_of(run, repeats: int, hold: bool = False) -> float:
     """Median over `repeats` samples of the GPU time between events around run(). hold=True (graph replay):
     each sample queued behind a spin kernel, kept only if the spin was still running when its stop event
     was issued (module docstring); eager timing leaves the host's time in, so it is not held."""
+    if not hold:
+        return _sample(run, repeats, hold_us=0.0)
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch_interval, HELD_SWITCH_INTERVAL_S))
+    try:
+        return _sample(run, repeats, hold_us=HOLD_START_US)
+    finally:
+        sys.setswitchinterval(switch_interval)
+
+
+def _sample(run, repeats: int, hold_us: float) -> float:
+    """_median_of's loop; hold_us 0: not held."""
     import torch
 
-    times, hold_us, dropped = [], HOLD_START_US, 0
+    times, dropped, hold = [], 0, hold_us > 0
     cycles_per_us = _clock_khz() / 1e3 if hold else 0.0
     while len(times) < repeats:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -139,7 +157,6 @@ def _median_of(run, repeats: int, hold: bool = False) -> float:
         stop.synchronize()
         if covered:
             times.append(start.elapsed_time(stop) * 1e3)
-            hold_us = max(HOLD_START_US, hold_us / 2)  # one stall does not make every later sample pay a long hold
             continue
         dropped += 1
         if dropped > HOLD_RETRIES:

@@ -85,16 +85,32 @@ def test_a_held_sample_is_asked_about_after_its_stop_event_and_before_waiting_fo
                         ("timed", "record"), ("released", "query"), ("timed", "synchronize")]
 
 
-def test_a_held_sample_the_hold_did_not_cover_is_dropped_and_the_hold_doubles_then_relaxes(fake_cuda):
+def test_a_held_sample_the_hold_did_not_cover_is_dropped_and_the_hold_doubles_and_stays(fake_cuda):
     from sparseforge.runtime.timing import HOLD_START_US, _median_of
 
-    # the second sample's spin ended before its stop event was issued: it is not timed, the next hold doubles;
-    # a covered sample halves it again (not below the start)
+    # the second sample's spin ended before its stop event was issued: it is not timed, the next hold doubles
+    # and stays doubled (a hold that relaxes after every covered sample is outrun again by the same stalls)
     fake = fake_cuda(released=[False, True, False, False], elapsed=[1.0, 2.0, 3.0])
     assert _median_of(lambda: None, repeats=3, hold=True) == pytest.approx(2000.0)  # median of 1, 2, 3 ms in us
     start = HOLD_START_US * 1000
-    assert fake.sleeps == [start, start, 2 * start, start]
+    assert fake.sleeps == [start, start, 2 * start, 2 * start]
     assert not fake.released and not fake.elapsed
+
+
+def test_a_held_measurement_shortens_the_gil_switch_interval_and_restores_it(fake_cuda):
+    import sys
+
+    from sparseforge.runtime.timing import HELD_SWITCH_INTERVAL_S, _median_of
+
+    fake_cuda(released=[False, False], elapsed=[1.0, 2.0])
+    seen, before = [], sys.getswitchinterval()
+    _median_of(lambda: seen.append(sys.getswitchinterval()), repeats=2, hold=True)
+    assert seen == [pytest.approx(HELD_SWITCH_INTERVAL_S)] * 2 and HELD_SWITCH_INTERVAL_S < before
+    assert sys.getswitchinterval() == before
+    fake_cuda(released=[True] * 100, elapsed=[])
+    with pytest.raises(RuntimeError):
+        _median_of(lambda: None, repeats=1, hold=True)
+    assert sys.getswitchinterval() == before  # restored on the error path too
 
 
 def test_a_host_that_never_issues_in_time_is_an_error_not_a_figure(fake_cuda):
