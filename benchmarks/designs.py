@@ -36,7 +36,7 @@ from sparseforge.tune.space import search_space
 
 # the mappings each config family can give: --mappings drops a family before its plans are made (sketching
 # every generated candidate of a million-nonzero LLM layer costs minutes)
-FAMILY_MAPPINGS = {CsrConfig: {"csr"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"},
+FAMILY_MAPPINGS = {CsrConfig: {"csr", "csr-staged"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"},
                    TcScatterConfig: {"tc-scatter"}, Split24Config: {"split-24"}}
 TILE_MAPPINGS = {"row-groups", "row-per-block", "split-k", "staged-x", "inline"}
 

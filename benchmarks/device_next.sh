@@ -268,7 +268,31 @@ case "${1:-}" in
       T=$(left 565) && timeout $(( T < 130 ? T : 130 )) $SF bench conv:$D/rn50/magnitude_pruning/$1 --dtype $2 --tune-budget 0.5 \
         --out "$OUT/conv_rn50_$1_$2.json" > "$L/conv_$1_$2.log" 2>&1; tail -1 "$L/conv_$1_$2.log"
     done ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c"; exit 2 ;;
+  nineteenth_a)  # csr-staged (B in shared memory, persistent blocks; the eighteenth session's attempt at issue 11's
+                 # N = 8-16 decode miss): its GPU tests, then the decode designs against csr / tc-scatter / cuBLAS,
+                 # weights rotated through HBM, then the void N = 8 / 16 bench sets re-measured held
+    timeout 150 python3 -m pytest tests/gpu/test_spmm_gpu.py -k staged tests/gpu/test_timing_gpu.py -q -p no:cacheprovider \
+      > "$L/gpu_staged_tests.log" 2>&1; tail -2 "$L/gpu_staged_tests.log"
+    for dt in float16 bfloat16; do
+      T=$(left 420) && timeout $(( T < 120 ? T : 120 )) python3 benchmarks/designs.py "$OUT/designs_staged_$dt.json" $D \
+        "llm:0.5,0.7,0.9:llama_4096x4096/16" "llm:0.9,0.7:llama_4096x4096/8" "llm:0.9:llama_14336x4096/16" --dtype $dt \
+        --mappings csr,csr-staged,tc-scatter --rotate > "$L/designs_staged_$dt.log" 2>&1; tail -3 "$L/designs_staged_$dt.log"
+    done
+    for n in 8 16; do
+      T=$(left 565) && timeout $(( T < 60 ? T : 60 )) $SF bench llm:0.5,0.7,0.9:llama_4096x4096 --n $n --dtype fp16 --tune-budget 0.5 \
+        --out "$OUT/decode_n${n}_fp16.json" > "$L/d${n}.log" 2>&1; tail -2 "$L/d${n}.log"
+    done ;;
+  nineteenth_b)  # the whole GPU suite on the current code (6 workers), then issue 12's 16-bit sets still unheld
+    timeout 330 python3 -m pytest tests/gpu -q -p no:cacheprovider -n 6 --deselect tests/gpu/test_timing_gpu.py \
+      --deselect tests/gpu/test_profile_gpu.py > "$L/gpu_tests.log" 2>&1; tail -3 "$L/gpu_tests.log"
+    timeout 40 python3 -m pytest tests/gpu/test_timing_gpu.py tests/gpu/test_profile_gpu.py -q -p no:cacheprovider \
+      > "$L/gpu_tests_serial.log" 2>&1; tail -2 "$L/gpu_tests_serial.log"
+    T=$(left 480) && timeout $(( T < 60 ? T : 60 )) $SF bench conv:vgg16:0.9 --dtype fp16 --tune-budget 0.5 --out "$OUT/conv_vgg16_0.9_fp16.json" > "$L/vgg16h.log" 2>&1; tail -1 "$L/vgg16h.log"
+    T=$(left 520) && timeout $(( T < 30 ? T : 30 )) $SF bench conv:textcnn:0.9 --dtype fp16 --tune-budget 0.5 --out "$OUT/conv_textcnn_0.9_fp16.json" > "$L/texth.log" 2>&1; tail -1 "$L/texth.log" ;;
+  nineteenth_c)  # the rest: conv rn50 95% bf16, rn50 90% fp16 batch 1 (cut at 3 layers in the eighteenth session)
+    timeout 130 $SF bench conv:$D/rn50/magnitude_pruning/0.95 --dtype bf16 --tune-budget 0.5 --out "$OUT/conv_rn50_0.95_bf16.json" > "$L/conv95b.log" 2>&1; tail -1 "$L/conv95b.log"
+    T=$(left 565) && timeout $T $SF bench $D/rn50/magnitude_pruning/0.9 --dtype fp16 --tune-budget 0.5 --out "$OUT/rn50_0.9_fp16_b1.json" > "$L/rn50h.log" 2>&1; tail -1 "$L/rn50h.log" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c|nineteenth_a|nineteenth_b|nineteenth_c"; exit 2 ;;
 esac
 # one file back: the device returns at most 8 (the fifteenth session lost VGG-16's JSON to that limit)
 # (the JSON stay beside it where the tarball is over the 16 MiB a returned file may have)

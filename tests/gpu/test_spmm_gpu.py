@@ -240,3 +240,38 @@ def test_compile_spmm_adds_a_residual_before_relu(layout, n, dtype):
     assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
     k(b, out=r, residual=r)
     assert torch.equal(r, out)
+
+
+STAGED = [  # (M, K, N, density, layout): odd tails, an empty matrix, and Llama-sized K whose copy of B is
+    # over the 48 KB a launch gets without raising the function's limit (K = 4096, N = 16 in fp16: 128 KB)
+    (33, 65, 3, 0.1, "kn"),
+    (130, 300, 16, 0.05, "nk"),
+    (5, 8, 1, 0.0, "kn"),
+    (1024, 4096, 16, 0.1, "kn"),
+    (1024, 4096, 8, 0.1, "nk"),
+    (512, 14336, 4, 0.1, "kn"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m,k,n,density,layout", STAGED)
+def test_staged_kernels_match_float64(m, k, n, density, layout, dtype):
+    """csr-staged (B copied into dynamic shared memory, persistent blocks) on the GPU, batched, with bias and
+    ReLU, NaN-poisoned outputs; sizes its arch cannot hold are refused by name."""
+    from sparseforge.plan.csr import CsrConfig, staged_fits
+
+    w = random_matrix(m, k, density=density, seed=m + n)
+    columns = 1 << (n - 1).bit_length()
+    config = CsrConfig(32, columns, 16 if columns >= 16 else 8, 1, stage_b=True, ctas=7)
+    name = str(dtype).replace("torch.", "")
+    arch = torch.cuda.get_device_capability()[0] * 10
+    if not staged_fits(k, n, name, arch):
+        with pytest.raises(ValueError, match="shared memory"):
+            compile_spmm(w, n, dtype, layout, config=config, tune_budget=None)
+        return
+    bias = np.linspace(-1, 1, m)
+    kernel = compile_spmm(w, n, dtype, layout, bias=bias, relu=True, config=config, tune_budget=None)
+    assert kernel.plan.mapping == "csr-staged"
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b = torch.randn((2, k, n) if layout == "kn" else (2, n, k), device="cuda", generator=gen).to(dtype)
+    check(kernel, w, b, layout, dtype, bias, relu=True)

@@ -26,7 +26,7 @@ def render(plan) -> KernelSource:
         return render_tc_scatter(plan)
     if plan.mapping == "conv-csr-columns":
         return render_conv(plan)
-    return render_csr(plan) if plan.mapping == "csr" else render_groups(plan)
+    return render_csr(plan) if plan.mapping in ("csr", "csr-staged") else render_groups(plan)
 
 
 __all__ = ["PTX_VERSION", "KernelSource", "render", "render_bitmap", "render_conv", "render_csr", "render_csr_columns", "render_groups",

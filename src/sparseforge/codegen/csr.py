@@ -63,7 +63,7 @@ def _unpack_values(e: Emitter, plan: CsrPlan, u: int) -> None:
 def _operand_offsets(plan: CsrPlan) -> tuple[int, int]:
     """(bytes between B rows k and k+1, bytes between output columns n and n+1 of the operand)."""
     es = plan.element_bytes
-    return (plan.N * es, es) if plan.layout == "kn" else (es, plan.K * es)
+    return (plan.N * es, es) if plan.layout == "kn" or plan.staged else (es, plan.K * es)
 
 
 def _step(e: Emitter, plan: CsrPlan) -> None:
@@ -97,17 +97,18 @@ def _step(e: Emitter, plan: CsrPlan) -> None:
             e.line(f"and.pred {guard}, %pz{s}, %pn{v};")
             offset = v * width * n_stride
             address = f"[%rdx{s}+{offset}]" if offset else f"[%rdx{s}]"
-            load_operand(e, es, width, s, v * width, guard, address)
+            load_operand(e, es, width, s, v * width, guard, address, "shared" if plan.staged else "global.nc")
     for s in range(slots):
         for j in range(cols):
             x = operand_value(e, plan.dtype, es, width, s, j)
             e.line(f"@%pq{s}_{j // width} fma.rn.f32 %acc{j}, %w{s}, {x}, %acc{j};")
 
 
-def _store(e: Emitter, plan: CsrPlan) -> None:
-    """Lane 0 of each valid row: bias, the residual, ReLU, round, store its column tile."""
+def _store(e: Emitter, plan: CsrPlan, done: str = "DONE") -> None:
+    """Lane 0 of each valid row: bias, the residual, ReLU, round, store its column tile; the others go to
+    `done`."""
     es, cols = plan.element_bytes, plan.config.columns
-    e.lines(["setp.ne.u32 %pt, %rsub, 0;", "@%pt bra DONE;", "setp.ge.u32 %pt, %rrow, %rM;", "@%pt bra DONE;"])
+    e.lines(["setp.ne.u32 %pt, %rsub, 0;", f"@%pt bra {done};", "setp.ge.u32 %pt, %rrow, %rM;", f"@%pt bra {done};"])
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %rrow, 4, %rdt;", "ld.global.nc.b32 %f, [%rdt];"])
@@ -143,21 +144,65 @@ def _store(e: Emitter, plan: CsrPlan) -> None:
             e.lines([f"{cvt} %ho, %acc{j};", f"@{guard} st.global.b16 {address}, %ho;"])
 
 
+def _stage_b(e: Emitter, plan: CsrPlan) -> None:
+    """csr-staged: the block copies this batch entry's B into shared memory at %rds, K rows of N elements
+    (kn: B as it lies, one contiguous copy in the widest unit its size allows; nk: X (N x K) transposed,
+    element by element, reads coalesced), four loads a thread in flight, then waits for every thread."""
+    es, threads, total = plan.element_bytes, plan.threads, plan.K * plan.N * plan.element_bytes
+    e.comment("stage B in shared memory: this batch entry's, K rows of N elements")
+    e.lines(["mov.u64 %rds, staged;", "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {total};", "add.s64 %rdb, %rdb, %rdt;"])
+    if plan.layout == "kn":
+        unit = next(u for u in (16, 8, 4, 2) if total % u == 0 and u >= es)
+        kind, regs = {16: ("v4.b32", 4), 8: ("v2.b32", 2), 4: ("b32", 1), 2: ("b16", 1)}[unit]
+    else:
+        unit, kind, regs = es, ("b32" if es == 4 else "b16"), 1
+    names = [[f"%sv{j}_{r}" if unit > 2 else f"%sh{j}" for r in range(regs)] for j in range(4)]
+    e.lines([f"mul.lo.u32 %roff, %rtid, {unit};"])
+    e.label("STAGE")
+    e.lines([f"setp.ge.u32 %pt, %roff, {total};", "@%pt bra STAGED;"])
+    for j in range(4):
+        target = names[j][0] if regs == 1 else "{" + ", ".join(names[j]) + "}"
+        e.lines([f"add.u32 %t, %roff, {j * threads * unit};", f"setp.lt.u32 %ps{j}, %t, {total};",
+                 "cvt.u64.u32 %rdt, %t;", "add.s64 %rdt, %rdt, %rdb;", f"@%ps{j} ld.global.nc.{kind} {target}, [%rdt];"])
+    for j in range(4):
+        target = names[j][0] if regs == 1 else "{" + ", ".join(names[j]) + "}"
+        e.line(f"add.u32 %t, %roff, {j * threads * unit};")
+        if plan.layout == "nk":  # element i = t / es of X (N x K) is (n, k) = (i / K, i % K): to k * N + n
+            e.lines([f"shr.u32 %t, %t, {es.bit_length() - 1};", f"div.u32 %t2, %t, {plan.K};",
+                     f"mul.lo.u32 %t3, %t2, {plan.K};", "sub.u32 %t, %t, %t3;",
+                     f"mad.lo.u32 %t, %t, {plan.N}, %t2;", f"mul.lo.u32 %t, %t, {es};"])
+        e.lines(["cvt.u64.u32 %rdt, %t;", "add.s64 %rdt, %rdt, %rds;", f"@%ps{j} st.shared.{kind} [%rdt], {target};"])
+    e.lines([f"add.u32 %roff, %roff, {4 * threads * unit};", "bra.uni STAGE;"])
+    e.label("STAGED")
+    e.line("bar.sync 0;")
+
+
 def render_csr(plan: CsrPlan) -> KernelSource:
     c, es = plan.config, plan.element_bytes
     cols, width = c.columns, plan.load_width
-    lanes = c.lanes_per_row
+    lanes, staged = c.lanes_per_row, plan.staged
     e = Emitter()
-    e.comment(f"{lanes} lanes per row, {c.rows_per_block} rows per block, {cols} columns per lane")
+    e.comment(f"{lanes} lanes per row, {c.rows_per_block} rows per block, {cols} columns per lane"
+              + (f"; B staged in shared memory, {c.ctas} persistent blocks" if staged else ""))
     e.lines(["mov.u32 %rM, " + str(plan.M) + ";",
              "mov.u32 %rtid, %tid.x;", f"and.b32 %rsub, %rtid, {lanes - 1};",
-             "mov.u32 %t, %ctaid.y;", f"mul.lo.u32 %rrow, %t, {c.rows_per_block};",
-             f"shr.u32 %t, %rtid, {lanes.bit_length() - 1};", "add.u32 %rrow, %rrow, %t;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "mov.u32 %t, %ctaid.x;", f"mul.lo.u32 %rn0, %t, {cols};"])
     e.comment("which of the lane's column loads fall inside N")
     for v in range(cols // width):
         e.lines([f"add.u32 %t, %rn0, {v * width};", f"setp.lt.u32 %pn{v}, %t, {plan.N};"])
+    k_stride, n_stride = _operand_offsets(plan)
+    if staged:
+        _stage_b(e, plan)
+        e.comment("persistent: this block takes row blocks ctaid.y, ctaid.y + nctaid.y, ...")
+        e.line("mov.u32 %rblk, %ctaid.y;")
+        e.label("ROWS")
+        e.lines([f"mul.lo.u32 %rrow, %rblk, {c.rows_per_block};", "setp.ge.u32 %pt, %rrow, %rM;", "@%pt bra DONE;"])
+    else:
+        e.line("mov.u32 %rblk, %ctaid.y;")
+    e.lines([f"mul.lo.u32 %rrow, %rblk, {c.rows_per_block};",
+             f"shr.u32 %t, %rtid, {lanes.bit_length() - 1};", "add.u32 %rrow, %rrow, %t;"])
     e.comment("the row's slots: [start, end); rows past M get an empty range and only join the butterfly")
     e.lines(["mov.u32 %rp, 0;", "mov.u32 %rend, 0;", "setp.ge.u32 %pt, %rrow, %rM;", "@%pt bra RANGE_DONE;",
              "ld.param.u64 %rdt, [p_rows];", "cvta.to.global.u64 %rdt, %rdt;",
@@ -168,11 +213,14 @@ def render_csr(plan: CsrPlan) -> KernelSource:
              f"mad.wide.u32 %rdi, %rp, {plan.index_bytes}, %rdi;",
              "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
              f"mad.wide.u32 %rdv, %rp, {es}, %rdv;"])
-    k_stride, n_stride = _operand_offsets(plan)
-    e.comment("B base of this batch entry and column tile")
-    e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
-             f"mul.wide.u32 %rdt, %rn0, {n_stride};", "add.s64 %rdb, %rdb, %rdt;"])
+    if staged:
+        e.comment("B rows from the shared copy (one column tile: the lane's columns start at 0)")
+        e.line("mov.u64 %rdb, %rds;")
+    else:
+        e.comment("B base of this batch entry and column tile")
+        e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+                 f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
+                 f"mul.wide.u32 %rdt, %rn0, {n_stride};", "add.s64 %rdb, %rdb, %rdt;"])
     e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(cols)])
     step = lanes * NNZ_PER_STEP * c.unroll
     e.label("STEP")
@@ -187,24 +235,35 @@ def render_csr(plan: CsrPlan) -> KernelSource:
         for j in range(cols):
             e.lines([f"shfl.sync.bfly.b32 %f, %acc{j}, {offset}, 31, -1;", f"add.f32 %acc{j}, %acc{j}, %f;"])
         offset //= 2
-    _store(e, plan)
+    _store(e, plan, "NEXT" if staged else "DONE")
+    if staged:
+        e.label("NEXT")
+        e.lines(["mov.u32 %t, %nctaid.y;", "add.u32 %rblk, %rblk, %t;", "bra.uni ROWS;"])
     e.label("DONE")
     e.line("ret;")
     slots = NNZ_PER_STEP * c.unroll
     regs_x = ", ".join(f"%x{i}_{j}" for i in range(slots) for j in range(cols))
     preds = ", ".join([f"%pz{i}" for i in range(slots)] + [f"%pn{v}" for v in range(cols // width)]
                       + [f"%pu{u}" for u in range(1, c.unroll)]
-                      + [f"%pq{i}_{v}" for i in range(slots) for v in range(cols // width)])
+                      + [f"%pq{i}_{v}" for i in range(slots) for v in range(cols // width)]
+                      + ([f"%ps{j}" for j in range(4)] if staged else []))
     decl = [f".reg .pred %pt, {preds};",
-            f".reg .b32 %rM, %rtid, %rsub, %rrow, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>, %ci<{2 * c.unroll}>;",
+            f".reg .b32 %rM, %rtid, %rsub, %rrow, %rblk, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>, %ci<{2 * c.unroll}>;",
             f".reg .b32 %f, %w<{slots}>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
             ".reg .b16 %ho, %hv0, %hv1;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(slots)) + ";"]
+    shared = ""
+    if staged:
+        decl += [".reg .b32 %roff, %t2, %t3, " + ", ".join(f"%sv{j}_{r}" for j in range(4) for r in range(4)) + ";",
+                 ".reg .b16 %sh<4>;", ".reg .b64 %rds;"]
+        # dynamic: the launch gives plan.dynamic_shared_bytes (over the 48 KB a static declaration may have)
+        shared = ".extern .shared .align 16 .b8 staged[];"
     if es == 2:
         decl += half_registers(width, slots, cols)
-    return data_kernel(plan, "small-N SpMM over padded CSR (values and indices as data)",
+    return data_kernel(plan, "small-N SpMM over padded CSR (values and indices as data)"
+                       + (", B staged in shared memory" if staged else ""),
                        ("p_b", "p_c", "p_values", "p_cols", "p_rows", "p_bias") + (("p_residual",) if plan.residual else ()),
-                       decl, e.text())
+                       decl, e.text(), 0, shared)
 
 
 # -- csr-columns: a warp per row, lanes across N, nonzeros broadcast by shuffle ------------------------------

@@ -50,11 +50,12 @@ def widen(e: Emitter, dtype: str, dst: str, half: str) -> None:
         e.line(f"cvt.f32.f16 {dst}, {half};")
 
 
-def load_operand(e: Emitter, element_bytes: int, elements: int, tag, first: int, guard: str, address: str) -> None:
+def load_operand(e: Emitter, element_bytes: int, elements: int, tag, first: int, guard: str, address: str,
+                 space: str = "global.nc") -> None:
     """One (vector) load of `elements` operand values starting at element `first` of slot `tag`, into the
     registers operand_value reads: fp32 into %x{tag}_{i}; 16-bit singles into %hx{tag}_{i}, pairs into the
     words %xw{tag}_{i/2}. guard: a predicate register, or "" for none. The CSR, csr-columns, bitmap and
-    convolution kernels share this naming."""
+    convolution kernels share this naming. space: "global.nc", or "shared" (csr-staged's copy of B)."""
     if element_bytes == 4:
         regs = [f"%x{tag}_{first + i}" for i in range(elements)]
         kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[elements]
@@ -62,7 +63,7 @@ def load_operand(e: Emitter, element_bytes: int, elements: int, tag, first: int,
         regs = [f"%hx{tag}_{first}"] if elements == 1 else [f"%xw{tag}_{first // 2 + i}" for i in range(elements // 2)]
         kind = {1: "b16", 2: "b32", 4: "v2.b32", 8: "v4.b32"}[elements]
     target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
-    e.line(f"{'@' + guard + ' ' if guard else ''}ld.global.nc.{kind} {target}, {address};")
+    e.line(f"{'@' + guard + ' ' if guard else ''}ld.{space}.{kind} {target}, {address};")
 
 
 def operand_value(e: Emitter, dtype: str, element_bytes: int, width: int, tag, i: int) -> str:

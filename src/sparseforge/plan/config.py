@@ -6,11 +6,14 @@ from dataclasses import dataclass
 WARP = 32
 
 
-def require_ints(config) -> None:
+def require_ints(config, flags: tuple[str, ...] = ()) -> None:
     """Every field of a frozen config dataclass an int (2.0 == 2 would pass membership checks, then break
-    the rendered PTX), refused with the field named."""
+    the rendered PTX), refused with the field named; the fields named in `flags` a bool instead."""
     for name, value in vars(config).items():
-        if type(value) is not int:
+        if name in flags:
+            if type(value) is not bool:
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        elif type(value) is not int:
             raise TypeError(f"{name} must be an int, got {value!r}")
 
 

@@ -19,6 +19,14 @@ lane's FMA is predicated on the row's real end), so a lane reads 4 column indice
 16-byte (8-byte for 16-bit values) load. `lanes_per_row` lanes share a row (short rows: 32 / lanes rows per
 warp), each accumulating `columns` output columns in fp32; a butterfly over the row's lanes sums them in a
 fixed order, so the result is deterministic (no atomics).
+
+"csr-staged" (CsrConfig with stage_b, decode widths N = 2..64 that fit one column tile): the same lanes over
+a row's nonzeros, but each block first copies B (K x N, the batch entry's) into shared memory, and then
+takes rows block after block (persistent: `ctas` blocks, about one per SM, stride over the row blocks). The
+csr kernel re-reads a lane's 16-32-byte piece of B row k from L1/L2 for every nonzero and column tile, and
+at N = 8-16 those gathers, not W's bytes, bound it (0.4-0.7 TB/s of W on the H200, sixteenth session); read
+from shared memory they cost one LDS a nonzero, and W is read once (one column tile). The copy costs
+ctas x K x N x element bytes from L2 (132 x 128 KB at K = 4096, N = 16 in fp16), once per call.
 """
 from __future__ import annotations
 
@@ -43,9 +51,16 @@ class CsrConfig:
     # steps of 4 nonzeros a lane issues before waiting on any: the loop's chain (indices, then B) is two
     # dependent L2 round trips per iteration, so 2 halves the iterations of rows up to 256 nonzeros
     unroll: int = 1
+    # csr-staged: B copied into shared memory once per block, blocks persistent over the rows (module doc)
+    stage_b: bool = False
+    ctas: int = 0             # csr-staged: blocks of the grid (about one per SM); 0 otherwise
 
     def __post_init__(self):
-        require_ints(self)
+        require_ints(self, flags=("stage_b",))
+        if self.stage_b and not 1 <= self.ctas <= 65535:
+            raise ValueError(f"a csr-staged config needs ctas (its persistent blocks) in 1..65535, got {self.ctas}")
+        if not self.stage_b and self.ctas:
+            raise ValueError(f"ctas applies to csr-staged configs only (stage_b=True), got ctas={self.ctas}")
         if self.lanes_per_row not in (4, 8, 16, 32):
             raise ValueError(f"lanes_per_row must be 4, 8, 16 or 32, got {self.lanes_per_row}")
         if not 1 <= self.columns <= 32:
@@ -67,7 +82,8 @@ class CsrConfig:
         return self.threads // self.lanes_per_row
 
     def short(self) -> str:
-        return f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}" + (f"u{self.unroll}" if self.unroll > 1 else "")
+        return (f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}"
+                + (f"u{self.unroll}" if self.unroll > 1 else "") + (f"s{self.ctas}" if self.stage_b else ""))
 
 
 @dataclass(frozen=True)
@@ -126,7 +142,19 @@ class CsrPlan(WeightAsData):
 
     @property
     def mapping(self) -> str:
-        return "csr-columns" if isinstance(self.config, CsrColumnsConfig) else "csr"
+        if isinstance(self.config, CsrColumnsConfig):
+            return "csr-columns"
+        return "csr-staged" if self.config.stage_b else "csr"
+
+    @property
+    def staged(self) -> bool:
+        return isinstance(self.config, CsrConfig) and self.config.stage_b
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """Shared memory the launch gives a block beyond the kernel's static declarations: csr-staged's copy
+        of B (K rows of N elements, rounded up to 16 bytes); 0 for the other mappings."""
+        return -(-self.K * self.N * self.element_bytes // 16) * 16 if self.staged else 0
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
@@ -143,7 +171,10 @@ class CsrPlan(WeightAsData):
         """(column tiles, row blocks) of one batch entry."""
         if isinstance(self.config, CsrColumnsConfig):
             return math.ceil(self.N / self.config.tile_columns), math.ceil(self.M / self.config.rows_per_block)
-        return math.ceil(self.N / self.config.columns), math.ceil(self.M / self.config.rows_per_block)
+        row_blocks = math.ceil(self.M / self.config.rows_per_block)
+        if self.config.stage_b:  # persistent: each block strides over the row blocks
+            return 1, min(self.config.ctas, row_blocks)
+        return math.ceil(self.N / self.config.columns), row_blocks
 
     @property
     def load_width(self) -> int:
@@ -151,7 +182,7 @@ class CsrPlan(WeightAsData):
         its column tile and N (so no vector straddles N), within 16 bytes. nk reads one element at a time.
         csr-columns: a lane's columns are one vector where N allows it, else `columns` single elements 32
         apart (each load still coalesced across the warp)."""
-        if self.layout == "nk":
+        if self.layout == "nk" and not self.staged:  # csr-staged's copy of B is K x N whatever the layout
             return 1
         if isinstance(self.config, CsrColumnsConfig):
             c = self.config.columns
@@ -166,6 +197,8 @@ class CsrPlan(WeightAsData):
         c = self.config
         how = (f"{c.warps_per_row} warp(s) per row, lanes across N, {c.columns} columns per lane"
                if isinstance(c, CsrColumnsConfig) else f"{c.lanes_per_row} lanes per row, {c.columns} columns per lane")
+        if self.staged:
+            how += f"; B staged in shared memory ({self.dynamic_shared_bytes} bytes), {c.ctas} persistent blocks"
         return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz} ({slots} slots, padded to "
                 f"{NNZ_PER_STEP} per row); N {self.N}; layout {self.layout}; dtype {self.dtype}\n"
                 f"  values and indices as data; {how}; grid {self.grid} x batch, {self.threads} threads")
@@ -210,8 +243,37 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
         # spills past 255 registers at 4 B registers a nonzero (sm_90's allocation stays near 195)
         raise ValueError(f"csr-columns with {config.columns} {dtype} columns a lane spills on sm_{arch}: use "
                          "columns <= 2 there (4 for a 16-bit dtype with N a multiple of 4)")
+    if plan.staged:
+        _check_staged(plan)
     check_launch(plan.grid)
     return plan
+
+
+# Shared memory a block may have (static + dynamic, less the 1 KB the system reserves on sm_80+), per arch:
+# csr-staged's copy of B must fit it
+STAGED_SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
+
+
+def staged_fits(k: int, n: int, dtype: str, arch: int = 90) -> bool:
+    """Whether B (K x N in dtype) fits csr-staged's shared memory on sm_<arch>."""
+    return -(-k * n * ELEMENT_BYTES[dtype] // 16) * 16 <= STAGED_SHARED_LIMIT.get(arch, 48 * 1024)
+
+
+def _check_staged(plan: CsrPlan) -> None:
+    c = plan.config
+    if plan.arch < 90 and c.threads > 256 and plan.element_bytes == 4 and c.unroll * c.columns >= 16:
+        # measured with ptxas 13.0: for sm_80 at 512 threads (128 registers a thread) two steps of 8 fp32
+        # columns spill 220 bytes; sm_90 allocates them in 128 without spilling
+        raise ValueError(f"csr-staged with {c.unroll} x {c.columns} fp32 columns at {c.threads} threads spills "
+                         f"on sm_{plan.arch}: use unroll 1 or 8 warps a block")
+    if plan.N > c.columns:
+        raise ValueError(f"csr-staged takes N in one column tile: N = {plan.N} needs columns >= N (got "
+                         f"{c.columns}); use csr (stage_b=False) or csr-columns for wider N")
+    if not staged_fits(plan.K, plan.N, plan.dtype, plan.arch):
+        limit = STAGED_SHARED_LIMIT.get(plan.arch, 48 * 1024)
+        raise ValueError(f"csr-staged copies B into shared memory: K = {plan.K} x N = {plan.N} in {plan.dtype} is "
+                         f"{plan.dynamic_shared_bytes} bytes, over the {limit} a block has on sm_{plan.arch}; use csr "
+                         "(stage_b=False)")
 
 
 def _b_registers(plan: CsrPlan) -> int:
@@ -226,6 +288,9 @@ def csr_bytes(plan: CsrPlan) -> dict[str, int]:
     sector per column). `minimum`: every row of B once."""
     tiles = plan.grid[0]
     data = plan.cols.size * (plan.index_bytes + plan.element_bytes) * tiles
+    if plan.staged:  # W once; B once per block (its copy into shared memory), from L2 after the first
+        return {"fetched": data + plan.grid[1] * plan.dynamic_shared_bytes,
+                "minimum": plan.K * plan.N * plan.element_bytes}
     if isinstance(plan.config, CsrColumnsConfig):  # one coalesced segment of B row k per nonzero and tile
         segment = min(plan.config.tile_columns, plan.N) * plan.element_bytes
         return {"fetched": data + plan.nnz * tiles * (-(-segment // 32) * 32),

@@ -46,6 +46,9 @@ def _primary_context(ordinal: int):
     return check(cu.cuDevicePrimaryCtxRetain(device))
 
 
+DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what a launch may ask without raising the function's limit first
+
+
 class LoadedKernel:
     """A kernel function in a loaded module; launch() puts it on a given stream."""
 
@@ -63,11 +66,20 @@ class LoadedKernel:
         check(cu.cuLaunchKernel(self.function, grid[0], grid[1], grid[2], block, 1, 1, 0,
                                 cu.CUstream(stream), (args, types), 0))
 
-    def packed(self, block: int, params: int) -> "PackedLaunch":
-        """A launch of this function whose parameter block (`params` 64-bit values) is built once."""
+    def packed(self, block: int, params: int, shared_bytes: int = 0) -> "PackedLaunch":
+        """A launch of this function whose parameter block (`params` 64-bit values) is built once, with
+        `shared_bytes` of dynamic shared memory a block (over 48 KB: the function is allowed it first, as
+        CUDA requires; a GPU that has less says so here, before any launch)."""
         from .launch import PackedLaunch
 
-        return PackedLaunch(self.function, block, params)
+        if shared_bytes > DEFAULT_DYNAMIC_SHARED:
+            attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            status, = cu.cuFuncSetAttribute(self.function, attribute, shared_bytes)
+            if status != cu.CUresult.CUDA_SUCCESS:
+                raise CudaError(f"the kernel needs {shared_bytes} bytes of shared memory a block, more than this "
+                                f"GPU allows ({status}): compile it for this GPU's arch (csr-staged's limits "
+                                "are per arch), or use a mapping that does not stage B (stage_b=False)")
+        return PackedLaunch(self.function, block, params, shared_bytes)
 
     def attribute(self, attribute) -> int:
         return check(cu.cuFuncGetAttribute(attribute, self.function))

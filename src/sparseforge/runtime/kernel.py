@@ -80,9 +80,10 @@ class LoadedPlanKernel:
         """The launch of any loaded plan: input, output, W's device arrays where the kernel reads W as data
         (a generated kernel has none: W is its code), then the residual where the plan adds one."""
         args = (input_ptr, output_ptr, *(self._data or ()), *residual_ptr)
+        shared = getattr(self._launch if hasattr(self, "_launch") else self.plan, "dynamic_shared_bytes", 0)
         packed = self._packed
-        if packed is None or packed.shape != (threads, len(args)):
-            packed = self._packed = self._loaded.packed(threads, len(args))
+        if packed is None or packed.shape != (threads, len(args), shared):
+            packed = self._packed = self._loaded.packed(threads, len(args), shared)
         packed(grid, stream, *args)
 
     def _zero_partial(self, out, dim: int) -> None:

@@ -31,13 +31,13 @@ class PackedLaunch:
     output: by default the leading ones) and launches. The driver copies the values at launch, so the block is reused at once; a lock
     covers setting and launching, because ctypes releases the GIL during the driver call."""
 
-    def __init__(self, function, block: int, params: int):
+    def __init__(self, function, block: int, params: int, shared_bytes: int = 0):
         self._values = (ctypes.c_uint64 * max(params, 1))()
         base = ctypes.addressof(self._values)
         self._pointers = (ctypes.c_void_p * max(params, 1))(*(base + 8 * i for i in range(max(params, 1))))
         self._function = ctypes.c_void_p(int(function))
-        self._block = block
-        self.shape = (block, params)
+        self._block, self._shared = block, shared_bytes  # shared_bytes: dynamic shared memory a block gets
+        self.shape = (block, params, shared_bytes)
         self._lock = threading.Lock()
 
     def fix(self, index: int, value: int) -> None:
@@ -48,8 +48,8 @@ class PackedLaunch:
         with self._lock:
             for i, value in enumerate(values, first):
                 self._values[i] = value
-            status = _raw_launch()(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, 0, stream,
-                                   self._pointers, None)
+            status = _raw_launch()(self._function, grid[0], grid[1], grid[2], self._block, 1, 1, self._shared,
+                                   stream, self._pointers, None)
         if status:
             from .driver import CudaError, check, cu
 

@@ -52,6 +52,9 @@ class Gpu:
     # latency a warp's read-ahead must cover. Guesses until designs.py has measured the kernel.
     scatter_round_cycles: float = 160.0
     hbm_latency_s: float = 1.0e-6
+    # csr-staged: one step's chain with B in shared memory (the index and value loads from HBM, then LDS and
+    # the FMAs); a guess until designs.py has measured the kernel
+    staged_step_cycles: float = 1800.0
     registers: int = 65536          # per SM
     max_warps: int = 64             # per SM
     sass_bytes: int = 16            # bytes per SASS instruction
@@ -168,6 +171,39 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     chain = warp_steps * gpu.step_cycles + reduce * gpu.cycles_per_instruction
     latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
     terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
+    return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
+
+
+def _csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+    """csr-staged: each of the grid's persistent blocks copies B (from L2 after the first) into shared
+    memory, then takes row blocks in turn; W's data streams from HBM once, as fast as the warps' index and
+    value loads in flight allow (one step of each lane, shared memory limiting the blocks an SM holds)."""
+    c, es = plan.config, plan.element_bytes
+    ctas = plan.grid[1] * batch
+    counts = (plan.rows[:, 1] - plan.rows[:, 0]).astype(np.int64)
+    steps = -(-counts // (c.lanes_per_row * NNZ_PER_STEP * c.unroll))
+    rows_per_warp = 32 // c.lanes_per_row
+    padded = np.concatenate([steps, np.zeros((-len(steps)) % rows_per_warp, np.int64)])
+    warp_steps = padded.reshape(-1, rows_per_warp).max(axis=1)
+    loads = c.columns // plan.load_width
+    unpack = 1 if plan.index_bytes == 2 else 0
+    per_step = c.unroll * (12 + NNZ_PER_STEP * (4 + unpack + loads + c.columns * (2 if es == 2 else 1)))
+    reduce = c.columns * 2 * int(math.log2(c.lanes_per_row)) + 2 * c.columns + 30
+    staged = plan.dynamic_shared_bytes
+    stage_instr = ctas * staged / 16 / 32 * 10  # a warp's 16-byte copy: address, predicate, load, store
+    warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * batch + stage_instr
+    issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
+    data = plan.cols.size * (plan.index_bytes + es) * batch
+    blocks_per_sm = max(1, min((227 * 1024) // max(staged, 1), gpu.max_warps // c.warps_per_block))
+    in_flight = min(ctas, gpu.sms * blocks_per_sm) * c.threads * NNZ_PER_STEP * c.unroll * (plan.index_bytes + es)
+    rate = min(gpu.hbm_bytes_per_s, in_flight / gpu.hbm_latency_s)
+    memory = (data + plan.M * plan.N * es * batch) / rate + ctas * staged / gpu.l2_bytes_per_s
+    waves = max(1, math.ceil(ctas / (gpu.sms * blocks_per_sm)))
+    row_blocks = -(-plan.M // c.rows_per_block)
+    chain = (warp_steps.mean() if len(warp_steps) else 0) * gpu.staged_step_cycles + reduce * gpu.cycles_per_instruction
+    stage_chain = -(-staged // (4 * c.threads * 16)) * gpu.hbm_latency_s / 2  # the copy's rounds, from L2
+    latency = waves * (stage_chain + -(-row_blocks // max(plan.grid[1], 1)) * chain / gpu.clock_hz)
+    terms = {"issue": issue * 1e6, "operand": memory * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
@@ -297,6 +333,8 @@ def estimate(plan, batch: int = 1, gpu: Gpu = H200) -> Estimate:
     if plan.family == "csr":
         if isinstance(plan.config, CsrColumnsConfig):
             return _csr_columns_estimate(plan, batch, gpu)
+        if plan.staged:
+            return _csr_staged_estimate(plan, batch, gpu)
         return _csr_estimate(plan, batch, gpu)
     return _groups_estimate(plan, batch, gpu)
 

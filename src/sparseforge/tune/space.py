@@ -19,6 +19,9 @@
 - tc-scatter (plan/tc_scatter.py, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
   tiles for the tensor cores (mma.m16n8k16): a few instructions a nonzero whatever N is, where the CUDA-core
   kernels gather B per nonzero (issue 11's decode and small batches);
+- csr-staged (plan/csr.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
+  blocks persistent over the rows: one LDS a nonzero where the small-N kernel gathers B from L1/L2, the
+  bound at N = 8-16 (issue 11). Proposed only with unmeasured=True until designs.py has measured it;
 - split-24 (plan/relayout.py, semi/split24.py; nk, float16 / bfloat16, N >= SPLIT24_MIN_N): W as a 2:4 part on
   Sparse Tensor Cores (cuSPARSELt) plus the few nonzeros its 4-groups could not keep as a residual SpMM: the
   tensor-core path for large N (prefill). Proposed only with unmeasured=True until designs.py has measured it;
@@ -66,6 +69,26 @@ def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
     columns = [min(1 << (n - 1).bit_length(), 8)] + ([16] if n > 8 else [])
     return [CsrConfig(lanes, c, 4, unroll) for lanes in sorted({want, 32}) for c in columns
             for unroll in ((1, 2) if c <= 8 else (1,))]
+
+
+STAGED_MAX_N = 16  # csr-staged holds N in one column tile (columns <= 16: a step's B values in registers)
+SMS = 132  # H100 / H200 SXM: csr-staged's persistent blocks are a multiple of the GPU's SM count
+
+
+def csr_staged(n: int, row_nnz: float, sms: int = SMS) -> list[CsrConfig]:
+    """csr-staged configs (plan/csr.py) for N <= STAGED_MAX_N: one column tile (columns: N rounded up to a
+    power of two), lanes per row as small_n picks them, and the same threads an SM two ways: 16 warps in one
+    block an SM, or 8 in two (a copy of B over 113 KB leaves room for one only: the launch then runs a
+    second wave, which the timing shows); one or two steps in flight where the columns allow it."""
+    if n > STAGED_MAX_N:
+        return []
+    want = 4
+    while want < 32 and want * 8 < row_nnz:
+        want *= 2
+    columns = 1 << (n - 1).bit_length()
+    return [CsrConfig(lanes, columns, warps, unroll, stage_b=True, ctas=blocks * sms)
+            for lanes in sorted({want, 32}) for warps, blocks in ((16, 1), (8, 2))
+            for unroll in ((1, 2) if columns <= 8 else (1,))]
 
 
 CSR_COLUMNS_MIN_N = 8  # below this most of a warp's 32 lanes would idle: the small-N kernel's ground
@@ -127,14 +150,16 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
 
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
-                 deterministic: bool = False, unmeasured: bool = False, dtype: str = "float32") -> list:
+                 deterministic: bool = False, unmeasured: bool = False, dtype: str = "float32", sms: int = SMS) -> list:
     """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or
     Split24Config) for an
     M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
-    benchmarks/designs.py has measured them (bitmap today; inline and csr-columns were measured on the
-    H200, 2026-12-01, and won layers: benchmarks/NOTES.md, sixth session)."""
+    benchmarks/designs.py has measured them (bitmap, split-24, csr-staged today; inline and csr-columns were
+    measured on the H200, 2026-12-01, and won layers: benchmarks/NOTES.md, sixth session). sms: the GPU's
+    SM count (csr-staged's persistent blocks; configs whose copy of B does not fit the arch are refused when
+    their plans are made)."""
     configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
     if layout == "kn" and n >= CSR_COLUMNS_MIN_N:
         configs += csr_columns(n, row_nnz)
@@ -142,7 +167,7 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
         configs += small_n(n, row_nnz)
     configs += tc_scatter(n, dtype)
     if unmeasured:
-        configs += decode(n, layout) + split24(n, layout, dtype)
+        configs += decode(n, layout) + split24(n, layout, dtype) + csr_staged(n, row_nnz, sms)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []

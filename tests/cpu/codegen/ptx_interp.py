@@ -131,9 +131,10 @@ class _Registers(dict):
 
 class Thread:
     def __init__(self, functions: dict[str, Function], headers: dict[str, dict], memory: Memory, tid: int,
-                 ctaid: tuple[int, int, int]):
+                 ctaid: tuple[int, int, int], nctaid: tuple[int, int, int] = (1, 1, 1)):
         self.functions, self.headers, self.memory = functions, headers, memory
-        self.special = {"%tid.x": tid, "%ctaid.x": ctaid[0], "%ctaid.y": ctaid[1], "%ctaid.z": ctaid[2]}
+        self.special = {"%tid.x": tid, "%ctaid.x": ctaid[0], "%ctaid.y": ctaid[1], "%ctaid.z": ctaid[2],
+                        "%nctaid.x": nctaid[0], "%nctaid.y": nctaid[1], "%nctaid.z": nctaid[2]}
 
     def run(self, name: str, params: dict[str, bytearray]):
         """Execute function `name` with its .param inputs (a generator: it yields at each bar.sync and
@@ -409,11 +410,16 @@ def _headers(text: str) -> dict[str, dict]:
     return found
 
 
-def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *args) -> None:
+def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *args, shared_bytes: int = 0) -> None:
     """Run kernel `entry` of `text` over the grid. args, in the entry's parameter order: numpy arrays
-    (placed in global memory, written in place; None for a null pointer) or integers."""
+    (placed in global memory, written in place; None for a null pointer) or integers. shared_bytes: the
+    launch's dynamic shared memory, the size of the module's `.extern .shared` array (which must have one)."""
     functions, memory, headers = parse(text), Memory(), _headers(text)
     shared = re.search(r"\.shared \.align \d+ \.b8 (\w+)\[(\d+)\];", text)
+    dynamic = re.search(r"\.extern \.shared \.align \d+ \.b8 (\w+)\[\];", text)
+    if bool(dynamic) != bool(shared_bytes):
+        raise ValueError(f"the module {'declares' if dynamic else 'has no'} dynamic shared memory, launched with "
+                         f"shared_bytes={shared_bytes}")
     declared = re.search(rf"\.visible \.entry {entry}\(([^)]*)\)", text).group(1)
     params = {}
     for decl, value in zip(re.findall(r"\.param \.[ub](\d+) (\w+)", declared), args, strict=True):
@@ -426,9 +432,11 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
                 symbols = {}
                 if shared:  # each block its own shared memory, poisoned so unstaged reads show
                     symbols[shared.group(1)] = memory.place(np.full(int(shared.group(2)), 0xFF, np.uint8))
+                if dynamic:
+                    symbols[dynamic.group(1)] = memory.place(np.full(shared_bytes, 0xFF, np.uint8))
                 block = []
                 for tid in range(threads):
-                    thread = Thread(functions, headers, memory, tid, (x, y, z))
+                    thread = Thread(functions, headers, memory, tid, (x, y, z), grid)
                     thread.special.update(symbols)
                     block.append(thread.run(entry, {k: bytearray(val) for k, val in params.items()}))
                 _run_block(block, memory)

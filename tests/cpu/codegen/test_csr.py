@@ -8,7 +8,7 @@ import pytest
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
-from sparseforge.tune.space import csr_columns, small_n
+from sparseforge.tune.space import csr_columns, csr_staged, small_n
 
 from .test_ptx import _assemble_without_spills_and_link
 
@@ -73,3 +73,51 @@ def test_csr_columns_name_depends_on_shape_and_config_not_pattern():
     config = CsrColumnsConfig(1, 2, 2)
     assert make_csr_plan(a, 49, config=config).name == make_csr_plan(b, 49, config=config).name
     assert make_csr_plan(a, 49, config=config).name != make_csr_plan(a, 49, config=CsrConfig()).name
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_every_proposed_staged_config_assembles_without_spills(arch, layout):
+    """csr-staged at decode widths over a Llama-sized K (B's copy: up to 128 KB of dynamic shared memory)."""
+    w = _weight(m=64, k=4096, density=0.05)
+    for n in (1, 8, 16):
+        for dtype in ("float32", "bfloat16"):
+            for config in csr_staged(n, 200.0):
+                try:
+                    plan = make_csr_plan(w, n, dtype, layout, config, bias=np.ones(64), relu=True, arch=arch)
+                except ValueError as exc:  # fp32 at N = 16: 256 KB, over what a block may have; sm_80's spills
+                    assert ("shared memory" in str(exc) and 4096 * n * 4 > 160 * 1024) or \
+                        ("spills on sm_80" in str(exc) and arch == 80 and dtype == "float32")
+                    continue
+                source = render(plan)
+                assert ".extern .shared .align 16 .b8 staged[];" in source.text and "ld.shared" in source.text
+                _assemble_without_spills_and_link(source, arch)
+
+
+def test_staged_configs_refuse_what_they_cannot_hold():
+    w = _weight(m=8, k=64)
+    with pytest.raises(ValueError, match="one column tile"):
+        make_csr_plan(w, 9, "float16", "kn", CsrConfig(8, 8, 2, stage_b=True, ctas=4))
+    with pytest.raises(ValueError, match="shared memory"):  # 16384 x 16 fp32: 1 MB
+        make_csr_plan(_weight(m=4, k=16384, density=0.01), 16, "float32", "kn", CsrConfig(8, 16, 2, stage_b=True, ctas=4))
+    with pytest.raises(ValueError, match="ctas"):
+        CsrConfig(8, 8, 2, stage_b=True)
+    with pytest.raises(ValueError, match="ctas applies"):
+        CsrConfig(8, 8, 2, ctas=4)
+    with pytest.raises(TypeError, match="stage_b must be a bool"):
+        CsrConfig(8, 8, 2, stage_b=1, ctas=4)
+    plan = make_csr_plan(w, 5, "float16", "nk", CsrConfig(32, 8, 2, stage_b=True, ctas=100))
+    assert plan.mapping == "csr-staged" and plan.grid == (1, 4)  # never more blocks than row blocks (2 rows each)
+    assert plan.dynamic_shared_bytes == 640 and plan.load_width == 1  # N = 5: no vector divides it
+    assert plan.config.short().endswith("s100") and "staged in shared memory" in plan.describe()
+    assert make_csr_plan(w, 5, "float16", "nk", CsrConfig(8, 8, 2)).dynamic_shared_bytes == 0
+
+
+def test_staged_candidates_are_proposed_only_as_unmeasured_and_only_at_decode_widths():
+    from sparseforge.tune.space import search_space
+
+    assert not any(getattr(c, "stage_b", False) for c in search_space(16, "kn", 4096, 400.0, dtype="float16"))
+    staged = [c for c in search_space(16, "kn", 4096, 400.0, dtype="float16", unmeasured=True, sms=100)
+              if getattr(c, "stage_b", False)]
+    assert staged and {c.ctas for c in staged} == {100, 200} and all(c.columns == 16 for c in staged)
+    assert not any(getattr(c, "stage_b", False) for c in search_space(17, "kn", 4096, 400.0, unmeasured=True))

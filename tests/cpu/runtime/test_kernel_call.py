@@ -223,9 +223,9 @@ def test_raw_launches_pass_input_output_weight_arrays_then_residual():
 
     calls = []
 
-    class Recorder:  # driver.PackedLaunch's interface: shape (block, params), called with grid, stream, values
-        def __init__(self, block, params):
-            self.shape = (block, params)
+    class Recorder:  # driver.PackedLaunch's interface: shape (block, params, shared), called with grid, stream, values
+        def __init__(self, block, params, shared_bytes=0):
+            self.shape = (block, params, shared_bytes)
 
         def __call__(self, grid, stream, *values):
             calls.append((grid, self.shape[0], stream, values, self.shape[1]))
@@ -236,6 +236,16 @@ def test_raw_launches_pass_input_output_weight_arrays_then_residual():
     spmm._launch, spmm._loaded, spmm._data = plan, loaded, (11, 12, 13, 14)
     spmm.launch(1, 2, 3, 99, 7)
     assert calls[-1] == ((*plan.grid, 3), plan.threads, 99, (1, 2, 11, 12, 13, 14, 7), 7)
+    assert spmm._packed.shape[2] == 0  # no dynamic shared memory
+
+    # csr-staged: the launch gives each block its copy of B as dynamic shared memory, the grid its
+    # persistent blocks
+    staged = make_csr_plan(weight(), N, "float16", "kn", CsrConfig(8, 16, 4, stage_b=True, ctas=3))
+    spmm._launch, spmm._packed = staged, None
+    spmm.launch(1, 2, 1, 99)
+    assert calls[-1][0] == (1, min(3, staged.grid[1]), 1)
+    assert spmm._packed.shape == (staged.threads, 6, staged.dynamic_shared_bytes)
+    assert staged.dynamic_shared_bytes == -(-staged.K * N * 2 // 16) * 16
 
     g = ConvGeometry.of((1, 2, 5, 5), 3, 3, padding=1)
     conv_plan = make_conv_plan(SparseMatrix.from_dense(np.ones(g.weight_shape, np.float32)), g,
@@ -303,8 +313,8 @@ def test_generated_conv_calls_copy_x_inside_a_kept_zero_border_and_launch_withou
     del conv.launch  # the real raw launch, over a recording driver
 
     class Recorder:  # driver.PackedLaunch's interface
-        def __init__(self, block, params):
-            self.shape = (block, params)
+        def __init__(self, block, params, shared_bytes=0):
+            self.shape = (block, params, shared_bytes)
 
         def __call__(self, grid, stream, *values):
             loaded_calls.append((grid, self.shape[0], stream, values, self.shape[1]))
@@ -337,7 +347,9 @@ def test_a_packed_launch_hands_the_driver_pointers_to_each_value(monkeypatch):
     packed((1, 1, 2), 98, 0x3000, 0x4000, 0xCCCC)
     assert seen[0] == (0x1234, (5, 6, 7), (128, 1, 1), 0, 99, [0x1000, 0x2000, 0xAAAA, 0xBBBB], None)
     assert seen[1][5] == [0x3000, 0x4000, 0xCCCC, 0xBBBB] and seen[1][4] == 98
-    assert packed.shape == (128, 4)
+    assert packed.shape == (128, 4, 0)
+    driver.PackedLaunch(0x1234, 256, 4, 131072)((1, 132, 1), 97, 1, 2)  # dynamic shared memory reaches the driver
+    assert seen[-1][2:5] == ((256, 1, 1), 131072, 97)
     monkeypatch.setattr(driver, "_raw_launch", lambda: lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
     failures = []
     fake_driver = types.SimpleNamespace(check=failures.append, CudaError=RuntimeError,
