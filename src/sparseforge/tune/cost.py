@@ -146,9 +146,10 @@ def tile_compile_seconds(nnz: int, vec: int, inline: bool) -> float:
     return 0.3 + nnz * vec / 6e4  # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores
 
 
-def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+def _csr_warp_work(plan) -> tuple[np.ndarray, int, int]:
+    """The small-N kernel's work per warp (csr and csr-staged): loop iterations of each warp (its rows'
+    most), warp instructions an iteration, and those of the butterfly and epilogue."""
     c, es = plan.config, plan.element_bytes
-    tiles, row_blocks = plan.grid
     counts = (plan.rows[:, 1] - plan.rows[:, 0]).astype(np.int64)
     steps = -(-counts // (c.lanes_per_row * NNZ_PER_STEP * c.unroll))  # loop iterations per row
     rows_per_warp = 32 // c.lanes_per_row
@@ -158,6 +159,13 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     unpack = 1 if plan.index_bytes == 2 else 0  # a 16-bit index is one AND or shift out of its word
     per_step = c.unroll * (12 + NNZ_PER_STEP * (4 + unpack + loads + c.columns * (2 if es == 2 else 1)))
     reduce = c.columns * 2 * int(math.log2(c.lanes_per_row)) + 2 * c.columns + 30
+    return warp_steps, per_step, reduce
+
+
+def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+    c, es = plan.config, plan.element_bytes
+    tiles, row_blocks = plan.grid
+    warp_steps, per_step, reduce = _csr_warp_work(plan)
     warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * tiles * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
     data = plan.cols.size * (plan.index_bytes + es) * tiles * batch
@@ -180,15 +188,7 @@ def _csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     value loads in flight allow (one step of each lane, shared memory limiting the blocks an SM holds)."""
     c, es = plan.config, plan.element_bytes
     ctas = plan.grid[1] * batch
-    counts = (plan.rows[:, 1] - plan.rows[:, 0]).astype(np.int64)
-    steps = -(-counts // (c.lanes_per_row * NNZ_PER_STEP * c.unroll))
-    rows_per_warp = 32 // c.lanes_per_row
-    padded = np.concatenate([steps, np.zeros((-len(steps)) % rows_per_warp, np.int64)])
-    warp_steps = padded.reshape(-1, rows_per_warp).max(axis=1)
-    loads = c.columns // plan.load_width
-    unpack = 1 if plan.index_bytes == 2 else 0
-    per_step = c.unroll * (12 + NNZ_PER_STEP * (4 + unpack + loads + c.columns * (2 if es == 2 else 1)))
-    reduce = c.columns * 2 * int(math.log2(c.lanes_per_row)) + 2 * c.columns + 30
+    warp_steps, per_step, reduce = _csr_warp_work(plan)
     staged = plan.dynamic_shared_bytes
     stage_instr = ctas * staged / 16 / 32 * 10  # a warp's 16-byte copy: address, predicate, load, store
     warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * batch + stage_instr
