@@ -31,7 +31,7 @@ def _config(rng, layout: str, relu: bool, eight_columns: bool, decode: bool):
     if kind == 0:
         columns = int(rng.integers(1, 17))
         return CsrConfig(int(rng.choice([4, 8, 16, 32])), columns, int(rng.choice([1, 2, 4])),
-                         int(rng.choice([1, 2])) if columns <= 8 else 1)
+                         int(rng.choice([1, 2])) if columns <= 8 else 1, prefetch=bool(rng.integers(0, 2)))
     if layout == "nk" and kind == 1:  # X staged through shared memory
         return TileConfig(int(rng.integers(1, 6)), int(rng.choice([1, 2, 4])), 1, int(rng.integers(1, 17)))
     rows = 1 if kind == 2 else int(rng.integers(1, 9))  # kind 2: row per block

@@ -253,16 +253,17 @@ STAGED = [  # (M, K, N, density, layout): odd tails, an empty matrix, and Llama-
 ]
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m,k,n,density,layout", STAGED)
-def test_staged_kernels_match_float64(m, k, n, density, layout, dtype):
+def test_staged_kernels_match_float64(m, k, n, density, layout, dtype, prefetch):
     """csr-staged (B copied into dynamic shared memory, persistent blocks) on the GPU, batched, with bias and
     ReLU, NaN-poisoned outputs; sizes its arch cannot hold are refused by name."""
     from sparseforge.plan.csr import CsrConfig, staged_fits
 
     w = random_matrix(m, k, density=density, seed=m + n)
     columns = 1 << (n - 1).bit_length()
-    config = CsrConfig(32, columns, 16 if columns >= 16 else 8, 1, stage_b=True, ctas=7)
+    config = CsrConfig(32, columns, 16 if columns >= 16 else 8, 1, stage_b=True, ctas=7, prefetch=prefetch)
     name = str(dtype).replace("torch.", "")
     arch = torch.cuda.get_device_capability()[0] * 10
     if not staged_fits(k, n, name, arch):
@@ -273,5 +274,27 @@ def test_staged_kernels_match_float64(m, k, n, density, layout, dtype):
     kernel = compile_spmm(w, n, dtype, layout, bias=bias, relu=True, config=config, tune_budget=None)
     assert kernel.plan.mapping == "csr-staged"
     gen = torch.Generator(device="cuda").manual_seed(3)
+    b = torch.randn((2, k, n) if layout == "kn" else (2, n, k), device="cuda", generator=gen).to(dtype)
+    check(kernel, w, b, layout, dtype, bias, relu=True)
+
+
+PREFETCH = [(33, 65, 3, 0.1, "kn"), (130, 300, 16, 0.05, "nk"), (5, 8, 1, 0.0, "kn"), (1024, 4096, 1, 0.1, "kn"),
+            (4096, 4096, 8, 0.1, "kn"), (257, 4096, 16, 0.3, "nk")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m,k,n,density,layout", PREFETCH)
+def test_prefetching_small_n_kernels_match_float64(m, k, n, density, layout, dtype):
+    """The small-N kernel with the next step's loads issued ahead (CsrConfig.prefetch), two steps of 4 a
+    lane where the columns allow it, batched, bias and ReLU, NaN-poisoned outputs."""
+    from sparseforge.plan.csr import CsrConfig
+
+    w = random_matrix(m, k, density=density, seed=m + n + 1)
+    columns = min(1 << (n - 1).bit_length(), 8)
+    config = CsrConfig(32 if density > 0.05 else 8, columns, 4, 2, prefetch=True)
+    bias = np.linspace(-1, 1, m)
+    kernel = compile_spmm(w, n, dtype, layout, bias=bias, relu=True, config=config, tune_budget=None)
+    assert kernel.plan.mapping == "csr" and kernel.plan.config.prefetch
+    gen = torch.Generator(device="cuda").manual_seed(5)
     b = torch.randn((2, k, n) if layout == "kn" else (2, n, k), device="cuda", generator=gen).to(dtype)
     check(kernel, w, b, layout, dtype, bias, relu=True)

@@ -18,25 +18,28 @@ from .ptx import KernelSource, data_kernel, half_registers
 
 
 
-def _load_values(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str) -> None:
-    """Issue sub-step u's load of 4 weights: fp32 straight into %w{4u}.., 16-bit into %vw{2u}, %vw{2u+1}."""
+def _load_values(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str, ahead: bool = False) -> None:
+    """Issue sub-step u's load of 4 weights: fp32 straight into %w{4u}.., 16-bit into %vw{2u}, %vw{2u+1}
+    (ahead: the prefetched next step's registers, %wn / %vwn)."""
     address = f"[%rdv+{offset}]" if offset else "[%rdv]"
+    n = "n" if ahead else ""
     if plan.element_bytes == 4:
-        w = [f"%w{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
+        w = [f"%w{n}{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
         e.line(f"{guard}ld.global.nc.v4.b32 {{{', '.join(w)}}}, {address};")
     else:
-        e.line(f"{guard}ld.global.nc.v2.b32 {{%vw{2 * u}, %vw{2 * u + 1}}}, {address};")
+        e.line(f"{guard}ld.global.nc.v2.b32 {{%vw{n}{2 * u}, %vw{n}{2 * u + 1}}}, {address};")
 
 
-def _load_indices(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str) -> None:
+def _load_indices(e: Emitter, plan: CsrPlan, u: int, offset: int, guard: str, ahead: bool = False) -> None:
     """Issue sub-step u's load of 4 column indices: 32-bit straight into %c{4u}.., 16-bit (K <= 65536) as
-    two words %ci{2u}, %ci{2u+1}."""
+    two words %ci{2u}, %ci{2u+1} (ahead: the prefetched next step's registers, %cn / %cin)."""
     address = f"[%rdi+{offset}]" if offset else "[%rdi]"
+    n = "n" if ahead else ""
     if plan.index_bytes == 4:
-        c = [f"%c{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
+        c = [f"%c{n}{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
         e.line(f"{guard}ld.global.nc.v4.u32 {{{', '.join(c)}}}, {address};")
     else:
-        e.line(f"{guard}ld.global.nc.v2.u32 {{%ci{2 * u}, %ci{2 * u + 1}}}, {address};")
+        e.line(f"{guard}ld.global.nc.v2.u32 {{%ci{n}{2 * u}, %ci{n}{2 * u + 1}}}, {address};")
 
 
 def _unpack_indices(e: Emitter, plan: CsrPlan, u: int) -> None:
@@ -69,19 +72,44 @@ def _operand_offsets(plan: CsrPlan) -> tuple[int, int]:
 def _step(e: Emitter, plan: CsrPlan) -> None:
     """One iteration of a lane: `unroll` steps of 4 nonzeros (each predicated on the row's real end) x the
     lane's column tile. All index and value loads first, then all B loads, then the FMAs."""
-    es, width, cols = plan.element_bytes, plan.load_width, plan.config.columns
     lanes, unroll = plan.config.lanes_per_row, plan.config.unroll
-    k_stride, n_stride = _operand_offsets(plan)
-    slots = NNZ_PER_STEP * unroll
     for u in range(unroll):
-        c = [f"%c{NNZ_PER_STEP * u + i}" for i in range(NNZ_PER_STEP)]
         offset = u * lanes * NNZ_PER_STEP
         guard = ""
         if u:  # later steps may lie past the row's padded slots (past the arrays, on the last row)
             e.lines([f"add.u32 %t, %rp, {offset};", f"setp.lt.u32 %pu{u}, %t, %rend;"])
             guard = f"@%pu{u} "
         _load_indices(e, plan, u, offset * plan.index_bytes, guard)
-        _load_values(e, plan, u, offset * es, guard)
+        _load_values(e, plan, u, offset * plan.element_bytes, guard)
+    _compute(e, plan)
+
+
+def _issue_ahead(e: Emitter, plan: CsrPlan, ahead: int) -> None:
+    """prefetch: the index and value loads of the step `ahead` slots past %rp (%rdi / %rdv already point at
+    it) into the next-step registers, every sub-step guarded by the row's real end (none past it is read:
+    the last row's padding ends the arrays)."""
+    lanes = plan.config.lanes_per_row
+    for u in range(plan.config.unroll):
+        offset = u * lanes * NNZ_PER_STEP
+        e.lines([f"add.u32 %t, %rp, {ahead + offset};", f"setp.lt.u32 %pf{u}, %t, %rend;"])
+        _load_indices(e, plan, u, offset * plan.index_bytes, f"@%pf{u} ", ahead=True)
+        _load_values(e, plan, u, offset * plan.element_bytes, f"@%pf{u} ", ahead=True)
+
+
+def _take_ahead(e: Emitter, plan: CsrPlan) -> None:
+    """prefetch: the step's raw index and value words from the registers the previous step loaded them into."""
+    slots, words = NNZ_PER_STEP * plan.config.unroll, 2 * plan.config.unroll
+    index = ("%c", slots) if plan.index_bytes == 4 else ("%ci", words)
+    value = ("%w", slots) if plan.element_bytes == 4 else ("%vw", words)
+    e.lines([f"mov.b32 {name}{i}, {name}n{i};" for name, count in (index, value) for i in range(count)])
+
+
+def _compute(e: Emitter, plan: CsrPlan) -> None:
+    """The step's work once its indices and values are in registers: unpack, B loads, FMAs."""
+    es, width, cols = plan.element_bytes, plan.load_width, plan.config.columns
+    lanes, unroll = plan.config.lanes_per_row, plan.config.unroll
+    k_stride, n_stride = _operand_offsets(plan)
+    slots = NNZ_PER_STEP * unroll
     for u in range(unroll):
         _unpack_indices(e, plan, u)
     for s in range(slots):
@@ -178,21 +206,42 @@ def _stage_b(e: Emitter, plan: CsrPlan) -> None:
     e.line("bar.sync 0;")
 
 
-def render_csr(plan: CsrPlan) -> KernelSource:
-    c, es = plan.config, plan.element_bytes
-    cols, width = c.columns, plan.load_width
-    lanes, staged = c.lanes_per_row, plan.staged
-    e = Emitter()
-    e.comment(f"{lanes} lanes per row, {c.rows_per_block} rows per block, {cols} columns per lane"
-              + (f"; B staged in shared memory, {c.ctas} persistent blocks" if staged else ""))
-    e.lines(["mov.u32 %rM, " + str(plan.M) + ";",
-             "mov.u32 %rtid, %tid.x;", f"and.b32 %rsub, %rtid, {lanes - 1};",
-             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
-             "mov.u32 %t, %ctaid.x;", f"mul.lo.u32 %rn0, %t, {cols};"])
-    e.comment("which of the lane's column loads fall inside N")
-    for v in range(cols // width):
-        e.lines([f"add.u32 %t, %rn0, {v * width};", f"setp.lt.u32 %pn{v}, %t, {plan.N};"])
-    k_stride, n_stride = _operand_offsets(plan)
+def _row_range(e: Emitter, row: str, first: str, end: str) -> None:
+    """prefetch: (first slot, real end) of `row` into first / end, (0, 0) past M (predicated, no branch)."""
+    e.lines([f"mov.u32 {first}, 0;", f"mov.u32 {end}, 0;", f"setp.lt.u32 %pr, {row}, %rM;",
+             "ld.param.u64 %rdt, [p_rows];", "cvta.to.global.u64 %rdt, %rdt;",
+             f"mad.wide.u32 %rdt, {row}, 8, %rdt;", f"@%pr ld.global.nc.v2.u32 {{{first}, {end}}}, [%rdt];"])
+
+
+def _slot_pointers(e: Emitter, plan: CsrPlan) -> None:
+    """The lane's first slot of the row (%rp) and its index and value addresses (%rdi, %rdv)."""
+    e.lines([f"mad.lo.u32 %rp, %rsub, {NNZ_PER_STEP}, %rp;",
+             "ld.param.u64 %rdi, [p_cols];", "cvta.to.global.u64 %rdi, %rdi;",
+             f"mad.wide.u32 %rdi, %rp, {plan.index_bytes}, %rdi;",
+             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+             f"mad.wide.u32 %rdv, %rp, {plan.element_bytes}, %rdv;"])
+
+
+def _global_b_base(e: Emitter, plan: CsrPlan) -> None:
+    e.comment("B base of this batch entry and column tile")
+    e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * plan.element_bytes};", "add.s64 %rdb, %rdb, %rdt;",
+             f"mul.wide.u32 %rdt, %rn0, {_operand_offsets(plan)[1]};", "add.s64 %rdb, %rdb, %rdt;"])
+
+
+def _reduce(e: Emitter, plan: CsrPlan) -> None:
+    e.comment("butterfly over the row's lanes: a fixed order of additions, the same result every run")
+    offset = plan.config.lanes_per_row // 2
+    while offset:
+        for j in range(plan.config.columns):
+            e.lines([f"shfl.sync.bfly.b32 %f, %acc{j}, {offset}, 31, -1;", f"add.f32 %acc{j}, %acc{j}, %f;"])
+        offset //= 2
+
+
+def _body(e: Emitter, plan: CsrPlan) -> None:
+    """The kernel without prefetch: per row, its range, then steps that each wait on their own loads."""
+    c, staged = plan.config, plan.staged
+    lanes = c.lanes_per_row
     if staged:
         _stage_b(e, plan)
         e.comment("persistent: this block takes row blocks ctaid.y, ctaid.y + nctaid.y, ...")
@@ -208,37 +257,89 @@ def render_csr(plan: CsrPlan) -> KernelSource:
              "ld.param.u64 %rdt, [p_rows];", "cvta.to.global.u64 %rdt, %rdt;",
              "mad.wide.u32 %rdt, %rrow, 8, %rdt;", "ld.global.nc.v2.u32 {%rp, %rend}, [%rdt];"])
     e.label("RANGE_DONE")
-    e.lines([f"mad.lo.u32 %rp, %rsub, {NNZ_PER_STEP}, %rp;",
-             "ld.param.u64 %rdi, [p_cols];", "cvta.to.global.u64 %rdi, %rdi;",
-             f"mad.wide.u32 %rdi, %rp, {plan.index_bytes}, %rdi;",
-             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
-             f"mad.wide.u32 %rdv, %rp, {es}, %rdv;"])
+    _slot_pointers(e, plan)
     if staged:
         e.comment("B rows from the shared copy (one column tile: the lane's columns start at 0)")
         e.line("mov.u64 %rdb, %rds;")
     else:
-        e.comment("B base of this batch entry and column tile")
-        e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
-                 f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
-                 f"mul.wide.u32 %rdt, %rn0, {n_stride};", "add.s64 %rdb, %rdb, %rdt;"])
-    e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(cols)])
+        _global_b_base(e, plan)
+    e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(c.columns)])
     step = lanes * NNZ_PER_STEP * c.unroll
     e.label("STEP")
     e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;"])
     _step(e, plan)
-    e.lines([f"add.u32 %rp, %rp, {step};", f"add.s64 %rdi, %rdi, {step * plan.index_bytes};", f"add.s64 %rdv, %rdv, {step * es};",
-             "bra.uni STEP;"])
+    e.lines([f"add.u32 %rp, %rp, {step};", f"add.s64 %rdi, %rdi, {step * plan.index_bytes};",
+             f"add.s64 %rdv, %rdv, {step * plan.element_bytes};", "bra.uni STEP;"])
     e.label("REDUCE")
-    e.comment("butterfly over the row's lanes: a fixed order of additions, the same result every run")
-    offset = lanes // 2
-    while offset:
-        for j in range(cols):
-            e.lines([f"shfl.sync.bfly.b32 %f, %acc{j}, {offset}, 31, -1;", f"add.f32 %acc{j}, %acc{j}, %f;"])
-        offset //= 2
+    _reduce(e, plan)
     _store(e, plan, "NEXT" if staged else "DONE")
     if staged:
         e.label("NEXT")
         e.lines(["mov.u32 %t, %nctaid.y;", "add.u32 %rblk, %rblk, %t;", "bra.uni ROWS;"])
+
+
+def _pipelined_body(e: Emitter, plan: CsrPlan) -> None:
+    """The kernel with prefetch (CsrConfig.prefetch): each step issues the next step's index and value loads
+    before its own B loads and FMAs; csr-staged also loads the next row's range during a row, and the first
+    row's first step is in flight while the block copies B."""
+    c, staged = plan.config, plan.staged
+    lanes, rows = c.lanes_per_row, c.rows_per_block
+    step = lanes * NNZ_PER_STEP * c.unroll
+    e.lines(["mov.u32 %rblk, %ctaid.y;", f"mul.lo.u32 %rrow, %rblk, {rows};",
+             f"shr.u32 %t, %rtid, {lanes.bit_length() - 1};", "add.u32 %rrow, %rrow, %t;"])
+    e.comment("the first row's slots [start, end) (empty past M) and its first step's loads")
+    _row_range(e, "%rrow", "%rp", "%rend")
+    _slot_pointers(e, plan)
+    _issue_ahead(e, plan, 0)
+    if staged:
+        _stage_b(e, plan)
+        e.comment("B rows from the shared copy (one column tile: the lane's columns start at 0)")
+        e.line("mov.u64 %rdb, %rds;")
+    else:
+        _global_b_base(e, plan)
+    e.label("ROW")
+    if staged:
+        e.comment("persistent: the row block nctaid.y on, its range loaded while this row runs")
+        e.lines(["mov.u32 %t, %nctaid.y;", f"mad.lo.u32 %rrown, %t, {rows}, %rrow;"])
+        _row_range(e, "%rrown", "%rpn", "%rendn")
+    e.lines([f"mov.f32 %acc{j}, 0f00000000;" for j in range(c.columns)])
+    e.label("STEP")
+    e.lines(["setp.ge.u32 %pt, %rp, %rend;", "@%pt bra REDUCE;"])
+    _take_ahead(e, plan)
+    e.lines([f"add.s64 %rdi, %rdi, {step * plan.index_bytes};", f"add.s64 %rdv, %rdv, {step * plan.element_bytes};"])
+    _issue_ahead(e, plan, step)
+    _compute(e, plan)
+    e.lines([f"add.u32 %rp, %rp, {step};", "bra.uni STEP;"])
+    e.label("REDUCE")
+    _reduce(e, plan)
+    _store(e, plan, "NEXT" if staged else "DONE")
+    if staged:
+        e.label("NEXT")
+        e.comment("the next row block (the same for the whole block: a uniform exit), its range already here")
+        e.lines(["mov.u32 %t, %nctaid.y;", "add.u32 %rblk, %rblk, %t;", f"mul.lo.u32 %t, %rblk, {rows};",
+                 "setp.ge.u32 %pt, %t, %rM;", "@%pt bra DONE;",
+                 "mov.u32 %rrow, %rrown;", "mov.u32 %rp, %rpn;", "mov.u32 %rend, %rendn;"])
+        _slot_pointers(e, plan)
+        _issue_ahead(e, plan, 0)
+        e.line("bra.uni ROW;")
+
+
+def render_csr(plan: CsrPlan) -> KernelSource:
+    c, es = plan.config, plan.element_bytes
+    cols, width = c.columns, plan.load_width
+    lanes, staged = c.lanes_per_row, plan.staged
+    e = Emitter()
+    e.comment(f"{lanes} lanes per row, {c.rows_per_block} rows per block, {cols} columns per lane"
+              + (f"; B staged in shared memory, {c.ctas} persistent blocks" if staged else "")
+              + ("; the next step's loads issued ahead" if c.prefetch else ""))
+    e.lines(["mov.u32 %rM, " + str(plan.M) + ";",
+             "mov.u32 %rtid, %tid.x;", f"and.b32 %rsub, %rtid, {lanes - 1};",
+             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
+             "mov.u32 %t, %ctaid.x;", f"mul.lo.u32 %rn0, %t, {cols};"])
+    e.comment("which of the lane's column loads fall inside N")
+    for v in range(cols // width):
+        e.lines([f"add.u32 %t, %rn0, {v * width};", f"setp.lt.u32 %pn{v}, %t, {plan.N};"])
+    (_pipelined_body if c.prefetch else _body)(e, plan)
     e.label("DONE")
     e.line("ret;")
     slots = NNZ_PER_STEP * c.unroll
@@ -246,12 +347,16 @@ def render_csr(plan: CsrPlan) -> KernelSource:
     preds = ", ".join([f"%pz{i}" for i in range(slots)] + [f"%pn{v}" for v in range(cols // width)]
                       + [f"%pu{u}" for u in range(1, c.unroll)]
                       + [f"%pq{i}_{v}" for i in range(slots) for v in range(cols // width)]
-                      + ([f"%ps{j}" for j in range(4)] if staged else []))
+                      + ([f"%ps{j}" for j in range(4)] if staged else [])
+                      + ([f"%pf{u}" for u in range(c.unroll)] + ["%pr"] if c.prefetch else []))
     decl = [f".reg .pred %pt, {preds};",
             f".reg .b32 %rM, %rtid, %rsub, %rrow, %rblk, %rn0, %rp, %rend, %t, %c<{slots}>, %vw<{2 * c.unroll}>, %ci<{2 * c.unroll}>;",
             f".reg .b32 %f, %w<{slots}>, " + ", ".join(f"%acc{j}" for j in range(cols)) + f", {regs_x};",
             ".reg .b16 %ho, %hv0, %hv1;",
             ".reg .b64 %rdz, %rdt, %rdi, %rdv, %rdb, %rdc, " + ", ".join(f"%rdx{i}" for i in range(slots)) + ";"]
+    if c.prefetch:
+        decl.append(f".reg .b32 %rrown, %rpn, %rendn, %cn<{slots}>, %wn<{slots}>, %vwn<{2 * c.unroll}>, "
+                    f"%cin<{2 * c.unroll}>;")
     shared = ""
     if staged:
         decl += [".reg .b32 %roff, %t2, %t3, " + ", ".join(f"%sv{j}_{r}" for j in range(4) for r in range(4)) + ";",

@@ -54,9 +54,14 @@ class CsrConfig:
     # csr-staged: B copied into shared memory once per block, blocks persistent over the rows (module doc)
     stage_b: bool = False
     ctas: int = 0             # csr-staged: blocks of the grid (about one per SM); 0 otherwise
+    # software pipelining: a lane issues the next step's index and value loads before the current step's B
+    # loads and FMAs, so a row pays one HBM round trip (its first step), not one a step; csr-staged also
+    # loads the next row's range while it works on this one, and the first step's loads fly during the
+    # copy of B. Costs the next step's raw words in registers (2-4 a step of 4 nonzeros)
+    prefetch: bool = False
 
     def __post_init__(self):
-        require_ints(self, flags=("stage_b",))
+        require_ints(self, flags=("stage_b", "prefetch"))
         if self.stage_b and not 1 <= self.ctas <= 65535:
             raise ValueError(f"a csr-staged config needs ctas (its persistent blocks) in 1..65535, got {self.ctas}")
         if not self.stage_b and self.ctas:
@@ -83,7 +88,8 @@ class CsrConfig:
 
     def short(self) -> str:
         return (f"csr_l{self.lanes_per_row}c{self.columns}w{self.warps_per_block}"
-                + (f"u{self.unroll}" if self.unroll > 1 else "") + (f"s{self.ctas}" if self.stage_b else ""))
+                + (f"u{self.unroll}" if self.unroll > 1 else "") + (f"s{self.ctas}" if self.stage_b else "")
+                + ("p" if self.prefetch else ""))
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,10 @@ class Gpu:
     # csr-staged: one step's chain with B in shared memory (the index and value loads from HBM, then LDS and
     # the FMAs); a guess until designs.py has measured the kernel
     staged_step_cycles: float = 1800.0
+    # CsrConfig.prefetch: a step after a row's first, whose index and value loads the step before issued, as
+    # a fraction of an unpipelined step (what is left: its B loads and FMAs); a guess until designs.py has
+    # measured the prefetching kernels
+    prefetch_step_fraction: float = 0.5
     registers: int = 65536          # per SM
     max_warps: int = 64             # per SM
     sass_bytes: int = 16            # bytes per SASS instruction
@@ -162,6 +166,14 @@ def _csr_warp_work(plan) -> tuple[np.ndarray, int, int]:
     return warp_steps, per_step, reduce
 
 
+def _step_chain(steps: np.ndarray, cycles: float, prefetch: bool, gpu: Gpu) -> np.ndarray:
+    """Cycles of a row's `steps` loop iterations as a chain: each a whole step, or with prefetch the first
+    one whole and the others the part their issued-ahead loads leave (Gpu.prefetch_step_fraction)."""
+    if not prefetch:
+        return steps * cycles
+    return np.where(steps > 0, cycles * (1 + gpu.prefetch_step_fraction * np.maximum(steps - 1, 0)), 0.0)
+
+
 def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     c, es = plan.config, plan.element_bytes
     tiles, row_blocks = plan.grid
@@ -174,9 +186,9 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     written = plan.M * plan.N * es * batch
     traffic = (data + gathers + written) / gpu.l2_bytes_per_s
     blocks = tiles * row_blocks * batch
-    registers = 40 + c.columns * (NNZ_PER_STEP * c.unroll + 1)
+    registers = 40 + c.columns * (NNZ_PER_STEP * c.unroll + 1) + (2 * NNZ_PER_STEP * c.unroll if c.prefetch else 0)
     waves = _waves(blocks, c.warps_per_block, registers, gpu)
-    chain = warp_steps * gpu.step_cycles + reduce * gpu.cycles_per_instruction
+    chain = _step_chain(warp_steps, gpu.step_cycles, c.prefetch, gpu) + reduce * gpu.cycles_per_instruction
     latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
     terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
@@ -200,7 +212,8 @@ def _csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     memory = (data + plan.M * plan.N * es * batch) / rate + ctas * staged / gpu.l2_bytes_per_s
     waves = max(1, math.ceil(ctas / (gpu.sms * blocks_per_sm)))
     row_blocks = -(-plan.M // c.rows_per_block)
-    chain = (warp_steps.mean() if len(warp_steps) else 0) * gpu.staged_step_cycles + reduce * gpu.cycles_per_instruction
+    steps = np.array([warp_steps.mean() if len(warp_steps) else 0.0])
+    chain = float(_step_chain(steps, gpu.staged_step_cycles, c.prefetch, gpu)[0]) + reduce * gpu.cycles_per_instruction
     stage_chain = -(-staged // (4 * c.threads * 16)) * gpu.hbm_latency_s / 2  # the copy's rounds, from L2
     latency = waves * (stage_chain + -(-row_blocks // max(plan.grid[1], 1)) * chain / gpu.clock_hz)
     terms = {"issue": issue * 1e6, "operand": memory * 1e6, "ifetch": 0.0, "latency": latency * 1e6}

@@ -22,6 +22,8 @@
 - csr-staged (plan/csr.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
   blocks persistent over the rows: one LDS a nonzero where the small-N kernel gathers B from L1/L2, the
   bound at N = 8-16 (issue 11). Proposed only with unmeasured=True until designs.py has measured it;
+- prefetch (CsrConfig.prefetch, csr and csr-staged): the next step's index and value loads issued before
+  the current step's work (software pipelining), one HBM round trip a row; unmeasured=True only, as above;
 - split-24 (plan/relayout.py, semi/split24.py; nk, float16 / bfloat16, N >= SPLIT24_MIN_N): W as a 2:4 part on
   Sparse Tensor Cores (cuSPARSELt) plus the few nonzeros its 4-groups could not keep as a residual SpMM: the
   tensor-core path for large N (prefill). Proposed only with unmeasured=True until designs.py has measured it;
@@ -89,6 +91,12 @@ def csr_staged(n: int, row_nnz: float, sms: int = SMS) -> list[CsrConfig]:
     return [CsrConfig(lanes, columns, warps, unroll, stage_b=True, ctas=blocks * sms)
             for lanes in sorted({want, 32}) for warps, blocks in ((16, 1), (8, 2))
             for unroll in ((1, 2) if columns <= 8 else (1,))]
+
+
+def prefetched(configs: list[CsrConfig]) -> list[CsrConfig]:
+    """The same small-N / csr-staged configs with the next step's loads issued ahead (CsrConfig.prefetch):
+    one HBM round trip a row instead of one a step, for more registers."""
+    return [dataclasses.replace(c, prefetch=True) for c in configs]
 
 
 CSR_COLUMNS_MIN_N = 8  # below this most of a warp's 32 lanes would idle: the small-N kernel's ground
@@ -167,7 +175,9 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
         configs += small_n(n, row_nnz)
     configs += tc_scatter(n, dtype)
     if unmeasured:
-        configs += decode(n, layout) + split24(n, layout, dtype) + csr_staged(n, row_nnz, sms)
+        staged = csr_staged(n, row_nnz, sms)
+        configs += decode(n, layout) + split24(n, layout, dtype) + staged
+        configs += prefetched((small_n(n, row_nnz) if n <= SMALL_N_MAX else []) + staged)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []

@@ -8,7 +8,7 @@ import pytest
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
-from sparseforge.tune.space import csr_columns, csr_staged, small_n
+from sparseforge.tune.space import csr_columns, csr_staged, prefetched, small_n
 
 from .test_ptx import _assemble_without_spills_and_link
 
@@ -44,7 +44,7 @@ def test_every_proposed_csr_columns_config_assembles_without_spills(arch, dtype,
 def test_every_proposed_small_n_config_assembles_without_spills(arch, dtype):
     w = _weight()
     for n, layout in ((1, "kn"), (8, "kn"), (33, "nk")):
-        for config in small_n(n, 100.0):
+        for config in small_n(n, 100.0) + prefetched(small_n(n, 100.0)):
             plan = make_csr_plan(w, n, dtype, layout, config, bias=np.ones(64), arch=arch)
             _assemble_without_spills_and_link(render(plan), arch)
 
@@ -82,7 +82,7 @@ def test_every_proposed_staged_config_assembles_without_spills(arch, layout):
     w = _weight(m=64, k=4096, density=0.05)
     for n in (1, 8, 16):
         for dtype in ("float32", "bfloat16"):
-            for config in csr_staged(n, 200.0):
+            for config in csr_staged(n, 200.0) + prefetched(csr_staged(n, 200.0)):
                 try:
                     plan = make_csr_plan(w, n, dtype, layout, config, bias=np.ones(64), relu=True, arch=arch)
                 except ValueError as exc:  # fp32 at N = 16: 256 KB, over what a block may have; sm_80's spills

@@ -271,7 +271,7 @@ def csr_kernels(draw):
 
     columns = draw(st.integers(1, 9))
     config = CsrConfig(draw(st.sampled_from([4, 8, 16, 32])), columns, draw(st.sampled_from([1, 2])),
-                       draw(st.sampled_from([1, 2])) if columns <= 8 else 1)
+                       draw(st.sampled_from([1, 2])) if columns <= 8 else 1, prefetch=draw(st.booleans()))
     m, k, n = draw(st.integers(1, 12)), draw(st.integers(1, 48)), draw(st.integers(1, 20))
     density = draw(st.sampled_from([0.0, 0.05, 0.3, 1.0]))
     return (draw(st.sampled_from(["kn", "nk"])), config, m, k, n, density, draw(st.integers(0, 2**16)),
@@ -279,7 +279,7 @@ def csr_kernels(draw):
 
 
 @given(csr_kernels())
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_random_small_n_kernels_match_float64_reference(problem):
     from sparseforge.plan.csr import make_csr_plan
 
@@ -303,7 +303,7 @@ def staged_kernels(draw):
     columns = 1 << (n - 1).bit_length()
     config = CsrConfig(draw(st.sampled_from([4, 8, 32])), columns, draw(st.sampled_from([1, 2])),
                        draw(st.sampled_from([1, 2])) if columns <= 8 else 1, stage_b=True,
-                       ctas=draw(st.integers(1, 3)))
+                       ctas=draw(st.integers(1, 3)), prefetch=draw(st.booleans()))
     m, k = draw(st.integers(1, 20)), draw(st.integers(1, 48))
     density = draw(st.sampled_from([0.0, 0.05, 0.3, 1.0]))
     return (draw(st.sampled_from(["kn", "nk"])), config, m, k, n, density, draw(st.integers(0, 2**16)),
@@ -311,7 +311,7 @@ def staged_kernels(draw):
 
 
 @given(staged_kernels())
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=35, deadline=None)
 def test_random_staged_kernels_match_float64_reference(problem):
     """csr-staged reads B from its shared copy (poisoned by the interpreter before the copy: a row it did
     not stage would show as NaN), blocks striding over the row blocks."""
@@ -347,6 +347,28 @@ def test_staged_kernel_adds_a_residual_over_rows_taken_in_turn(layout, dtype):
     ref = np.maximum(_reference(weight, b, layout, dtype, bias, False) + _decode(_encode(residual, dtype), dtype), 0)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_prefetching_kernels_carry_steps_and_rows_across_iterations(staged, dtype):
+    """prefetch: rows of 0, 1, 4 x lanes x unroll - 1 and several steps' nonzeros (the loads a step issues
+    for the next one, guarded by the row's end, and for csr-staged the next row's range) against float64;
+    a block of 2 rows striding over 7 rows, so a row's range comes from the previous row's prefetch."""
+    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+
+    rng = np.random.default_rng(11)
+    k, n = 90, 5
+    dense = rng.standard_normal((7, k))
+    for row, count in enumerate([0, 1, 15, 16, 17, 40, 90]):
+        dense[row, rng.permutation(k)[count:]] = 0
+    weight = SparseMatrix.from_dense(dense.astype(np.float32))
+    config = CsrConfig(4, 8, 1, 2, stage_b=staged, ctas=2 if staged else 0, prefetch=True)
+    bias = rng.standard_normal(7)
+    plan = make_csr_plan(weight, n, dtype, "kn", config, bias=bias, relu=False)
+    assert plan.config.short().endswith("p") and "issued ahead" in render(plan).text
+    b = rng.standard_normal((2, k, n))
+    assert_matches(run_csr(plan, b), _reference(weight, b, "kn", dtype, bias, False), dtype)
 
 
 def test_small_n_kernel_never_multiplies_padding():
