@@ -292,7 +292,21 @@ case "${1:-}" in
   nineteenth_c)  # the rest: conv rn50 95% bf16, rn50 90% fp16 batch 1 (cut at 3 layers in the eighteenth session)
     timeout 130 $SF bench conv:$D/rn50/magnitude_pruning/0.95 --dtype bf16 --tune-budget 0.5 --out "$OUT/conv_rn50_0.95_bf16.json" > "$L/conv95b.log" 2>&1; tail -1 "$L/conv95b.log"
     T=$(left 565) && timeout $T $SF bench $D/rn50/magnitude_pruning/0.9 --dtype fp16 --tune-budget 0.5 --out "$OUT/rn50_0.9_fp16_b1.json" > "$L/rn50h.log" 2>&1; tail -1 "$L/rn50h.log" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c|nineteenth_a|nineteenth_b|nineteenth_c"; exit 2 ;;
+  nineteenth_d)  # csr-staged and prefetch in the default space (measured in designs: 2.55x at N = 1, 90%): the
+                 # decode sets issue 11 names, N = 1 first, the whole GPU suite, then N = 8 / 16 and the large shapes
+    for dt in fp16 bf16; do
+      timeout 90 $SF bench llm:0.5,0.7,0.9:llama_4096x4096,llama_1024x4096 --n 1 --dtype $dt --tune-budget 0.5 \
+        --out "$OUT/decode_n1_$dt.json" > "$L/d1_$dt.log" 2>&1; tail -5 "$L/d1_$dt.log" | grep -v "^of floor"
+    done
+    timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider -n 6 --deselect tests/gpu/test_timing_gpu.py \
+      --deselect tests/gpu/test_profile_gpu.py > "$L/gpu_tests.log" 2>&1; tail -2 "$L/gpu_tests.log"
+    for n in 8 16; do for dt in fp16 bf16; do
+      T=$(left 560) && timeout $(( T < 60 ? T : 60 )) $SF bench llm:0.5,0.7,0.9:llama_4096x4096 --n $n --dtype $dt --tune-budget 0.5 \
+        --out "$OUT/decode_n${n}_$dt.json" > "$L/d${n}_$dt.log" 2>&1; tail -4 "$L/d${n}_$dt.log" | grep -v "^of floor"
+    done; done
+    T=$(left 580) && timeout $T $SF bench llm:0.5,0.7,0.9:llama_14336x4096,llama_4096x14336,llama_5120x13824 --n 1 --dtype fp16 \
+      --tune-budget 0.5 --out "$OUT/decode_n1_fp16_large.json" > "$L/d1_large.log" 2>&1; tail -4 "$L/d1_large.log" | grep -v "^of floor" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c|nineteenth_a|nineteenth_b|nineteenth_c|nineteenth_d"; exit 2 ;;
 esac
 # one file back: the device returns at most 8 (the fifteenth session lost VGG-16's JSON to that limit)
 # (the JSON stay beside it where the tarball is over the 16 MiB a returned file may have)

@@ -20,7 +20,7 @@ from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default
 from .runtime.kernel import compile_source, plan_key
 from .tune.choose import Choice, choose, chooser_digest, rank, to_compile
 from .tune.cost import estimate, tile_compile_seconds
-from .tune.space import search_space
+from .tune.space import search_space, sm_count
 
 
 _LOADED: dict = {}  # spmm(): kernels kept in-process per (weight, N, dtype, layout, epilogue, device)
@@ -217,11 +217,11 @@ def within_compile_limit(space: list, nnz: int) -> list:
 
 
 def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, deterministic: bool,
-           residual: bool = False) -> list:
-    """The configs the chooser weighs for this problem: the design space (tune/space.py) within the compile
-    limit; with a residual, only the kernels that add one."""
+           residual: bool = False, arch: int = 90) -> list:
+    """The configs the chooser weighs for this problem on sm_<arch>: the design space (tune/space.py) within
+    the compile limit; with a residual, only the kernels that add one."""
     space = within_compile_limit(search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
-                                              deterministic, dtype=name), w.nnz)
+                                              deterministic, dtype=name, sms=sm_count(arch)), w.nnz)
     if residual:
         space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
             [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
@@ -275,7 +275,8 @@ class _Problem:
                           self.residual)
 
     def space(self) -> list:
-        return _space(self.w, self.n, self.name, self.layout, self.relu, self.deterministic, self.residual)
+        return _space(self.w, self.n, self.name, self.layout, self.relu, self.deterministic, self.residual,
+                      self.arch)
 
     def choice_key(self, tune_budget: float | None, time_dense: bool, compiler) -> str:
         """The key of the cached choice: everything that decides it, the chooser's own code included."""
@@ -346,7 +347,7 @@ def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: b
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
     w = _as_sparse(W).astype(_dtype_name(dtype))
     name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
-    space = _space(w, int(n), name, layout, relu, deterministic)
+    space = _space(w, int(n), name, layout, relu, deterministic, arch=arch)
     return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())
 

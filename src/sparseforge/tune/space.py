@@ -21,9 +21,11 @@
   kernels gather B per nonzero (issue 11's decode and small batches);
 - csr-staged (plan/csr.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
   blocks persistent over the rows: one LDS a nonzero where the small-N kernel gathers B from L1/L2, the
-  bound at N = 8-16 (issue 11). Proposed only with unmeasured=True until designs.py has measured it;
+  bound at N = 1-16 (issue 11). Measured on the H200 (nineteenth session, fp16 / bf16 Llama 4096 x 4096):
+  the fastest csr kernel at N = 1, 8 and 16 from 70% sparsity on;
 - prefetch (CsrConfig.prefetch, csr and csr-staged): the next step's index and value loads issued before
-  the current step's work (software pipelining), one HBM round trip a row; unmeasured=True only, as above;
+  the current step's work (software pipelining), one HBM round trip a row: with csr-staged, 3.7 us against
+  csr's 4.0 at N = 1, 90% (2.55x over cuBLAS);
 - split-24 (plan/relayout.py, semi/split24.py; nk, float16 / bfloat16, N >= SPLIT24_MIN_N): W as a 2:4 part on
   Sparse Tensor Cores (cuSPARSELt) plus the few nonzeros its 4-groups could not keep as a residual SpMM: the
   tensor-core path for large N (prefill). Proposed only with unmeasured=True until designs.py has measured it;
@@ -75,6 +77,23 @@ def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
 
 STAGED_MAX_N = 16  # csr-staged holds N in one column tile (columns <= 16: a step's B values in registers)
 SMS = 132  # H100 / H200 SXM: csr-staged's persistent blocks are a multiple of the GPU's SM count
+SMS_BY_ARCH = {90: 132, 80: 108, 86: 84, 89: 128}  # each arch's largest part (H100 SXM, A100, RTX 3090 / 4090)
+
+
+def sm_count(arch: int) -> int:
+    """The SMs csr-staged's persistent blocks are sized for: the visible GPU's where it is of `arch`, else
+    the arch's largest part (prebuilding without a GPU; a part with fewer SMs then runs the same kernel with
+    a block or two an SM more in a second wave, correct and a little slower)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            if major * 10 + minor == arch:
+                return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+    except (ImportError, RuntimeError):  # no torch, or a driver that cannot answer: the table's figure
+        pass
+    return SMS_BY_ARCH.get(arch, SMS)
 
 
 def csr_staged(n: int, row_nnz: float, sms: int = SMS) -> list[CsrConfig]:
@@ -164,20 +183,21 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
     M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
-    benchmarks/designs.py has measured them (bitmap, split-24, csr-staged today; inline and csr-columns were
-    measured on the H200, 2026-12-01, and won layers: benchmarks/NOTES.md, sixth session). sms: the GPU's
-    SM count (csr-staged's persistent blocks; configs whose copy of B does not fit the arch are refused when
-    their plans are made)."""
+    benchmarks/designs.py has measured them (bitmap, split-24 today; inline and csr-columns were measured on
+    the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers: benchmarks/NOTES.md). sms: the
+    GPU's SM count (sm_count: csr-staged's persistent blocks; configs whose copy of B does not fit the arch
+    are refused when their plans are made)."""
     configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
     if layout == "kn" and n >= CSR_COLUMNS_MIN_N:
         configs += csr_columns(n, row_nnz)
     if n <= SMALL_N_MAX:
         configs += small_n(n, row_nnz)
     configs += tc_scatter(n, dtype)
-    if unmeasured:
+    if n <= SMALL_N_MAX:
         staged = csr_staged(n, row_nnz, sms)
-        configs += decode(n, layout) + split24(n, layout, dtype) + staged
-        configs += prefetched((small_n(n, row_nnz) if n <= SMALL_N_MAX else []) + staged)
+        configs += staged + prefetched(small_n(n, row_nnz) + staged)
+    if unmeasured:
+        configs += decode(n, layout) + split24(n, layout, dtype)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []

@@ -113,11 +113,16 @@ def test_staged_configs_refuse_what_they_cannot_hold():
     assert make_csr_plan(w, 5, "float16", "nk", CsrConfig(8, 8, 2)).dynamic_shared_bytes == 0
 
 
-def test_staged_candidates_are_proposed_only_as_unmeasured_and_only_at_decode_widths():
+def test_staged_and_prefetching_candidates_are_proposed_at_decode_widths_only():
+    """Measured on the H200 (nineteenth session): csr-staged and prefetch are in the default space for
+    N <= 16 (csr-staged) and N <= 64 (prefetch), blocks a multiple of the SM count given."""
     from sparseforge.tune.space import search_space
 
-    assert not any(getattr(c, "stage_b", False) for c in search_space(16, "kn", 4096, 400.0, dtype="float16"))
-    staged = [c for c in search_space(16, "kn", 4096, 400.0, dtype="float16", unmeasured=True, sms=100)
-              if getattr(c, "stage_b", False)]
+    space = search_space(16, "kn", 4096, 400.0, dtype="float16", sms=100)
+    staged = [c for c in space if getattr(c, "stage_b", False)]
     assert staged and {c.ctas for c in staged} == {100, 200} and all(c.columns == 16 for c in staged)
-    assert not any(getattr(c, "stage_b", False) for c in search_space(17, "kn", 4096, 400.0, unmeasured=True))
+    assert {c.prefetch for c in staged} == {False, True}
+    assert any(isinstance(c, CsrConfig) and c.prefetch and not c.stage_b for c in space)
+    wide = search_space(17, "kn", 4096, 400.0)
+    assert not any(getattr(c, "stage_b", False) for c in wide) and any(getattr(c, "prefetch", False) for c in wide)
+    assert not any(getattr(c, "prefetch", False) for c in search_space(65, "kn", 4096, 400.0))
