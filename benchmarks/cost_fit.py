@@ -24,6 +24,7 @@ from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
 from sparseforge.plan.bitmap import BitmapConfig
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+from sparseforge.plan.tc_scatter import TcScatterConfig
 from sparseforge.spmm import _make_plan
 from sparseforge.tune.choose import TOP, shortlist
 from sparseforge.tune.cost import H200, estimate
@@ -40,8 +41,12 @@ def parse_config(short: str):
         m = re.fullmatch(r"bmp_w(\d+)r(\d+)u(\d+)", short)
         return BitmapConfig(warps_per_block=int(m[1]), rows_per_warp=int(m[2]), unroll=int(m[3]))
     if short.startswith("csr_"):
-        m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)(?:u(\d+))?", short)
-        return CsrConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1))
+        m = re.fullmatch(r"csr_l(\d+)c(\d+)w(\d+)(?:u(\d+))?(?:s(\d+))?(p?)", short)
+        return CsrConfig(int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1), stage_b=m[5] is not None,
+                         ctas=int(m[5] or 0), prefetch=bool(m[6]))
+    if short.startswith("tcs_"):
+        m = re.fullmatch(r"tcs_w(\d+)a(\d+)", short)
+        return TcScatterConfig(warps_per_block=int(m[1]), ahead=int(m[2]))
     m = re.fullmatch(r"r(\d+)w(\d+)v(\d+)b(\d+)g(\d+)(?:s(\d+))?(?:k(\d+))?(t?)(c?)(i?)", short)
     return TileConfig(rows_per_group=int(m[1]), warps_per_block=int(m[2]), vec=int(m[3]), load_batch=int(m[4]),
                       groups_per_block=int(m[5]), segment_nnz=int(m[6] or 0), chunk_k=int(m[7] or 0),
@@ -84,6 +89,8 @@ def main() -> int:
     parser.add_argument("--write")
     parser.add_argument("--report-only", action="store_true", help="report the current constants, fit nothing")
     parser.add_argument("--limit", type=int, default=400)
+    parser.add_argument("--fit", default=",".join(FITTED),
+                        help=f"comma-separated Gpu constants to fit (default {','.join(FITTED)})")
     args = parser.parse_args()
     plans, measured, keys = [], [], []
     matrices = {}
@@ -126,16 +133,17 @@ def main() -> int:
     report(H200, "before")
     if args.report_only:
         return 0
-    start = np.log([getattr(H200, f) for f in FITTED])
+    fitted_names = tuple(filter(None, args.fit.split(",")))
+    start = np.log([getattr(H200, f) for f in fitted_names])
 
     def loss(x):
-        gpu = dataclasses.replace(H200, **{f: float(math.exp(v)) for f, v in zip(FITTED, x)})
+        gpu = dataclasses.replace(H200, **{f: float(math.exp(v)) for f, v in zip(fitted_names, x)})
         return float(np.mean((predict(gpu) - measured) ** 2))
 
     best = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 400, "xatol": 1e-3, "fatol": 1e-5})
-    fitted = dataclasses.replace(H200, **{f: float(math.exp(v)) for f, v in zip(FITTED, best.x)})
+    fitted = dataclasses.replace(H200, **{f: float(math.exp(v)) for f, v in zip(fitted_names, best.x)})
     report(fitted, "fitted")
-    values = {f: getattr(fitted, f) for f in FITTED}
+    values = {f: getattr(fitted, f) for f in fitted_names}
     print(json.dumps(values, indent=1))
     if args.write:
         Path(args.write).write_text(json.dumps(values, indent=1))
