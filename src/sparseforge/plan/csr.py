@@ -57,7 +57,8 @@ class CsrConfig:
     # software pipelining: a lane issues the next step's index and value loads before the current step's B
     # loads and FMAs, so a row pays one HBM round trip (its first step), not one a step; csr-staged also
     # loads the next row's range while it works on this one, and the first step's loads fly during the
-    # copy of B. Costs the next step's raw words in registers (2-4 a step of 4 nonzeros)
+    # copy of B. Costs the next step's raw words in registers (4-8 a step of 4 nonzeros: indices and values,
+    # 16 or 32 bits each)
     prefetch: bool = False
 
     def __post_init__(self):

@@ -166,6 +166,13 @@ def _csr_warp_work(plan) -> tuple[np.ndarray, int, int]:
     return warp_steps, per_step, reduce
 
 
+def _prefetch_registers(plan) -> int:
+    """The registers prefetch holds a step's next index and value words in: per step of 4 nonzeros, 4 for
+    32-bit indices (2 for 16-bit) and 4 for fp32 values (2 for 16-bit)."""
+    per_step = (NNZ_PER_STEP if plan.index_bytes == 4 else 2) + (NNZ_PER_STEP if plan.element_bytes == 4 else 2)
+    return per_step * plan.config.unroll
+
+
 def _step_chain(steps: np.ndarray, cycles: float, prefetch: bool, gpu: Gpu) -> np.ndarray:
     """Cycles of a row's `steps` loop iterations as a chain: each a whole step, or with prefetch the first
     one whole and the others the part their issued-ahead loads leave (Gpu.prefetch_step_fraction)."""
@@ -186,7 +193,7 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     written = plan.M * plan.N * es * batch
     traffic = (data + gathers + written) / gpu.l2_bytes_per_s
     blocks = tiles * row_blocks * batch
-    registers = 40 + c.columns * (NNZ_PER_STEP * c.unroll + 1) + (2 * NNZ_PER_STEP * c.unroll if c.prefetch else 0)
+    registers = 40 + c.columns * (NNZ_PER_STEP * c.unroll + 1) + (_prefetch_registers(plan) if c.prefetch else 0)
     waves = _waves(blocks, c.warps_per_block, registers, gpu)
     chain = _step_chain(warp_steps, gpu.step_cycles, c.prefetch, gpu) + reduce * gpu.cycles_per_instruction
     latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
@@ -212,8 +219,8 @@ def _csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     memory = (data + plan.M * plan.N * es * batch) / rate + ctas * staged / gpu.l2_bytes_per_s
     waves = max(1, math.ceil(ctas / (gpu.sms * blocks_per_sm)))
     row_blocks = -(-plan.M // c.rows_per_block)
-    steps = np.array([warp_steps.mean() if len(warp_steps) else 0.0])
-    chain = float(_step_chain(steps, gpu.staged_step_cycles, c.prefetch, gpu)[0]) + reduce * gpu.cycles_per_instruction
+    steps = _step_chain(warp_steps, gpu.staged_step_cycles, c.prefetch, gpu)
+    chain = (float(steps.mean()) if len(steps) else 0.0) + reduce * gpu.cycles_per_instruction
     stage_chain = -(-staged // (4 * c.threads * 16)) * gpu.hbm_latency_s / 2  # the copy's rounds, from L2
     latency = waves * (stage_chain + -(-row_blocks // max(plan.grid[1], 1)) * chain / gpu.clock_hz)
     terms = {"issue": issue * 1e6, "operand": memory * 1e6, "ifetch": 0.0, "latency": latency * 1e6}

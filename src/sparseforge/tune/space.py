@@ -77,22 +77,15 @@ def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
 
 STAGED_MAX_N = 16  # csr-staged holds N in one column tile (columns <= 16: a step's B values in registers)
 SMS = 132  # H100 / H200 SXM: csr-staged's persistent blocks are a multiple of the GPU's SM count
-SMS_BY_ARCH = {90: 132, 80: 108, 86: 84, 89: 128}  # each arch's largest part (H100 SXM, A100, RTX 3090 / 4090)
+SMS_BY_ARCH = {90: 132, 80: 108, 86: 84, 89: 142}  # each arch's largest part (H100 SXM / H200, A100,
+# RTX 3090, L40S)
 
 
 def sm_count(arch: int) -> int:
-    """The SMs csr-staged's persistent blocks are sized for: the visible GPU's where it is of `arch`, else
-    the arch's largest part (prebuilding without a GPU; a part with fewer SMs then runs the same kernel with
-    a block or two an SM more in a second wave, correct and a little slower)."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            if major * 10 + minor == arch:
-                return int(torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-    except (ImportError, RuntimeError):  # no torch, or a driver that cannot answer: the table's figure
-        pass
+    """The SMs csr-staged's persistent blocks are sized for on sm_<arch>: the arch's largest part, from the
+    arch alone, so that prebuilding without a GPU and compile_spmm on one name the same kernels (the choice
+    key holds the arch, not the part). A part with fewer SMs runs the extra blocks as a second, partial wave:
+    correct, and the chooser times it against the other candidates (twice as many blocks, csr)."""
     return SMS_BY_ARCH.get(arch, SMS)
 
 

@@ -241,7 +241,7 @@ def run_data_kernel(plan, b: np.ndarray, residual: np.ndarray | None = None) -> 
 run_csr = run_data_kernel
 
 
-@pytest.mark.parametrize("layout,config", [("kn", "small_n"), ("nk", "small_n"), ("kn", "columns")])
+@pytest.mark.parametrize("layout,config", [("kn", "small_n"), ("nk", "small_n"), ("kn", "columns"), ("nk", "prefetch")])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_csr_kernels_add_a_residual_before_relu(layout, config, dtype):
     """Y = relu(W B + bias + R), R laid out as the output (kn: M x N; nk: N x M), batched."""
@@ -251,7 +251,8 @@ def test_csr_kernels_add_a_residual_before_relu(layout, config, dtype):
     dense = np.where(rng.random((7, 40)) < 0.3, rng.standard_normal((7, 40)), 0).astype(np.float32)
     dense[3] = 0  # an empty row: its output is bias + R only
     weight, bias, n = SparseMatrix.from_dense(dense), rng.standard_normal(7), 11
-    cfg = CsrConfig(8, 4, 2) if config == "small_n" else CsrColumnsConfig(1, 2, 2)
+    cfg = {"small_n": CsrConfig(8, 4, 2), "prefetch": CsrConfig(4, 4, 2, 2, prefetch=True),
+           "columns": CsrColumnsConfig(1, 2, 2)}[config]
     plan = make_csr_plan(weight, n, dtype, layout, cfg, bias=bias, relu=True, residual=True)
     assert plan.name.endswith("_res")
     b = rng.standard_normal((2, 40, n) if layout == "kn" else (2, n, 40))
@@ -328,9 +329,10 @@ def test_random_staged_kernels_match_float64_reference(problem):
     assert_matches(got, ref, dtype)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_staged_kernel_adds_a_residual_over_rows_taken_in_turn(layout, dtype):
+def test_staged_kernel_adds_a_residual_over_rows_taken_in_turn(layout, dtype, prefetch):
     """One persistent block over 4 row blocks (M = 13, 4 rows a block): bias, residual and ReLU on each."""
     from sparseforge.plan.csr import CsrConfig, make_csr_plan
 
@@ -338,7 +340,8 @@ def test_staged_kernel_adds_a_residual_over_rows_taken_in_turn(layout, dtype):
     dense = np.where(rng.random((13, 37)) < 0.3, rng.standard_normal((13, 37)), 0).astype(np.float32)
     dense[5] = 0
     weight, bias, n = SparseMatrix.from_dense(dense), rng.standard_normal(13), 6
-    plan = make_csr_plan(weight, n, dtype, layout, CsrConfig(16, 8, 2, stage_b=True, ctas=1), bias=bias,
+    config = CsrConfig(16, 8, 2, stage_b=True, ctas=1, prefetch=prefetch)
+    plan = make_csr_plan(weight, n, dtype, layout, config, bias=bias,
                          relu=True, residual=True)
     assert plan.grid == (1, 1) and plan.config.rows_per_block == 4
     b = rng.standard_normal((2, 37, n) if layout == "kn" else (2, n, 37))
@@ -352,21 +355,22 @@ def test_staged_kernel_adds_a_residual_over_rows_taken_in_turn(layout, dtype):
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_prefetching_kernels_carry_steps_and_rows_across_iterations(staged, dtype):
-    """prefetch: rows of 0, 1, 4 x lanes x unroll - 1 and several steps' nonzeros (the loads a step issues
+    """prefetch: rows of 0, 1, a step's nonzeros - 1, + 1 and up to 3 steps (the loads a step issues
     for the next one, guarded by the row's end, and for csr-staged the next row's range) against float64;
-    a block of 2 rows striding over 7 rows, so a row's range comes from the previous row's prefetch."""
+    csr-staged: blocks of 2 rows (16 lanes a row), 2 persistent blocks over the 4 row blocks, so a block's
+    second row block takes its range from the prefetch issued during its first."""
     from sparseforge.plan.csr import CsrConfig, make_csr_plan
 
     rng = np.random.default_rng(11)
-    k, n = 90, 5
+    k, n = 300, 5  # a step of 16 lanes x 2 x 4 is 128 nonzeros: rows of 0 to 3 steps
     dense = rng.standard_normal((7, k))
-    for row, count in enumerate([0, 1, 15, 16, 17, 40, 90]):
+    for row, count in enumerate([0, 1, 127, 128, 129, 200, 300]):
         dense[row, rng.permutation(k)[count:]] = 0
     weight = SparseMatrix.from_dense(dense.astype(np.float32))
-    config = CsrConfig(4, 8, 1, 2, stage_b=staged, ctas=2 if staged else 0, prefetch=True)
+    config = CsrConfig(16, 8, 1, 2, stage_b=staged, ctas=2 if staged else 0, prefetch=True)
     bias = rng.standard_normal(7)
     plan = make_csr_plan(weight, n, dtype, "kn", config, bias=bias, relu=False)
-    assert plan.config.short().endswith("p") and "issued ahead" in render(plan).text
+    assert plan.config.rows_per_block == 2 and plan.grid == ((1, 2) if staged else (1, 4))
     b = rng.standard_normal((2, k, n))
     assert_matches(run_csr(plan, b), _reference(weight, b, "kn", dtype, bias, False), dtype)
 

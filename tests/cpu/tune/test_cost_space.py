@@ -201,3 +201,31 @@ def test_tc_scatter_estimates_fall_with_sparsity_and_stay_finite():
         assert np.isfinite(e.us) and e.us > 0 and set(e.terms) == {"issue", "operand", "ifetch", "latency"}
         times.append(e.us)
     assert times[1] < times[0]
+
+
+def test_sm_count_comes_from_the_arch_alone_so_prebuild_and_compile_agree(monkeypatch):
+    """csr-staged's block count is in its kernel's name: it must not depend on which GPU (if any) is visible."""
+    import torch
+
+    from sparseforge.tune.space import SMS_BY_ARCH, sm_count
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # were it asked, a GPU would be claimed
+    assert sm_count(90) == 132 and sm_count(80) == 108 and sm_count(89) == SMS_BY_ARCH[89]
+    assert sm_count(75) == 132  # an arch not in the table: the default, not an error
+    staged = {c.ctas for c in search_space(8, "kn", 4096, 400.0, dtype="float16", sms=sm_count(80))
+              if getattr(c, "stage_b", False)}
+    assert staged == {108, 216}
+
+
+def test_prefetch_shortens_the_predicted_chain_of_rows_longer_than_a_step():
+    """Gpu.prefetch_step_fraction: a row's first step whole, the later ones shortened; empty warps cost nothing."""
+    from sparseforge.tune.cost import H200, _step_chain
+
+    steps = np.array([0, 1, 4])
+    plain, ahead = _step_chain(steps, 1000.0, False, H200), _step_chain(steps, 1000.0, True, H200)
+    assert list(plain) == [0, 1000, 4000] and ahead[0] == 0 and ahead[1] == 1000 and 1000 < ahead[2] < 4000
+    w = _weight(m=256, k=4096, density=0.3)  # ~1200 nonzeros a row: several steps a warp
+    long_rows = [estimate(make_csr_plan(w, 8, "float16", "kn", CsrConfig(32, 8, 16, 1, stage_b=True, ctas=4,
+                                                                         prefetch=p)), 1).terms["latency"]
+                 for p in (False, True)]
+    assert long_rows[1] < long_rows[0]
