@@ -306,7 +306,17 @@ case "${1:-}" in
     done; done
     T=$(left 580) && timeout $T $SF bench llm:0.5,0.7,0.9:llama_14336x4096,llama_4096x14336,llama_5120x13824 --n 1 --dtype fp16 \
       --tune-budget 0.5 --out "$OUT/decode_n1_fp16_large.json" > "$L/d1_large.log" 2>&1; tail -4 "$L/d1_large.log" | grep -v "^of floor" ;;
-  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c|nineteenth_a|nineteenth_b|nineteenth_c|nineteenth_d"; exit 2 ;;
+  twentieth)  # what the nineteenth session left: the whole GPU suite at its last commit (cost model and SM table
+               # changed after the last GPU run), then the decode sets not yet measured with csr-staged in the space
+    timeout 220 python3 -m pytest tests/gpu -q -p no:cacheprovider -n 6 --deselect tests/gpu/test_timing_gpu.py \
+      --deselect tests/gpu/test_profile_gpu.py > "$L/gpu_tests.log" 2>&1; tail -2 "$L/gpu_tests.log"
+    for dt in fp16 bf16; do
+      T=$(left 400) && timeout $(( T < 150 ? T : 150 )) $SF bench llm:0.5,0.7,0.9:llama_14336x4096,llama_4096x14336,llama_5120x13824 --n 16 \
+        --dtype $dt --tune-budget 0.3 --out "$OUT/decode_n16_${dt}_large.json" > "$L/d16_${dt}_large.log" 2>&1; tail -3 "$L/d16_${dt}_large.log" | grep -v "^of floor"
+    done
+    T=$(left 580) && timeout $T $SF bench llm:0.5,0.7,0.9:llama_14336x4096,llama_4096x14336,llama_5120x13824 --n 8 --dtype bf16 \
+      --tune-budget 0.3 --out "$OUT/decode_n8_bf16_large.json" > "$L/d8_bf16_large.log" 2>&1; tail -3 "$L/d8_bf16_large.log" | grep -v "^of floor" ;;
+  *) echo "usage: $0 tests|issue10|new|seventh|decode|eighth|eighth_last|models|conv95|ninth|eleventh|twelfth|thirteenth|thirteenth_rn50|thirteenth_b8|fourteenth|fourteenth_b|model SPARSITY DTYPE BATCH|fifteenth|fifteenth_b8|fifteenth_conv|fifteenth_split24|fifteenth_last|sixteenth_a|sixteenth_b|sixteenth_c|sixteenth_d|sixteenth_tests|seventeenth_a|seventeenth_b|seventeenth_c|eighteenth_a|eighteenth_b|eighteenth_c|nineteenth_a|nineteenth_b|nineteenth_c|nineteenth_d|twentieth"; exit 2 ;;
 esac
 # one file back: the device returns at most 8 (the fifteenth session lost VGG-16's JSON to that limit)
 # (the JSON stay beside it where the tarball is over the 16 MiB a returned file may have)
