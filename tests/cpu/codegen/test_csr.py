@@ -106,6 +106,8 @@ def test_staged_configs_refuse_what_they_cannot_hold():
         CsrConfig(8, 8, 2, ctas=4)
     with pytest.raises(TypeError, match="stage_b must be a bool"):
         CsrConfig(8, 8, 2, stage_b=1, ctas=4)
+    with pytest.raises(TypeError, match="prefetch must be a bool"):
+        CsrConfig(8, 8, 2, prefetch=1)
     plan = make_csr_plan(w, 5, "float16", "nk", CsrConfig(32, 8, 2, stage_b=True, ctas=100))
     assert plan.mapping == "csr-staged" and plan.grid == (1, 4)  # never more blocks than row blocks (2 rows each)
     assert plan.dynamic_shared_bytes == 640 and plan.load_width == 1  # N = 5: no vector divides it
