@@ -33,9 +33,45 @@ def kernel2(nt, stages, bf16, maxt):
     return _mods[key]
 
 
+def lane_slots(device):
+    """(row, col) in a 16 x 16 fragment of lane L's slot i (A register i >> 1, half i & 1) of mma.m16n8k16."""
+    lane = torch.arange(32, device=device)[:, None]
+    i = torch.arange(8, device=device)[None, :]
+    g, t, j, h = lane // 4, lane % 4, i // 2, i % 2
+    return g + 8 * (j % 2), 2 * t + h + 8 * (j // 2)
+
+
+def pack_lane_major(w):
+    """Lane-major fragments: per 16 x 16 fragment 8 uint32 words (word g, byte t: lane 4g + t's slot bits) and the
+    values lane after lane, slot order. Same return shape as pack()."""
+    m, k = w.shape
+    mp, kp = -(-m // 16) * 16, -(-k // 16) * 16
+    wp = torch.zeros(mp, kp, dtype=w.dtype, device=w.device)
+    wp[:m, :k] = w
+    s, c = mp // 16, kp // 16
+    frag = wp.view(s, 16, c, 16).permute(0, 2, 1, 3)  # [s, c, row, col]
+    rows, cols = lane_slots(w.device)
+    f = frag[:, :, rows, cols]  # [s, c, 32, 8]
+    mask = f != 0
+    lane_bytes = (mask.to(torch.int64) << torch.arange(8, device=w.device)).sum(-1)  # [s, c, 32]
+    words = (lane_bytes.view(s, c, 8, 4) << (8 * torch.arange(4, device=w.device))).sum(-1).to(torch.int64)
+    words = words.to(torch.int32) if False else (words - ((words >= 2**31).to(torch.int64) << 32)).to(torch.int32)
+    values = f[mask].contiguous()
+    counts = mask.sum((2, 3)).view(-1)
+    starts = torch.zeros(s * c + 1, dtype=torch.int64, device=w.device)
+    starts[1:] = counts.cumsum(0)
+    groups = -(-c // GROUP)
+    idx = (torch.arange(s, device=w.device)[:, None] * c + torch.arange(groups, device=w.device)[None, :] * GROUP)
+    offsets = starts[idx.view(-1)].to(torch.int32).view(s, groups)
+    return words.contiguous(), values, offsets.contiguous(), c, groups
+
+
+LANE_MAJOR = False
+
+
 def pack2(w):
     """v2 layout: flat offsets [S * G + 1] (value index, 8 pad values first and last), max aligned group bytes."""
-    bits, values, offsets, c, groups = pack(w)
+    bits, values, offsets, c, groups = (pack_lane_major if LANE_MAJOR else pack)(w)
     s = bits.shape[0]
     vals = torch.zeros(values.numel() + 16, dtype=values.dtype, device=values.device)
     vals[8:8 + values.numel()] = values
@@ -55,7 +91,7 @@ def launch2(fn, packed, x, y, m, k, n, nt, warps, kw, stages, slot=None):
     gpw = -(-groups // kw)
     spb = warps // kw
     strips = -(-m // 16)
-    smem = spb * 16 * 8 * nt * 4 + warps * stages * slot
+    smem = spb * 16 * 8 * nt * 4 + (5120 if LANE_MAJOR else 0) + warps * stages * slot
     stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     args = (cp.uint64(bits.data_ptr()), cp.uint64(values.data_ptr()), cp.uint64(offsets.data_ptr()), cp.uint64(x.data_ptr()),
             cp.uint64(y.data_ptr()), cp.uint64(0), cp.int32(m), cp.int32(k), cp.int32(n), cp.int32(c), cp.int32(groups),

@@ -1,4 +1,5 @@
-// Bitmap-tile decode SpMM, streamed: each warp copies its (strip, K-range)'s bitmaps and packed values group by
+// Bitmap-tile decode SpMM, streamed (LANE_MAJOR: the fragment's bitmap as 8 words, word g byte t = lane 4g+t's 8
+// A-fragment slots, values packed lane after lane, a lane's slot offsets from a 256-entry table): each warp copies its (strip, K-range)'s bitmaps and packed values group by
 // group into a shared-memory ring with cp.async (16-byte vectors, STAGES groups in flight, no dependence on the
 // bitmaps to know what to copy: a group's value range comes from the offsets array), then decodes each 16 x 16
 // fragment's four 8 x 8 tile bitmaps by popcount straight into mma.m16n8k16 A fragments.
@@ -46,7 +47,25 @@ bitmap_tiles_stream(const unsigned long long* __restrict__ bitmaps,  // [strips]
     const int strip = blockIdx.x * spb + sl;
     const int strips = (M + 15) >> 4;
     float* red = reinterpret_cast<float*>(smem);
-    unsigned char* ring = smem + spb * 16 * 8 * NT * 4 + warp * STAGES * slot_bytes;
+#ifdef LANE_MAJOR
+    // slot_offsets[b]: nibble i = byte offset of slot i in a lane's run for slot pattern b; slot_masks[b]: 4 words
+    // keeping the halves whose slot is set
+    unsigned* slot_offsets = reinterpret_cast<unsigned*>(smem + spb * 16 * 8 * NT * 4);
+    uint4* slot_masks = reinterpret_cast<uint4*>(smem + spb * 16 * 8 * NT * 4 + 1024);
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+        unsigned e = 0, c = 0, mk[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 8; ++i) {
+            e |= (2u * c) << (4 * i);
+            if ((b >> i) & 1) { mk[i >> 1] |= (i & 1) ? 0xffff0000u : 0x0000ffffu; ++c; }
+        }
+        slot_offsets[b] = e;
+        slot_masks[b] = make_uint4(mk[0], mk[1], mk[2], mk[3]);
+    }
+#define TABLE_BYTES (1024 + 4096)
+#else
+#define TABLE_BYTES 0
+#endif
+    unsigned char* ring = smem + spb * 16 * 8 * NT * 4 + TABLE_BYTES + warp * STAGES * slot_bytes;
     const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);
     for (int i = threadIdx.x; i < spb * 16 * 8 * NT; i += blockDim.x) red[i] = 0.f;
     __syncthreads();
@@ -55,6 +74,7 @@ bitmap_tiles_stream(const unsigned long long* __restrict__ bitmaps,  // [strips]
     const unsigned below_lo = high ? 0xffffffffu : ((1u << p) - 1u);
     const unsigned below_hi = high ? ((1u << (p - 32)) - 1u) : 0u;
     const unsigned sh = p & 31;
+    const unsigned lane_below = (1u << (8 * t)) - 1u;  // slots of the lanes before this one in its word
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -103,6 +123,33 @@ bitmap_tiles_stream(const unsigned long long* __restrict__ bitmaps,  // [strips]
         unsigned off = 0;
 #pragma unroll 2
         for (int f = 0; f < nf; ++f) {
+#ifdef LANE_MAJOR
+            const unsigned* words = reinterpret_cast<const unsigned*>(bm) + 8 * f;
+            const unsigned mine = words[lane & 7], count = __popc(mine);
+            unsigned incl = count;
+#pragma unroll
+            for (int d = 1; d < 8; d <<= 1) {
+                const unsigned up = __shfl_up_sync(0xffffffffu, incl, d, 8);
+                if ((lane & 7) >= d) incl += up;
+            }
+            const unsigned before = __shfl_sync(0xffffffffu, incl - count, g, 8);
+            const unsigned total = __shfl_sync(0xffffffffu, incl, 7, 8);
+            const unsigned word = __shfl_sync(0xffffffffu, mine, g, 8);
+            const unsigned pattern = (word >> (8 * t)) & 0xffu;
+            const unsigned run = off + before + __popc(word & lane_below);
+            const unsigned char* base = reinterpret_cast<const unsigned char*>(vals + run);
+            const unsigned e = slot_offsets[pattern];
+            const uint4 mk = slot_masks[pattern];
+            const unsigned keep[4] = {mk.x, mk.y, mk.z, mk.w};
+            unsigned a[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned short r0 = *reinterpret_cast<const unsigned short*>(base + ((e >> (8 * j)) & 15u));
+                const unsigned short r1 = *reinterpret_cast<const unsigned short*>(base + ((e >> (8 * j + 4)) & 15u));
+                a[j] = ((unsigned)r0 | ((unsigned)r1 << 16)) & keep[j];
+            }
+            off += total;
+#else
             const ulonglong2 b01 = reinterpret_cast<const ulonglong2*>(bm)[2 * f];
             const ulonglong2 b23 = reinterpret_cast<const ulonglong2*>(bm)[2 * f + 1];
             const unsigned long long w[4] = {b01.x, b01.y, b23.x, b23.y};
@@ -128,6 +175,7 @@ bitmap_tiles_stream(const unsigned long long* __restrict__ bitmaps,  // [strips]
                 a[j] = (unsigned)e0 | ((unsigned)e1 << 16);
                 off += __popc(lo) + __popc(hi);
             }
+#endif
             const int k0 = (c0 + f) * 16;
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
