@@ -54,7 +54,11 @@ def summarize(records: list[dict]) -> list[dict]:
             groups[(r["model"], r["sparsity"], r["dtype"], r["layout"], r.get("batch", 1))].append(r)
     rows = []
     for (model, sparsity, dtype, layout, batch), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        widths = {r.get("N") for r in items}
+        # n: the token count of a decode run (one N for every case); None where the cases' N differ (a model's
+        # layers at their own widths, a convolution's output pixels)
         row = {"model": model, "sparsity": sparsity, "dtype": dtype, "layout": layout, "batch": batch,
+               "n": widths.pop() if len(widths) == 1 else None,
                "cases": len(items), "all_correct": all(r["error_ok"] for r in items)}
         # SpMM cases against cuBLAS / cuSPARSE; convolutions (bench/conv.py) against cuDNN
         baselines = ("speedup_vs_cudnn",) if "cudnn_us" in items[0] else \

@@ -52,6 +52,17 @@ def test_geomean_and_summary():
     row = summarize(records)[0]
     assert math.isclose(row["geomean_speedup_vs_cublas"], 2.0) and row["all_correct"]
     assert math.isclose(row["median_floor_fraction"], 0.2) and row["median_fetched_tbs"] == 2.0
+    assert row["n"] is None  # no N in the records
+
+
+def test_a_summary_row_names_the_token_count_of_a_decode_run():
+    """Decode rows carry n beside model, sparsity, dtype, batch and layout; rows over layers of different
+    widths (a model at its own batch sizes, a convolution's pixels) say None instead of one layer's N."""
+    def record(n):
+        return {"model": "llama", "sparsity": 0.7, "dtype": "float16", "layout": "nk", "batch": 1, "N": n,
+                "sparseforge_us": 1.0, "error_ok": True, "speedup_vs_cublas": 2.0}
+    assert summarize([record(8), record(8)])[0]["n"] == 8
+    assert summarize([record(8), record(16)])[0]["n"] is None
 
 
 def test_the_summary_counts_dense_where_the_chooser_measured_it_faster():
