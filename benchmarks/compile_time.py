@@ -6,7 +6,7 @@ after every cold compile, over the matrices again in order, as a process that lo
 the cache does (the first call straight after a cold compile of the same matrix measured ~2 ms more on the CPU
 alone, from state the compile left behind, which loading a model never meets).
 Convolution cases (a `conv:` spec, as `sparseforge bench` takes: conv:DIR for the DLMC rn50 layers, conv:vgg16)
-go through compile_conv2d with their real geometry, fp32 NCHW: issue 12's "median <= 1.5 s per layer cold"
+go through compile_conv2d with their real geometry, fp32 NCHW: the convolution target "median <= 1.5 s per layer cold"
 (bench's compile_seconds no longer says it: bench prebuilds every case's candidates before measuring).
 Usage: python benchmarks/compile_time.py DIR|conv:SPEC OUT.json"""
 import json

@@ -1,4 +1,4 @@
-"""Dense 1x1 convolutions of ResNet-50 at batch 1, three ways, in one process (issue 13's fp16 gap): cuDNN on
+"""Dense 1x1 convolutions of ResNet-50 at batch 1, three ways, in one process (the fp16 ResNet-50 gap): cuDNN on
 an NCHW input, cuDNN on channels_last, and the same product as one cuBLAS GEMM on the NCHW input
 (W [Cout x Cin] @ x [Cin x HW] is the NCHW output, no transposition). The converted fp16 ResNet-50 keeps ~23
 1x1 layers dense in NCHW, where cuDNN's NCHW path is the slow one; if the GEMM is faster there, the dense path

@@ -1,4 +1,4 @@
-"""Eager host time per layer call (issue 13 item 3: <= 1.2x that of the dense F.linear / F.conv2d call on the
+"""Eager host time per layer call (target: <= 1.2x that of the dense F.linear / F.conv2d call on the
 same machine): the CPU microseconds a call takes to issue (checks, allocation, launch), measured with the
 stream held by a spin kernel so that no call waits for the GPU (runtime/timing.py host_time_us). For each
 case: the module (SparseLinear / SparseConv2d with its kernel forced, policy 'sparse'), the raw kernel call

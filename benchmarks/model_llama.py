@@ -1,4 +1,4 @@
-"""Llama decode end to end (issue 13): a Llama-architecture decoder at Llama-3-8B widths, 2 layers, seeded
+"""Llama decode end to end: a Llama-architecture decoder at Llama-3-8B widths, 2 layers, seeded
 weights (models/llama.py), every projection pruned unstructured by magnitude (--sparsity) or 2:4 (--nm), then
 `convert` (dense / unstructured / 2:4 measured per layer at the decode width) against the same pruned model run
 dense; one decode step (batch x 1 token, static KV cache, position 128) timed under CUDA-graph replay, the

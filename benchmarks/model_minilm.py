@@ -1,4 +1,4 @@
-"""MiniLM latency end to end (issue 13): all-MiniLM-L6-v2's encoder (models/bert.py, BertModel's layers) with
+"""MiniLM latency end to end: all-MiniLM-L6-v2's encoder (models/bert.py, BertModel's layers) with
 every encoder Linear pruned unstructured by magnitude to --sparsity, then `convert` (dense / unstructured
 measured per layer at the layer's token count) against the same pruned model run dense, in --dtype and, beside
 it, in float32; one forward of batch x tokens (all unpadded) timed under CUDA-graph replay; the converted

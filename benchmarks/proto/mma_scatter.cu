@@ -1,4 +1,4 @@
-// Design prototype (issue 11), not library code: the "scatter" decode kernel on tensor cores, in CUDA C so that
+// Design prototype (16-bit decode on tensor cores), not library code: the "scatter" decode kernel on tensor cores, in CUDA C so that
 // its variants can be timed in one device call before the design is generated as PTX (codegen/mma.py).
 //
 // W (M x K, fp16) in 16 x 16 tiles. Per tile, its nonzeros as (position byte, value) entries, padded to a

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The GPU machine's one entry point: set-up, then the named stages in order, results under $OUT.
+#
+#   bash benchmarks/run_device.sh STAGE [STAGE ...]
+#
+# Stages (each step runs under `timeout`; a benchmark rewrites its JSON after every case, so a cut step keeps
+# what it measured):
+#   probe         GPU, driver, ptxas, torch and cuSPARSELt versions
+#   tests         the whole tests/gpu suite (6 xdist workers), then the timing-sensitive files serially
+#   sample        `sparseforge bench` on the bundled 24-matrix DLMC sample, every dtype
+#   spmm          DLMC ResNet-50 layers at batch $BATCH, $SPARSITIES x $DTYPES (the chooser, kn)
+#   transformer   the DLMC Transformer layer-0 matrices (16 a sparsity) at N = 256, $SPARSITIES x $DTYPES, kn
+#   decode        Llama-shaped layers at 50 / 70 / 90% for each width in $WIDTHS and dtype in $DTYPES16
+#                 ($SHAPES), weights timed both resident in L2 and rotated through HBM
+#   designs       every decode candidate side by side (benchmarks/designs.py --rotate), $DTYPES16
+#   conv          direct convolution against cuDNN: DLMC ResNet-50 3x3 + stem ($SPARSITIES x $DTYPES),
+#                 VGG-16 and the text CNN at 90%
+#   compile_time  cold and warm compile time of the cost model's pick: rn50 90% SpMM, then its convolutions
+#   rn50          ResNet-50 end to end (benchmarks/model_rn50.py), $SPARSITIES x $DTYPES at batch $BATCH
+#                 (16-bit runs channels_last)
+#   llama         a 2-layer Llama decoder at Llama-3-8B widths, 70% and 2:4, fp16 (benchmarks/model_llama.py)
+#   minilm        all-MiniLM-L6-v2's encoder at 80%, fp16, batch $BATCH x 128 tokens (benchmarks/model_minilm.py)
+#   host_time     eager host time per call against dense (benchmarks/host_time.py)
+#   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
+#   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
+#   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
+#
+# Knobs (environment): DTYPES (default "fp32"), DTYPES16 ("fp16 bf16"), SPARSITIES ("0.9 0.95"), BATCH (1),
+# WIDTHS ("1 8 16"), SHAPES ("llama_4096x4096"), TUNE (tune budget in seconds, 0.5), STEP_S (a step's time
+# limit, 300), OUT (.out).
+#
+# Carried, git-ignored inputs: .dlmc/dlmc-subset.tar.xz (the DLMC archive from ../shared/dlmc: every stage but
+# probe, tests, sample, decode and the models but rn50), .whl/ (nvmath-python for the image's Python, and
+# .whl/fallback/ cuda-pathfinder: the 2:4 path), .minilm/ (minilm24 only).
+# The device returns few files from $OUT: the stages' logs and JSON go into one results.tgz at the end.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=src
+OUT=${OUT:-.out}; mkdir -p "$OUT/logs"; L=$OUT/logs
+DTYPES=${DTYPES:-fp32} DTYPES16=${DTYPES16:-fp16 bf16} SPARSITIES=${SPARSITIES:-0.9 0.95} BATCH=${BATCH:-1}
+WIDTHS=${WIDTHS:-1 8 16} SHAPES=${SHAPES:-llama_4096x4096} TUNE=${TUNE:-0.5} STEP_S=${STEP_S:-300}
+SF="python3 -m sparseforge"
+D=/tmp/dlmc/dlmc
+declare -A LONG=([fp32]=float32 [fp16]=float16 [bf16]=bfloat16)
+
+# -- set-up: nvmath-python from the carried wheels (the image lacks it), the DLMC archive unpacked -----------
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=src:/tmp/site
+  # nvmath-python wants cuda-pathfinder >= 1.5.1; bring ours only where the image's is older
+  python3 -c "from nvmath.bindings import cusparseLt as L; L.init()" 2>/dev/null || python3 -m pip install -q \
+    --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/fallback/*.whl
+fi
+if [ -f .dlmc/dlmc-subset.tar.xz ] && [ ! -d $D ]; then mkdir -p /tmp/dlmc && tar -xJf .dlmc/dlmc-subset.tar.xz -C /tmp/dlmc; fi
+
+# run NAME CMD...: one step under STEP_S, its output in logs/NAME.log, its last line on stdout
+run() { local name=$1; shift; timeout "$STEP_S" "$@" > "$L/$name.log" 2>&1; echo "$name: rc $? | $(tail -1 "$L/$name.log")"; }
+need_dlmc() { [ -d $D ] || { echo "stage $1 needs .dlmc/dlmc-subset.tar.xz (carry it)" >&2; return 1; }; }
+# the Transformer layer-0 matrices (encoder and decoder) that the N = 256 figures use
+tf_subset() {
+  local T=/tmp/tf_subset/transformer/magnitude_pruning s
+  for s in $SPARSITIES; do mkdir -p $T/$s && cp $D/transformer/magnitude_pruning/$s/body_*layer_0_*.smtx $T/$s/; done
+}
+
+stage() {
+  case "$1" in
+    probe)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+      ptxas --version | tail -1
+      python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+      python3 -c "import nvmath; from nvmath.bindings import cusparseLt as L; print('nvmath', nvmath.__version__, \
+'cuSPARSELt', L.get_version(L.init()))" || echo "no cuSPARSELt: carry .whl for the 2:4 path" ;;
+    tests)
+      run gpu_tests python3 -m pytest tests/gpu -q -p no:cacheprovider -n 6 --deselect tests/gpu/test_timing_gpu.py \
+        --deselect tests/gpu/test_profile_gpu.py
+      run gpu_tests_serial python3 -m pytest tests/gpu/test_timing_gpu.py tests/gpu/test_profile_gpu.py -q -p no:cacheprovider ;;
+    sample)
+      run sample $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget "$TUNE" --out "$OUT/sample.json" ;;
+    spmm)
+      need_dlmc spmm || return
+      for dt in $DTYPES; do for s in $SPARSITIES; do
+        run "rn50_${s}_${dt}_b$BATCH" $SF bench $D/rn50/magnitude_pruning/$s --batch "$BATCH" --dtype "$dt" \
+          --tune-budget "$TUNE" --out "$OUT/rn50_${s}_${dt}_b$BATCH.json"
+      done; done ;;
+    transformer)
+      need_dlmc transformer || return
+      tf_subset
+      for dt in $DTYPES; do for s in $SPARSITIES; do
+        run "transformer_${s}_n256_kn_$dt" $SF bench /tmp/tf_subset/transformer/magnitude_pruning/$s --dtype "$dt" \
+          --layout kn --tune-budget "$TUNE" --out "$OUT/transformer_${s}_n256_kn_$dt.json"
+      done; done ;;
+    decode)
+      for n in $WIDTHS; do for dt in $DTYPES16; do
+        run "decode_n${n}_$dt" $SF bench "llm:0.5,0.7,0.9:${SHAPES// /,}" --n "$n" --dtype "$dt" --tune-budget "$TUNE" \
+          --out "$OUT/decode_n${n}_$dt.json"
+      done; done ;;
+    designs)
+      for dt in $DTYPES16; do
+        run "designs_decode_$dt" python3 benchmarks/designs.py "$OUT/designs_decode_$dt.json" "$D" \
+          $(for n in $WIDTHS; do echo "llm:0.5,0.7,0.9:${SHAPES// /,}/$n"; done) --dtype "${LONG[$dt]}" \
+          --mappings csr,csr-staged,tc-scatter,bitmap --rotate
+      done ;;
+    conv)
+      need_dlmc conv || return
+      for dt in $DTYPES; do
+        for s in $SPARSITIES; do
+          run "conv_rn50_${s}_$dt" $SF bench "conv:$D/rn50/magnitude_pruning/$s" --dtype "$dt" --tune-budget "$TUNE" \
+            --out "$OUT/conv_rn50_${s}_$dt.json"
+        done
+        run "conv_vgg16_0.9_$dt" $SF bench conv:vgg16:0.9 --dtype "$dt" --tune-budget "$TUNE" --out "$OUT/conv_vgg16_0.9_$dt.json"
+        run "conv_textcnn_0.9_$dt" $SF bench conv:textcnn:0.9 --dtype "$dt" --tune-budget "$TUNE" \
+          --out "$OUT/conv_textcnn_0.9_$dt.json"
+      done ;;
+    compile_time)
+      need_dlmc compile_time || return
+      run compile_time python3 benchmarks/compile_time.py $D/rn50/magnitude_pruning/0.9 "$OUT/compile_time.json"
+      run compile_time_conv python3 benchmarks/compile_time.py conv:$D/rn50/magnitude_pruning/0.9 \
+        "$OUT/compile_time_conv_rn50_0.9.json" ;;
+    rn50)
+      need_dlmc rn50 || return
+      for dt in $DTYPES; do for s in $SPARSITIES; do
+        local layout=(); [ "$dt" = fp32 ] || layout=(--channels-last)
+        run "model_rn50_${s}_${dt}_b$BATCH" python3 benchmarks/model_rn50.py $D/rn50/magnitude_pruning/$s \
+          "$OUT/model_rn50_${s}_${dt}_b$BATCH.json" --tune-budget "$TUNE" --dtype "${LONG[$dt]}" --batch "$BATCH" "${layout[@]}"
+      done; done ;;
+    llama)
+      run model_llama_0.7_fp16_b1 python3 benchmarks/model_llama.py "$OUT/model_llama_0.7_fp16_b1.json" --sparsity 0.7 \
+        --dtype float16 --tune-budget "$TUNE"
+      run model_llama_2of4_fp16_b1 python3 benchmarks/model_llama.py "$OUT/model_llama_2of4_fp16_b1.json" --nm 2:4 \
+        --dtype float16 --tune-budget "$TUNE" ;;
+    minilm)
+      run "model_minilm_0.8_fp16_b$BATCH" python3 benchmarks/model_minilm.py "$OUT/model_minilm_0.8_fp16_b$BATCH.json" \
+        --sparsity 0.8 --batch "$BATCH" --tune-budget "$TUNE" ;;
+    host_time)
+      run host_time python3 benchmarks/host_time.py "$OUT/host_time_fp16.json" --dtype float16 ;;
+    timing)
+      run timing_contention python3 benchmarks/timing_contention.py ;;
+    bench24)
+      run bench24 $SF bench24 --out "$OUT/bench24.json" --plot "$OUT/bench24.png" ;;
+    minilm24)
+      run minilm24 python3 examples/minilm_24.py --device cuda --model-dir .minilm/model --out "$OUT/minilm_24_gpu.json" ;;
+    *) echo "unknown stage $1 (see the list at the top of benchmarks/run_device.sh)" >&2; return 2 ;;
+  esac
+}
+
+[ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+for s in "$@"; do echo "== $s"; stage "$s" 2>&1 | tee -a "$L/stages.log"; done
+# one file back: the device returns at most a few files from $OUT; the JSON stay beside the tarball only where it
+# would pass the size a returned file may have
+( cd "$OUT" && tar czf results.tgz logs $(ls *.json *.png 2>/dev/null) \
+    && if (( $(stat -c %s results.tgz) < 15000000 )); then rm -rf logs ./*.json ./*.png; else rm -rf logs; fi )
+tar tzf "$OUT/results.tgz"
