@@ -23,9 +23,10 @@ from .plan.conv import CONV_COLUMNS, ConvGeometry, conv_vector_width, make_conv_
 from .plan.csr import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
-from .spmm import (_CONFIG_FAMILIES, _checked_bias, _config_record, _describe, _device_index, _dtype_name, _plans,
-                   _predicted_best, _renderable, prebuild_plans, within_compile_limit)
-from .tune.choose import choose, Choice, chooser_digest
+from .dtypes import kernel_dtype_name
+from .tune.pipeline import (CONFIG_FAMILIES, checked_bias, config_record, describe, device_index, plans_of,
+                            prebuild_plans, predicted_best, renderable, within_compile_limit)
+from .tune.choose import TUNE_BUDGET_S, Choice, choose, chooser_digest, tuning_budget
 from .tune.space import csr_columns, search_space
 
 
@@ -79,16 +80,16 @@ def plan_conv2d(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32",
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate of both mappings
     predicted). What compile_conv2d(..., tune_budget=None) builds; the CPU mode of `sparseforge bench conv`
     checks it."""
-    name = _dtype_name(dtype)
+    name = kernel_dtype_name(dtype)
     w = w.astype(name)
-    make = _planner(w, geometry, name, _checked_bias(bias, w.shape[0]), relu, residual, arch)
-    return _predicted_best(make, _candidates(geometry, w, relu), time.perf_counter())
+    make = _planner(w, geometry, name, checked_bias(bias, w.shape[0]), relu, residual, arch)
+    return predicted_best(make, _candidates(geometry, w, relu), time.perf_counter())
 
 
 def _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias, layout, kernel_size):
     """(W as a matrix in the dtype, the geometry, the dtype's name, the bias values), refusing with the problem
     named what no candidate could take."""
-    name = _dtype_name(dtype)
+    name = kernel_dtype_name(dtype)
     w, kernel = _conv_weight(W, kernel_size)
     geometry = ConvGeometry.of(input_shape, w.shape[0], kernel, stride, padding, dilation, groups, layout)
     if tuple(w.shape) != geometry.weight_shape:
@@ -96,22 +97,23 @@ def _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias
                          f"groups = {groups} and a {kernel[0]} x {kernel[1]} kernel needs Cout x "
                          f"{geometry.weight_shape[1]} (Cin/groups x kh x kw = {geometry.channels // groups} x "
                          f"{kernel[0]} x {kernel[1]})")
-    bias_values = _checked_bias(bias, w.shape[0])
+    bias_values = checked_bias(bias, w.shape[0])
     return w.astype(name), geometry, name, bias_values
 
 
 def prebuild_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                     relu: bool = False, residual: bool = False, layout: str = "nchw", arch: int = 90,
-                    kernel_size=None, tune_budget: float | None = 5.0, time_dense: bool = True) -> int:
+                    kernel_size=None, tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True) -> int:
     """Compile into the disk cache the kernels compile_conv2d with the same arguments, on a GPU of compute
     capability `arch`, would compile, without a GPU (spmm.prebuild_spmm says why and what it returns)."""
+    tune_budget = tuning_budget(tune_budget)
     w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
                                                    layout, kernel_size)
     if KernelCache().get_tuned(_choice_key(w, geometry, name, bias_values, relu, residual, tune_budget, time_dense,
                                            arch, default_compiler()), arch) is not None:
         return 0  # compile_conv2d loads the cached winner without ranking or compiling candidates
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
-    return prebuild_plans(make, _plans(make, _candidates(geometry, w, relu)), tune_budget)
+    return prebuild_plans(make, plans_of(make, _candidates(geometry, w, relu)), tune_budget)
 
 
 def _choice_key(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, relu: bool, residual: bool,
@@ -128,7 +130,7 @@ def _choice_key(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values,
 def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                    relu: bool = False, residual: bool = False, layout: str = "nchw", device="cuda",
                    kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
-                   tune_budget: float | None = 5.0, time_dense: bool = True) -> ConvKernel:
+                   tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True) -> ConvKernel:
     """Compile (or fetch from the cache) and load the fastest direct convolution for a sparse Conv2d.
 
     W: the Conv2d weight (Cout x Cin/groups x kh x kw; torch tensor or numpy array, zeros where pruned), or a
@@ -152,9 +154,10 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
             (not isinstance(config, CsrColumnsConfig) or config.columns not in CONV_COLUMNS):
         raise ValueError(f"config must be a CsrColumnsConfig with columns in {CONV_COLUMNS} or a TileConfig, got "
                          f"{config!r}")
+    tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
     w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
                                                    layout, kernel_size)
-    index, arch = _device_index(device)
+    index, arch = device_index(device)
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
     if config is not None:
         return build_conv_kernel(make(config), index)
@@ -176,14 +179,14 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     # whose compile the cost model puts past COMPILE_LIMIT_S
     space = _candidates(geometry, w, relu)
     if tune_budget is None:
-        plan, choice = _predicted_best(make, space, started)
+        plan, choice = predicted_best(make, space, started)
         kernel_obj = build_conv_kernel(plan, index)
     else:
-        kernel_obj, choice = _measure(make, _plans(make, space), geometry, w, name, index, tune_budget, time_dense,
+        kernel_obj, choice = _measure(make, plans_of(make, space), geometry, w, name, index, tune_budget, time_dense,
                                       compiler)
         kernel_obj.tune_seconds = time.perf_counter() - started - kernel_obj.compile_seconds
     kernel_obj.choice, kernel_obj.tuning = choice, choice.records
-    cache.put_tuned(key, arch, {**_config_record(kernel_obj.plan.config), "records": choice.records,
+    cache.put_tuned(key, arch, {**config_record(kernel_obj.plan.config), "records": choice.records,
                                 "choice": choice.as_dict()})
     return kernel_obj
 
@@ -192,7 +195,7 @@ def _cached(record) -> tuple[CsrColumnsConfig | TileConfig, Choice] | None:
     """(winner, choice) of a cached record, or None when it is not a whole one (then it is made again). A
     record without a family is the csr-columns kernel's (made before the generated mapping joined)."""
     try:
-        family = _CONFIG_FAMILIES[record.get("family", "csr-columns")]
+        family = CONFIG_FAMILIES[record.get("family", "csr-columns")]
         defaults, fields = asdict(family()), record["config"]
         if family not in (CsrColumnsConfig, TileConfig) or set(fields) - set(defaults) or \
                 any(type(v) is not type(defaults[k]) for k, v in fields.items()):  # 2.0 == 2 would pass the checks
@@ -227,7 +230,7 @@ def _measure(make, plans, geometry: ConvGeometry, w: SparseMatrix, name: str, in
         out = torch.empty(geometry.output_shape, device=f"cuda:{index}", dtype=torch_dtype, memory_format=memory)
 
         def compile_one(plan):
-            real = _renderable(make, plan)  # a generated candidate was ranked as a sketch
+            real = renderable(make, plan)  # a generated candidate was ranked as a sketch
             return real, compile_plan(real, compiler=compiler)
 
         def load_and_time(plan, compiled):
@@ -249,7 +252,7 @@ def _measure(make, plans, geometry: ConvGeometry, w: SparseMatrix, name: str, in
             finally:
                 torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = flags
 
-        return choose(plans, _describe, compile_one, load_and_time, budget,
+        return choose(plans, describe, compile_one, load_and_time, budget,
                       parallel=isinstance(compiler, PtxasCompiler), time_dense=dense_us if time_dense else None,
                       build_errors=(CompileError, CudaError))
 
@@ -292,7 +295,7 @@ def _single(value, name: str):
 def compile_conv1d(W, input_shape, stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1,
                    dtype="float32", bias=None, relu: bool = False, residual: bool = False, device="cuda",
                    kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
-                   tune_budget: float | None = 5.0, time_dense: bool = True) -> Conv1dKernel:
+                   tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True) -> Conv1dKernel:
     """compile_conv2d for a Conv1d: W is Cout x Cin/groups x k (or a SparseMatrix with kernel_size=k);
     input_shape (batch, Cin, L). The text CNN of issue 12 (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
     stride, padding, dilation, kernel_size = (_single(v, name) for v, name in ((stride, "stride"), (padding, "padding"),

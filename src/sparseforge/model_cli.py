@@ -10,7 +10,10 @@ import math
 import os
 from pathlib import Path
 
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from .dtypes import SHORT_NAMES
+from .tune.choose import TUNE_BUDGET_S
+
+DTYPES = SHORT_NAMES  # the one table lives in dtypes.py
 
 
 def add_model_parsers(sub) -> None:
@@ -26,7 +29,7 @@ def add_model_parsers(sub) -> None:
                        help="the shape of one example input, comma-separated, e.g. 1,3,224,224 (random values)")
         p.add_argument("--dtype", choices=list(DTYPES), default=None, help="cast the model first")
         p.add_argument("--policy", choices=("measure", "sparse", "dense"), default="measure")
-        p.add_argument("--tune-budget", type=float, default=5.0, help="seconds of kernel timing per layer and shape")
+        p.add_argument("--tune-budget", type=float, default=TUNE_BUDGET_S, help="seconds of kernel timing per layer and shape (0: the cost model's pick, nothing timed)")
         p.add_argument("--include", help="regex: only layers whose qualified name matches")
         p.add_argument("--exclude", help="regex: leave layers whose name matches as they are")
         p.add_argument("--no-fold-bn", action="store_true", help="keep BatchNorm2d layers apart from the convolutions")

@@ -3,74 +3,32 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import dtype_name
+from .dtypes import dtype_name, kernel_dtype_name
 from .formats import SparseMatrix
 from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
-from .plan.plan import clusters_of, fp32_bias, remember_clusters
+from .plan.plan import clusters_of, remember_clusters
 from .plan.bitmap import BitmapConfig, make_bitmap_plan
 from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from .plan.relayout import Split24Config, make_split24_plan
 from .plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
-from .codegen import render
-from .runtime import KernelCache, build_kernel, cache_key, compile_plan, default_compiler, kernel_key
-from .runtime.kernel import compile_source, plan_key
-from .tune.choose import Choice, choose, chooser_digest, rank, to_compile
-from .tune.cost import estimate, tile_compile_seconds
+from .runtime import KernelCache, build_kernel, cache_key, default_compiler, kernel_key
+from .tune.choose import TUNE_BUDGET_S, choose, chooser_digest, tuning_budget
+from .tune.pipeline import (CONFIG_FAMILIES, bias_values, checked_bias, choice_from_record,
+                            compile_candidate, config_from_record, config_record, describe, device_index,
+                            plans_of, prebuild_plans, predicted_best,
+                            within_compile_limit)
 from .tune.space import search_space, sm_count
 
 
 _LOADED: dict = {}  # spmm(): kernels kept in-process per (weight, N, dtype, layout, epilogue, device)
 
 
-def _dtype_name(dtype) -> str:
-    name = dtype_name(dtype)
-    if name is None or name == "float64":
-        raise TypeError(f"dtype {dtype} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
-    return name
-
-
-def _device_index(device) -> tuple[int, int]:
-    """(ordinal, arch) of a CUDA device, with clear errors for no GPU or a GPU older than sm_80."""
-    import torch
-
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"device must be a CUDA device, got {device}; sparseforge kernels run on NVIDIA GPUs")
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA GPU is available: compile_spmm needs an NVIDIA GPU (sm_80 or newer); "
-                           "on a CPU use sparseforge.plan.execute() as the reference")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise ValueError(f"device {device} does not exist: this machine has {count} CUDA device"
-                         f"{'s' if count > 1 else ''} (cuda:0{f' .. cuda:{count - 1}' if count > 1 else ''})")
-    major, minor = torch.cuda.get_device_capability(index)
-    if (major, minor) < (8, 0):
-        raise RuntimeError(f"GPU {torch.cuda.get_device_name(index)} is sm_{major}{minor}; sparseforge needs "
-                           "sm_80 (Ampere) or newer")
-    return index, major * 10 + minor
-
-
 def _as_sparse(w) -> SparseMatrix:
     return w if isinstance(w, SparseMatrix) else SparseMatrix.from_dense(w)
-
-
-def _bias_values(bias):
-    if bias is None:
-        return None
-    if hasattr(bias, "detach"):
-        bias = bias.detach().float().cpu().numpy()
-    return np.asarray(bias, dtype=np.float64)
-
-
-def _checked_bias(bias, m: int):
-    """bias as the fp32 values kernels add, refused here with the problem named: every candidate plan
-    would refuse it alike, leaving the chooser nothing to pick from."""
-    return fp32_bias(_bias_values(bias), m)
 
 
 # the config families whose kernels add a residual (C = W B + bias + R) in their epilogue so far
@@ -95,38 +53,11 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
 
 
-# config classes by the name a cached choice records them under
-_CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "bitmap": BitmapConfig,
-                    "tc-scatter": TcScatterConfig, "split-24": Split24Config, "tile": TileConfig}
-
-
-def _config_record(config) -> dict:
-    family = next(name for name, kind in _CONFIG_FAMILIES.items() if isinstance(config, kind))
-    return {"family": family, "config": asdict(config)}
-
-
-def _choice_from_record(record: dict) -> Choice | None:
-    """The cached Choice, or None when the record does not hold a whole one (then the choice is made again)."""
-    try:
-        return Choice.from_dict(record["choice"])
-    except (KeyError, TypeError, ValueError, IndexError):
-        return None
-
-
-def _config_from_record(record: dict):
-    """The config a cached choice names, or None when the record is not one this version can rebuild."""
-    try:
-        family = _CONFIG_FAMILIES[record["family"]]
-        return family(**record["config"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
                  device="cuda",
                  config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | Split24Config
                  | None = None,
-                 tune_budget: float | None = 5.0,
+                 tune_budget: float | None = TUNE_BUDGET_S,
                  deterministic: bool = False, time_dense: bool = True, residual: bool = False):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
 
@@ -137,9 +68,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
 
     The choice (tune/choose.py): the cost model ranks every candidate of tune/space.py (row groups, row
     per block, split K, the small-N kernel for n <= 64, the tensor-core tc-scatter kernel for float16 /
-    bfloat16 at n <= 64); with tune_budget seconds (default 5) the top few
+    bfloat16 at n <= 64); with tune_budget seconds (default TUNE_BUDGET_S, 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
-    them; the winner is cached with the kernel. tune_budget=None: the cost model's pick, nothing timed.
+    them; the winner is cached with the kernel. tune_budget=None or 0: the cost model's pick, nothing timed.
     config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig / TcScatterConfig instead, or
     Split24Config (layout "nk", 16-bit: W's 2:4 part on Sparse Tensor Cores, the rest by an SpMM kernel; an
     Split24Kernel comes back; not yet in the default space: benchmarks/designs.py measures it first).
@@ -152,7 +83,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     candidate predicted and measured; k.choice.explain()), k.dense_faster (True when cuBLAS measured faster
     than the fastest sparse kernel; both times in k.choice).
     """
-    if config is not None and not isinstance(config, tuple(_CONFIG_FAMILIES.values())):
+    if config is not None and not isinstance(config, tuple(CONFIG_FAMILIES.values())):
         raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or "
                         f"Split24Config, got {type(config).__name__}")
     if residual and config is not None and not isinstance(config, RESIDUAL_CONFIGS):
@@ -162,8 +93,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
+    tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch=0)  # refusals first
-    index, arch = _device_index(device)
+    index, arch = device_index(device)
     problem = dataclasses.replace(problem, arch=arch)
     w, n, name, make = problem.w, problem.n, problem.name, problem.make
     if config is not None:
@@ -175,8 +107,8 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     compiler = default_compiler()
     key = problem.choice_key(tune_budget, time_dense, compiler)
     known = cache.get_tuned(key, arch)
-    winner = _config_from_record(known) if known else None
-    cached_choice = _choice_from_record(known) if winner is not None else None
+    winner = config_from_record(known) if known else None
+    cached_choice = choice_from_record(known) if winner is not None else None
     if cached_choice is not None:
         remember_clusters(w, known.get("clusters"))  # the winner's row clustering, as it was computed
         if isinstance(winner, Split24Config):  # a composite: nothing of its own compiled, R's choice cached
@@ -188,7 +120,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
         return kernel
     space = problem.space()
     if tune_budget is None:
-        plan, choice = _predicted_best(make, space, started)
+        plan, choice = predicted_best(make, space, started)
         kernel = build_kernel(plan, index)
         kernel.tune_seconds = choice.seconds
     else:
@@ -197,23 +129,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     kernel.choice, kernel.tuning = choice, choice.records
     winner = kernel.plan.config
     clusters = clusters_of(w) if getattr(winner, "cluster_rows", False) else []
-    cache.put_tuned(key, arch, {**_config_record(winner), "records": choice.records, "choice": choice.as_dict(),
+    cache.put_tuned(key, arch, {**config_record(winner), "records": choice.records, "choice": choice.as_dict(),
                                 "clusters": clusters})
     return kernel
-
-
-# Candidates whose cold compile the cost model puts over this are not proposed (per-nonzero code for
-# millions of nonzeros: a 1.7M-nonzero layer took 44 s); the small-N kernel and smaller tilings remain.
-COMPILE_LIMIT_S = 60.0
-
-
-def within_compile_limit(space: list, nnz: int) -> list:
-    """The configs whose kernels the cost model does not put over COMPILE_LIMIT_S to compile, judged from W's
-    nonzero count before any plan is made (sketching a generated candidate of a 29M-nonzero LLM layer costs
-    seconds of host time, only to be dropped); all of them if none would stay."""
-    fits = [c for c in space if not isinstance(c, TileConfig)
-            or tile_compile_seconds(nnz, c.vec, c.inline) <= COMPILE_LIMIT_S]
-    return fits or space
 
 
 def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, deterministic: bool,
@@ -229,7 +147,7 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
 
 
 def prebuild_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False, arch: int = 90,
-                  tune_budget: float | None = 5.0, deterministic: bool = False, residual: bool = False,
+                  tune_budget: float | None = TUNE_BUDGET_S, deterministic: bool = False, residual: bool = False,
                   time_dense: bool = True) -> int:
     """Compile into the disk cache the kernels that compile_spmm with the same arguments, on a GPU of compute
     capability `arch` (90: sm_90), would compile (the shortlist its tune_budget allows; the cost model's pick
@@ -238,10 +156,11 @@ def prebuild_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, rel
     compiles spread over every core (one layer's shortlist keeps a few busy). Returns how many candidates were
     compiled now (0 where the toolkit's ptxas is missing: the driver's JIT compiles on the GPU, one kernel at a
     time). Refusals are compile_spmm's."""
+    tune_budget = tuning_budget(tune_budget)
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch)
     if KernelCache().get_tuned(problem.choice_key(tune_budget, time_dense, default_compiler()), arch) is not None:
         return 0  # compile_spmm loads the cached winner without ranking or compiling candidates
-    return prebuild_plans(problem.make, _plans(problem.make, problem.space()), tune_budget)
+    return prebuild_plans(problem.make, plans_of(problem.make, problem.space()), tune_budget)
 
 
 @dataclass(frozen=True)
@@ -261,12 +180,12 @@ class _Problem:
     @classmethod
     def of(cls, W, n, dtype, layout, bias, relu, deterministic, residual, arch) -> "_Problem":
         w = _as_sparse(W)
-        name = _dtype_name(dtype)
+        name = kernel_dtype_name(dtype)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        bias_values = _checked_bias(bias, w.shape[0])
+        bias_values = checked_bias(bias, w.shape[0])
         return cls(w.astype(name), int(n), name, layout, bias_values, bool(relu), bool(deterministic), bool(residual),
                    arch)
 
@@ -288,78 +207,15 @@ class _Problem:
                                              + (["residual"] if self.residual else [])), self.arch, compiler.version)
 
 
-def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
-    """Compile (into the disk cache) the candidates among `plans` that the chooser would compile: the shared
-    half of prebuild_spmm and prebuild_conv2d. A candidate that fails to compile is left to the chooser,
-    which records the failure."""
-    from .runtime.compiler import CompileError, PtxasCompiler
-
-    compiler = default_compiler()
-    if not isinstance(compiler, PtxasCompiler):
-        return 0
-    records = [_describe(p) for p in plans]
-    picked = [rank([r["predicted_us"] for r in records])[0]] if tune_budget is None else \
-        to_compile(records, tune_budget)
-    from .runtime.prebuild import stop_requested
-
-    built = 0
-    for i in picked:
-        plan = plans[i]
-        if stop_requested():  # Ctrl-C: the ptxas it killed was this job's; start no other
-            break
-        if plan.family == "split-24":  # nothing of its own to compile
-            continue
-        try:  # looked up by the sketch's key (the whole plan's): a hit makes no plan and renders nothing
-            built += not compile_source(plan_key(plan, compiler.version), plan.arch,
-                                        lambda plan=plan: render(_renderable(make, plan)), compiler=compiler).hit
-        except CompileError:
-            continue
-    return built
-
-
-def _plans(make, space) -> list:
-    """Plans (generated kernels as sketches) of the configs that apply (a config that does not fit the
-    problem is dropped), without those whose compile would blow COMPILE_LIMIT_S (unless none would stay)."""
-    plans, refusals = [], []
-    for cfg in space:
-        try:
-            plans.append(make(cfg, sketch=True))
-        except ValueError as exc:
-            refusals.append(exc)
-    if not plans and refusals:
-        raise refusals[0]  # what every candidate refused (the problem, not the configs): say so, not IndexError
-    fits = [p for p in plans if estimate(p).compile_s <= COMPILE_LIMIT_S]
-    return fits or plans
-
-
-def _predicted_best(make, space, started: float):
-    plans = _plans(make, space)
-    choice = Choice([_describe(p) for p in plans])
-    choice.winner = rank([r["predicted_us"] for r in choice.records])[0]
-    plan = _renderable(make, plans[choice.winner])
-    choice.seconds = time.perf_counter() - started
-    return plan, choice
-
-
 def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
               deterministic: bool = False, arch: int = 90):
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate predicted).
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
-    w = _as_sparse(W).astype(_dtype_name(dtype))
-    name, bias_values = _dtype_name(dtype), _checked_bias(bias, w.shape[0])
+    w = _as_sparse(W).astype(kernel_dtype_name(dtype))
+    name, bias_values = kernel_dtype_name(dtype), checked_bias(bias, w.shape[0])
     space = _space(w, int(n), name, layout, relu, deterministic, arch=arch)
-    return _predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
+    return predicted_best(lambda cfg, sketch=False: _make_plan(w, int(n), name, layout, cfg, bias_values, relu,
                                                                  arch, sketch), space, time.perf_counter())
-
-
-def _renderable(make, plan):
-    return make(plan.config) if getattr(plan, "sketch", False) else plan
-
-
-def _describe(plan) -> dict:
-    e = estimate(plan)
-    return {"label": plan.config.short(), "mapping": plan.mapping, "predicted_us": e.us, **_config_record(plan.config),
-            **{k: v for k, v in e.as_dict().items() if k != "predicted_us"}}
 
 
 def _measure(make, space, w, n, name, layout, index, budget, time_dense, compiler):
@@ -378,7 +234,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
     from .runtime.timing import graph_time_us
     from .semi.cusparselt import Sparse24Error
 
-    plans = _plans(make, space)
+    plans = plans_of(make, space)
     shape = (w.shape[1], n) if layout == "kn" else (n, w.shape[1])
     torch_dtype = getattr(torch, name)
     gen = torch.Generator(device=f"cuda:{index}").manual_seed(0)
@@ -405,16 +261,9 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 
     # ptxas runs in subprocesses, so candidates compile side by side; the driver's JIT linker runs in this
     # process on the current context, so it compiles them one at a time
-    return choose(plans, _describe, compile_one, load_and_time, budget,
+    return choose(plans, describe, compile_one, load_and_time, budget,
                   parallel=isinstance(compiler, PtxasCompiler),
                   time_dense=dense_us if time_dense else None, build_errors=(CompileError, CudaError, Sparse24Error))
-
-
-def compile_candidate(make, plan, compiler=None):
-    """(the renderable plan, its compiled cubin) of a candidate: what the chooser compiles, in a thread (no CUDA
-    call). A split-24 candidate compiles nothing of its own (R's kernel is chosen when it is loaded): None."""
-    real = _renderable(make, plan)
-    return real, None if real.family == "split-24" else compile_plan(real, compiler=compiler)
 
 
 def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
@@ -423,7 +272,7 @@ def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
     if real.family == "split-24":
         from .semi.split24 import build_split24_kernel
 
-        return build_split24_kernel(real, index, tune_budget)
+        return build_split24_kernel(real, index, tune_budget, compile_residual=compile_spmm)
     return build_kernel(real, index, built=built)
 
 
@@ -457,7 +306,7 @@ def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune
     if B.device.type != "cuda":
         raise ValueError(f"B is on {B.device}; sparseforge kernels run on a CUDA device: move it with B.cuda() "
                          "(on a CPU, sparseforge.plan.execute() computes the same product)")
-    bias_tag = None if bias is None else _bias_values(bias).tobytes()
+    bias_tag = None if bias is None else bias_values(bias).tobytes()
     key = (w.digest(), n, str(B.dtype), layout, bias_tag, relu, str(B.device), deterministic)
     kernel = _LOADED.get(key)
     if kernel is None:

@@ -119,7 +119,7 @@ def test_the_chooser_offers_both_mappings_and_drops_what_a_problem_refuses():
 def test_a_generated_choice_record_round_trips_and_a_damaged_one_is_not_used():
     from sparseforge.conv import _cached
     from sparseforge.plan import TileConfig
-    from sparseforge.spmm import _config_record
+    from sparseforge.tune.pipeline import config_record as _config_record
     from sparseforge.tune.choose import Choice
 
     choice = Choice([{"label": "r4w8v1b16g1", "mapping": "conv-row-groups", "predicted_us": 3.0, "us": 2.5}], 0)

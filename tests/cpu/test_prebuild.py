@@ -12,7 +12,8 @@ from sparseforge.nn import SparseConv2d, SparseLinear, prebuild_layers
 from sparseforge.nn.convert import CHANNELS_LAST
 from sparseforge.runtime import compile_plan
 from sparseforge.runtime.compiler import PtxasCompiler
-from sparseforge.spmm import _describe, _make_plan, _plans, _renderable, _space
+from sparseforge.spmm import _make_plan, _space
+from sparseforge.tune.pipeline import describe as _describe, plans_of as _plans, renderable as _renderable
 from sparseforge.tune.choose import rank, to_compile
 
 pytestmark = pytest.mark.skipif(not PtxasCompiler.available(), reason="needs the CUDA toolkit's ptxas")

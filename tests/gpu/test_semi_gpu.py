@@ -8,7 +8,7 @@ from sparseforge import SparseLinear24, prepare, sparsify_24, to_sparse24
 from sparseforge.prune import nm_mask
 from sparseforge.semi import Sparse24Error
 from sparseforge.semi.cusparselt import CompressedWeight, MatmulPlan
-from sparseforge.semi.runtime import Linear24Runtime, _padded_input
+from sparseforge.semi.runtime import Linear24Runtime, padded_input
 from sparseforge.semi.transpose import transpose_columns
 
 pytestmark = pytest.mark.gpu
@@ -34,7 +34,7 @@ def test_plan_matches_float64_into_poisoned_output(dtype, m, k, n):
     x = torch.randn(n, k, device="cuda").to(dtype)
     plan = MatmulPlan(CompressedWeight(w), n)
     out = torch.full((m, plan.padded_n), float("nan"), device="cuda", dtype=dtype)
-    xp = _padded_input(plan, x)
+    xp = padded_input(plan, x)
     plan.search(xp, out)
     out.fill_(float("nan"))
     plan.run(xp, out)

@@ -6,9 +6,13 @@ import argparse
 import contextlib
 from functools import partial
 from pathlib import Path
+
 from typing import Callable
 
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from ..dtypes import SHORT_NAMES
+from ..tune.choose import TUNE_BUDGET_S, tuning_budget
+
+DTYPES = SHORT_NAMES  # the one table lives in dtypes.py
 
 
 def add_bench_parser(sub) -> None:
@@ -25,7 +29,7 @@ def add_bench_parser(sub) -> None:
     bench.add_argument("--layout", choices=["kn", "nk", "both", "nchw", "nhwc"], default="kn",
                        help="SpMM cases: kn, nk or both; convolution cases: nchw (the default there) or nhwc "
                             "(channels_last tensors)")
-    bench.add_argument("--tune-budget", type=float, default=5.0,
+    bench.add_argument("--tune-budget", type=float, default=TUNE_BUDGET_S,
                        help="seconds the chooser may spend timing candidates per kernel (default 5, compile_spmm's "
                             "default; 0: the cost model's pick, nothing timed)")
     bench.add_argument("--rotate-weights", action=argparse.BooleanOptionalAction, default=None,
@@ -208,7 +212,7 @@ def _conv_records(args, jobs, describe, gpu: bool, layout: str, run) -> list[dic
 
 def _budget(args) -> float | None:
     """The tune_budget every case is compiled (and prebuilt) with: --tune-budget 0 is the cost model's pick."""
-    return args.tune_budget or None
+    return tuning_budget(args.tune_budget, "--tune-budget")
 
 
 def _gpu_arch() -> int:

@@ -29,7 +29,7 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
     import torch
     import torch.nn.functional as F
 
-    from ..semi.runtime import Linear24Runtime, _padded_input
+    from ..semi.runtime import Linear24Runtime, padded_input
     from ..semi.transpose import transpose_columns
     from ..runtime.timing import eager_time_us
 
@@ -52,7 +52,7 @@ def run_case24(m: int, k: int, n: int, dtype: str, with_torch: bool = True, seed
     chosen = measured.prepare(xs[0])[0]
     record["decision"], record["decision_eager"] = chosen.graph.path, chosen.eager.path
     out_t = torch.empty(m, plan.padded_n, dtype=w.dtype, device="cuda")
-    padded = [_padded_input(plan, x) for x in xs]
+    padded = [padded_input(plan, x) for x in xs]
     paths = {"dense_us": lambda x: F.linear(x, w), "sparse24_us": forced, "with_fallback_us": measured,
              "matmul_only_us": lambda i: plan.run(padded[i], out_t),
              "transpose_us": lambda _: transpose_columns(out_t, n)}
@@ -111,10 +111,10 @@ def _check(plan, x, w, dtype: str) -> dict:
     """Output of one plan run into a NaN-poisoned buffer, against float64."""
     import torch
 
-    from ..semi.runtime import _padded_input
+    from ..semi.runtime import padded_input
 
     out = torch.full((w.shape[0], plan.padded_n), float("nan"), dtype=w.dtype, device=w.device)
-    plan.run(_padded_input(plan, x), out)
+    plan.run(padded_input(plan, x), out)
     got = out[:, : x.shape[0]].t().double()
     ref = x.double() @ w.double().T
     err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")

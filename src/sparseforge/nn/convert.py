@@ -14,7 +14,7 @@ from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, SPARSE, UNSTRUCTURED, Decision
 from ..ops import conv_memory_format
-from ..tune.choose import check_tune_budget, fastest_with_margin
+from ..tune.choose import TUNE_BUDGET_S, check_tune_budget, fastest_with_margin, tuning_budget
 from .linear24 import SparseLinear24
 
 CHANNELS_LAST = "channels_last"  # the tag of a channels_last input shape in convert's per-layer shapes
@@ -170,7 +170,7 @@ def _num(value, spec: str = "{:.2f}") -> str:
 
 
 def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter = None, exclude: LayerFilter = None,
-            policy: str = "measure", tune_budget: float | None = 5.0, fold_bn: bool = True,
+            policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S, fold_bn: bool = True,
             time_model: bool = True, progress=None, eager: bool = False) -> ModelReport:
     """Replace, in place, each nn.Linear / nn.Conv2d of `model` (include / exclude: a regex on the qualified
     name or a callable (name, module) -> bool) by the fastest of: the layer as it is (dense), SparseLinear /
@@ -194,6 +194,7 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
     _check_convert_arguments(model, example_inputs, dtype, include, exclude, tune_budget)
+    tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick, as everywhere
     started = time.perf_counter()
     inputs = tuple(example_inputs) if isinstance(example_inputs, tuple) else (example_inputs,)
     if dtype is not None:

@@ -54,7 +54,7 @@ def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
             conv.bias.copy_(shift.to(conv.bias.dtype))
 
 
-class _LeafTracer(torch.fx.Tracer):
+class LeafTracer(torch.fx.Tracer):
     """fx's tracer with sparseforge's layers (sparseforge.nn) as leaves: their forward checks and dispatches at
     run time. Models built in sparseforge.models are traced through like any other."""
 
@@ -67,7 +67,7 @@ def fold_batchnorms(model: nn.Module) -> FoldReport:
     The model should be in eval mode: folding uses the running statistics."""
     report = FoldReport()
     try:
-        graph = _LeafTracer().trace(model)
+        graph = LeafTracer().trace(model)
     except Exception as exc:  # data-dependent control flow and the like
         report.skipped.append(Skipped("(model)", f"torch.fx cannot trace the model ({type(exc).__name__}: "
                                                  f"{str(exc)[:120]}): no BatchNorm folded"))

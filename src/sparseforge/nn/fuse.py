@@ -27,7 +27,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from ..prune.targets import Skipped
 from .dense_epilogue import FusedDenseConv2d, measure_fused_dense
-from .fold import _LeafTracer
+from .fold import LeafTracer
 from .sparse import SparseConv2d, SparseLinear
 
 _RELU_FUNCTIONS = (torch.relu, F.relu, torch.relu_)
@@ -155,7 +155,7 @@ def _fuse_once(model: nn.Module, inputs: tuple, dense_convs: str, refused: dict
     failed with why ("(model)" where the rewired graph did)); on a failure every layer is put back."""
     report = FuseReport()
     try:
-        graph = _LeafTracer().trace(model)
+        graph = LeafTracer().trace(model)
     except Exception as exc:  # data-dependent control flow and the like
         report.skipped.append(Skipped("(model)", f"torch.fx cannot trace the model ({type(exc).__name__}: "
                                                  f"{str(exc)[:120]}): nothing fused"))

@@ -32,7 +32,7 @@ from torch import nn
 from ..formats import SparseFormatError, SparseMatrix
 from ..ops import conv_memory_format, register
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
-from ..tune.choose import fastest_with_margin
+from ..tune.choose import TUNE_BUDGET_S, fastest_with_margin, tuning_budget
 
 POLICIES = ("measure", "sparse", "dense")
 
@@ -65,7 +65,8 @@ class _SparseWeight(nn.Module):
         super().__init__()
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        self.policy, self.tune_budget, self.keep_dense = policy, tune_budget, keep_dense
+        self.policy, self.keep_dense = policy, keep_dense
+        self.tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
         self.measure_eager = False  # time eager calls too, where a kernel wins in a graph (module docstring)
         self._shape2d = (rows, cols)
         self.register_buffer("weight_indptr", torch.zeros(rows + 1, dtype=torch.int64, device=device))
@@ -414,13 +415,13 @@ class SparseLinear(_SparseWeight):
     _kind = "layer"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0, device=None,
-                 dtype=torch.float32, policy: str = "measure", tune_budget: float | None = 5.0,
+                 dtype=torch.float32, policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S,
                  keep_dense: bool = False):
         self.in_features, self.out_features = in_features, out_features
         super().__init__(out_features, in_features, nnz, bias, device, dtype, policy, tune_budget, keep_dense)
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, policy: str = "measure", tune_budget: float | None = 5.0,
+    def from_dense(cls, linear: nn.Linear, policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S,
                    keep_dense: bool = False) -> "SparseLinear":
         """A copy of `linear` (plain or mask-parametrized: its weight's zeros are the pattern)."""
         if not isinstance(linear, nn.Linear):
@@ -548,7 +549,7 @@ class SparseConv2d(_SparseWeight):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, nnz: int = 0, device=None, dtype=torch.float32,
-                 policy: str = "measure", tune_budget: float | None = 5.0, keep_dense: bool = False,
+                 policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S, keep_dense: bool = False,
                  relu: bool = False, residual: bool = False):
         if isinstance(padding, str):
             raise ValueError(f"padding={padding!r}: give the padding as numbers (SparseConv2d.from_dense resolves "
@@ -561,7 +562,7 @@ class SparseConv2d(_SparseWeight):
         super().__init__(out_channels, cols, nnz, bias, device, dtype, policy, tune_budget, keep_dense)
 
     @classmethod
-    def from_dense(cls, conv: nn.Conv2d, policy: str = "measure", tune_budget: float | None = 5.0,
+    def from_dense(cls, conv: nn.Conv2d, policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S,
                    keep_dense: bool = False, relu: bool = False, residual: bool = False) -> "SparseConv2d":
         if not isinstance(conv, nn.Conv2d):
             raise TypeError(f"SparseConv2d.from_dense takes an nn.Conv2d, got {type(conv).__name__}"

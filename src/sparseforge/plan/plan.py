@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..dtypes import KERNEL_DTYPES
 from ..formats import SparseMatrix
 from .config import TileConfig, epilogue_tag
 
 LAYOUTS = ("kn", "nk")
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = KERNEL_DTYPES  # the one table lives in dtypes.py
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 

@@ -24,18 +24,18 @@ def check(result):
 
 
 @lru_cache(maxsize=None)
-def _init() -> None:
+def init_driver() -> None:
     check(cu.cuInit(0))
 
 
 def driver_version() -> int:
-    _init()
+    init_driver()
     return check(cu.cuDriverGetVersion())
 
 
 def use_device(ordinal: int) -> None:
     """Make the device's primary context (the one torch uses) current on this thread."""
-    _init()
+    init_driver()
     ctx = _primary_context(ordinal)
     check(cu.cuCtxSetCurrent(ctx))
 
@@ -95,7 +95,7 @@ class LoadedKernel:
 
 def link_ptx(modules: tuple[str, ...]) -> bytes:
     """Compile and link PTX modules with the driver's JIT linker; returns the cubin."""
-    _init()
+    init_driver()
     use_device(0)
     state = check(cu.cuLinkCreate(0, [], []))
     try:

@@ -15,9 +15,9 @@ def _raw_launch():
     """libcuda's cuLaunchKernel through ctypes, argument types declared once. cuda-python's wrapper builds a
     parameter object from (values, types) on every call (tens of microseconds of host time, issue 13 item 3);
     the driver itself needs only an array of pointers to the values."""
-    from .driver import _init
+    from .driver import init_driver
 
-    _init()  # cuda-python has loaded libcuda.so.1: this opens the same library, not a second driver
+    init_driver()  # cuda-python has loaded libcuda.so.1: this opens the same library, not a second driver
     function = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
     function.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     function.restype = ctypes.c_int

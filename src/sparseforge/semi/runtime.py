@@ -84,7 +84,7 @@ class Linear24Runtime:
         n = x.shape[0]
         try:
             plan = MatmulPlan(self.compressed, n, self.bias)
-            padded = _padded_input(plan, x)
+            padded = padded_input(plan, x)
             out = torch.empty(self.compressed.rows, plan.padded_n, dtype=x.dtype, device=x.device)
             plan.search(padded, out)
         except Sparse24Error as exc:
@@ -102,7 +102,7 @@ class Linear24Runtime:
         return choice, (plan if choice.uses(SPARSE) else None)
 
 
-def _padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
+def padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
     if plan.padded_n == x.shape[0]:
         return x
     # Rows past n only feed output rows that are dropped, so they need no particular value.
@@ -113,7 +113,7 @@ def _padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
 
 def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
     out_t = torch.empty(plan.weight.rows, plan.padded_n, dtype=x.dtype, device=x.device)
-    plan.run(_padded_input(plan, x), out_t)
+    plan.run(padded_input(plan, x), out_t)
     return transpose_columns(out_t, x.shape[0])
 
 

@@ -23,7 +23,7 @@ import torch
 
 from ..runtime.kernel import check_tensor
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
-from .runtime import _padded_input
+from .runtime import padded_input
 from .transpose import transpose_columns
 
 
@@ -37,8 +37,11 @@ class Split24Kernel:
     layout = "nk"
     takes_rows_unchecked = False  # nn.SparseLinear's lean path hands rows to SpmmKernels only
 
-    def __init__(self, plan, device_index: int, tune_budget: float | None = 1.0, residual_kernel=None):
-        """residual_kernel: R's kernel, where one is already built (with_own_weights shares the choice)."""
+    def __init__(self, plan, device_index: int, tune_budget: float | None = 1.0, residual_kernel=None,
+                 compile_residual=None):
+        """residual_kernel: R's kernel, where one is already built (with_own_weights shares the choice);
+        compile_residual: else how to build it (compile_spmm's signature: the SpMM API passes itself, so this
+        2:4 stage imports nothing from the API above it)."""
         start = time.perf_counter()
         self.plan, self.device_index = plan, device_index
         self._device = torch.device("cuda", device_index)
@@ -53,10 +56,11 @@ class Split24Kernel:
         probe = torch.randn(self.matmul.padded_n, plan.K, device=self._device, generator=generator).to(self._dtype)
         self.matmul.search(probe, torch.empty(plan.M, self.matmul.padded_n, dtype=self._dtype, device=self._device))
         if residual_kernel is None and plan.split.residual.nnz:
-            from ..spmm import compile_spmm
-
+            if compile_residual is None:
+                raise ValueError("a split-24 plan with a residual needs compile_residual (or residual_kernel) to "
+                                 "build R's kernel: build it through compile_spmm(..., config=Split24Config())")
             # D (M x padded N) += R X^T: R's kernel in the "kn" orientation over X^T (K x padded N)
-            residual_kernel = compile_spmm(plan.split.residual, self.matmul.padded_n, plan.dtype, "kn",
+            residual_kernel = compile_residual(plan.split.residual, self.matmul.padded_n, plan.dtype, "kn",
                                            device=self._device, tune_budget=tune_budget, time_dense=False,
                                            residual=True)
         self.residual_kernel = residual_kernel
@@ -111,7 +115,7 @@ class Split24Kernel:
             if start < first + b.numel() * b.element_size() and first < start + out.numel() * out.element_size():
                 raise ValueError("out shares memory with X: pass an out of its own, or omit out")
         x = b if b.data_ptr() % 16 == 0 else b.clone()  # cuSPARSELt wants 16-byte aligned operands
-        padded = _padded_input(self.matmul, x)
+        padded = padded_input(self.matmul, x)
         product = torch.empty(self.plan.M, self.matmul.padded_n, dtype=self._dtype, device=self._device)
         self.matmul.run(padded, product)
         if self.residual_kernel is not None:  # D += R X^T in place, on cuSPARSELt's M x N output
@@ -136,9 +140,11 @@ class Split24Kernel:
                 f"{self.plan.split.residual.nnz} in R)")
 
 
-def build_split24_kernel(plan, device_index: int, tune_budget: float | None = 1.0) -> Split24Kernel:
-    """The composite for a Split24Plan; cuSPARSELt's refusals come as Sparse24Error (a ValueError)."""
-    return Split24Kernel(plan, device_index, tune_budget)
+def build_split24_kernel(plan, device_index: int, tune_budget: float | None = 1.0,
+                         compile_residual=None) -> Split24Kernel:
+    """The composite for a Split24Plan; cuSPARSELt's refusals come as Sparse24Error (a ValueError).
+    compile_residual: builds R's SpMM kernel (compile_spmm)."""
+    return Split24Kernel(plan, device_index, tune_budget, compile_residual=compile_residual)
 
 
 __all__ = ["Split24Kernel", "Sparse24Error", "build_split24_kernel"]

@@ -9,7 +9,7 @@ import math
 from ..plan import TileConfig, pick_vec
 
 
-def _column_warps(n: int, vec: int, cap: int = 8) -> int:
+def column_warps(n: int, vec: int, cap: int = 8) -> int:
     """Fewest power-of-two warps covering N columns, at most cap (more warps: more share one fetch)."""
     warps = 1
     while warps < cap and warps * 32 * vec < n:
@@ -21,7 +21,7 @@ def _kn(n: int, rows: int, vec: int, groups: int = 1) -> TileConfig:
     vec = pick_vec(n, "kn", vec)
     # 16 loads in flight per warp: with few warps per SM the kernels are latency-bound (measured: 8 in
     # flight left a 100k-nonzero kernel at 0.12 instructions per clock on the H200)
-    return TileConfig(rows_per_group=rows, warps_per_block=_column_warps(n, vec), vec=vec, load_batch=16,
+    return TileConfig(rows_per_group=rows, warps_per_block=column_warps(n, vec), vec=vec, load_batch=16,
                       groups_per_block=groups)
 
 

@@ -32,6 +32,19 @@ TOP = 6  # candidates timed by default: the best of each mapping (up to six appl
 # the next best overall
 
 
+# Seconds of compiling and timing candidates per problem (one layer at one width) unless the caller says otherwise:
+# the default of every API and CLI. On the H200 a rn50 layer's shortlist of 3-4 kernels and dense is timed in
+# 1-3 s; 5 leaves room for the compiles of larger layers.
+TUNE_BUDGET_S = 5.0
+
+
+def tuning_budget(value, name: str = "tune_budget") -> float | None:
+    """The one meaning of a tuning budget everywhere: None or 0 -> None, the cost model's pick (nothing compiled
+    to be timed, nothing timed); seconds > 0 -> that budget. Refuses what check_tune_budget refuses."""
+    check_tune_budget(value, name)
+    return None if value is None or value == 0 else float(value)
+
+
 def check_tune_budget(value, name: str = "tune_budget") -> None:
     """A tuning budget is seconds: None (the API's "the cost model's pick") or a finite number >= 0. A negative
     one would be passed on as a budget, NaN compares false with everything, a bool or str fails far from here."""

@@ -40,7 +40,7 @@ from ..plan.bitmap import BitmapConfig
 from ..plan.csr import CsrColumnsConfig, CsrConfig
 from ..plan.relayout import SPLIT24_DTYPES, Split24Config
 from ..plan.tc_scatter import TcScatterConfig
-from .autotune import _column_warps, candidates
+from .autotune import column_warps, candidates
 
 # Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
 # module compiled whole, ~0.17 s at 1.6k, 1.9 s at 15k, 4.1 s at 30k FMAs on one core (ptxas 13.0, rn50 90%
@@ -55,8 +55,8 @@ def row_per_block(n: int, layout: str) -> list[TileConfig]:
     vector N allows; two rows per block; a run of two single-row groups per block."""
     transposed = layout == "nk"
     vec = pick_vec(n, "kn", 4 if n >= 1024 else 2 if n >= 128 else 1)
-    one = dict(warps_per_block=_column_warps(n, vec, cap=4), vec=vec, load_batch=16)
-    out = [TileConfig(rows_per_group=1, warps_per_block=_column_warps(n, 1, cap=4), vec=1, load_batch=16),
+    one = dict(warps_per_block=column_warps(n, vec, cap=4), vec=vec, load_batch=16)
+    out = [TileConfig(rows_per_group=1, warps_per_block=column_warps(n, 1, cap=4), vec=1, load_batch=16),
            TileConfig(rows_per_group=1, **one),
            TileConfig(rows_per_group=2, cluster_rows=True, **one),
            TileConfig(rows_per_group=1, groups_per_block=2, **one)]
@@ -161,10 +161,10 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
     vec = pick_vec(n, "kn", 4 if n >= 1024 else 2 if n >= 128 else 1)
     fits = lambda v: m * row_nnz * v <= INLINE_MAX_FMAS  # noqa: E731
-    out = [TileConfig(rows_per_group=1, warps_per_block=_column_warps(n, 1, cap=4), vec=1, load_batch=16,
+    out = [TileConfig(rows_per_group=1, warps_per_block=column_warps(n, 1, cap=4), vec=1, load_batch=16,
                       inline=True)] if fits(1) else []
     if fits(vec):
-        out.append(TileConfig(rows_per_group=2, warps_per_block=_column_warps(n, vec, cap=4), vec=vec, load_batch=16,
+        out.append(TileConfig(rows_per_group=2, warps_per_block=column_warps(n, vec, cap=4), vec=vec, load_batch=16,
                               cluster_rows=True, inline=True))
     return [dataclasses.replace(c, transpose_x=layout == "nk") for c in out]
 

@@ -91,7 +91,7 @@ def test_fastest_with_margin():
 def test_serial_compiles_when_asked_and_a_broken_cached_choice_is_made_again():
     import threading
 
-    from sparseforge.spmm import _choice_from_record
+    from sparseforge.tune.pipeline import choice_from_record as _choice_from_record
 
     threads = set()
     describe = lambda c: {"label": str(c), "mapping": str(c), "predicted_us": float(c)}  # noqa: E731
@@ -117,3 +117,32 @@ def test_a_tune_budget_that_is_not_seconds_is_refused_with_the_name_given(value)
 @pytest.mark.parametrize("value", [None, 0, 0.5, 5])
 def test_none_and_seconds_are_tune_budgets(value):
     check_tune_budget(value)
+
+
+def test_a_tuning_budget_means_one_thing_everywhere():
+    """0 and None are the cost model's pick (nothing compiled to be timed); seconds stay seconds; the rest is
+    refused by name. compile_spmm, compile_conv2d, the nn modules, convert and both CLIs pass through here."""
+    from sparseforge.tune.choose import TUNE_BUDGET_S, tuning_budget
+
+    assert tuning_budget(None) is None and tuning_budget(0) is None and tuning_budget(0.0) is None
+    assert tuning_budget(2) == 2.0 and tuning_budget(TUNE_BUDGET_S) == TUNE_BUDGET_S
+    for bad in (-1, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="--tune-budget"):
+            tuning_budget(bad, "--tune-budget")
+
+
+def test_the_modules_and_the_api_share_the_default_budget_and_its_meaning():
+    import inspect
+
+    import torch
+
+    from sparseforge import compile_spmm, prebuild_spmm
+    from sparseforge.conv import compile_conv2d
+    from sparseforge.nn import SparseLinear
+    from sparseforge.nn.convert import convert
+    from sparseforge.tune.choose import TUNE_BUDGET_S
+
+    for fn in (compile_spmm, prebuild_spmm, compile_conv2d, SparseLinear.from_dense, convert):
+        assert inspect.signature(fn).parameters["tune_budget"].default == TUNE_BUDGET_S, fn
+    layer = SparseLinear.from_dense(torch.nn.Linear(8, 4), tune_budget=0)
+    assert layer.tune_budget is None  # the cost model's pick, as compile_spmm(tune_budget=0) takes it
