@@ -1,4 +1,4 @@
-"""The public direct sparse convolution API: compile_conv2d() and compile_conv1d() (issue 12).
+"""The public direct sparse convolution API: compile_conv2d() and compile_conv1d().
 
 A Conv2d whose weight is sparse runs, with no im2col buffer, as one of two mappings (plan/conv.py): the
 csr-columns kernel over an implicit im2col (W as data, padding by predicates; codegen/conv.py), or the
@@ -297,7 +297,7 @@ def compile_conv1d(W, input_shape, stride: int = 1, padding: int = 0, dilation: 
                    kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,
                    tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True) -> Conv1dKernel:
     """compile_conv2d for a Conv1d: W is Cout x Cin/groups x k (or a SparseMatrix with kernel_size=k);
-    input_shape (batch, Cin, L). The text CNN of issue 12 (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
+    input_shape (batch, Cin, L). The text CNN of Kim's sentence classifier (CNN-non-static): Cin = 300, L = 64, k = 3, 4, 5."""
     stride, padding, dilation, kernel_size = (_single(v, name) for v, name in ((stride, "stride"), (padding, "padding"),
                                                                                (dilation, "dilation"),
                                                                                (kernel_size, "kernel_size")))

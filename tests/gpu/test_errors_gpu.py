@@ -1,4 +1,4 @@
-"""Bad input to the GPU entry points, on the device (issue 14): compile_spmm, spmm, a compiled kernel (every
+"""Bad input to the GPU entry points, on the device: compile_spmm, spmm, a compiled kernel (every
 kernel form) and SparseLinear24 refuse wrong shapes, dtypes, devices, strides and an out sharing B's memory
 with an error naming the problem and the fix, before anything is launched; an empty batch gives an empty
 output without a launch; NaN and inf in B reach exactly the outputs whose row of W uses that column
@@ -471,7 +471,7 @@ def test_linear24_nan_and_inf_input_propagate(layers, policy):
     """A NaN at x[t, k] makes y[t, i] NaN for every i with W[i, k] != 0 on every path; an inf makes them
     +-inf, except on cuSPARSELt's 2:4 kernels, which give NaN for some of them (diagnosed on the H200 with
     cuSPARSELt 0.8.0: the same outputs with the output and the padded rows zeroed or NaN-filled, at every
-    padded width 8-32 and in bf16; benchmarks/NOTES.md, sixth session): there they must be non-finite,
+    padded width 8-32 and in bf16; docs/history.md): there they must be non-finite,
     and +-inf with the weight's sign where they are inf. Dense (cuBLAS) also poisons y[t, i] where
     W[i, k] == 0 (0 * inf); the 2:4 paths need not."""
     layer = layers(policy)

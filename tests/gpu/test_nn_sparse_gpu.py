@@ -363,7 +363,7 @@ def test_a_channels_last_model_is_decided_on_nhwc_kernels_fused_and_kept_channel
 
     model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), _Bottleneck(), _Bottleneck())
     # 90% sparse, the first bottleneck's 3x3 at 98% so that at least one layer wins by a wide margin in every
-    # dtype (which of the others convert keeps dense is a measurement: the sixteenth session's fp16 run kept one)
+    # dtype (which of the others convert keeps dense is a measurement: one fp16 run on the H200 kept one)
     for i, m in enumerate(m for m in model.modules() if isinstance(m, nn.Conv2d)):
         _pruned(m, 0.02 if i == 1 else 0.1, seed=10 + i)
     model = model.cuda().eval()

@@ -5,7 +5,7 @@ kn (B is K x N): direct coalesced loads at k*N*es from the lane's base (DirectKN
 are tokens): X is staged through shared memory, one chunk of K at a time, transposed so that a lane reads
 its token's value at a constant offset (StagedNK). A convolution (plan/conv.py ConvTilePlan): lanes are
 output pixels over a zero-bordered input, each nonzero at a constant offset from the pixel's window
-(BorderedConvInput). Measured alternatives are in benchmarks/NOTES.md.
+(BorderedConvInput). Measured alternatives are in docs/history.md.
 """
 from __future__ import annotations
 

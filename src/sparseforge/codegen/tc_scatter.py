@@ -52,7 +52,7 @@ def _load_b(e: Emitter, plan: TcScatterPlan, record: int) -> None:
     (columns k0 + 32 w + 8 tq ..+7 of its row n) as 4 words; zeros past K or N (a column past K meets A's
     zero columns: it must be finite). One register set: on the H200 a second set, to request B two chunks
     ahead (64 registers instead of 57 at N = 1, 92 instead of 71 at N = 16), measured no faster at 4096 rows
-    and 10-20% slower at 14336 (benchmarks/NOTES.md, tenth session)."""
+    and 10-20% slower at 14336 (docs/history.md)."""
     nt_count = plan.n_tiles
     e.lines([f"shr.u32 %kb, %rh{record}, 16;", f"mul.lo.u32 %kb, %kb, {CHUNK_COLUMNS};", "mad.lo.u32 %kb, %tq, 8, %kb;"])
     for w in range(TILES_PER_CHUNK // 2):

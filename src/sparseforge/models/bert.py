@@ -1,5 +1,5 @@
 """A BERT encoder (the layers of transformers' BertModel: embeddings, post-norm self-attention and GELU MLP
-blocks) for issue 13's MiniLM latency figure: every projection an nn.Linear (query, key, value,
+blocks) for the MiniLM latency figure: every projection an nn.Linear (query, key, value,
 attention.output.dense, intermediate.dense, output.dense), so `convert` reaches them, and no transformers
 import, so it runs where only torch is installed (the GPU image). Parameter names are BertModel's, so a
 sentence-transformers checkpoint (all-MiniLM-L6-v2's model.safetensors) loads with load_bert_weights;

@@ -1,5 +1,5 @@
 """A Llama-architecture decoder (the layers of transformers' LlamaForCausalLM: RMSNorm, grouped-query attention
-with rotary embeddings, SwiGLU MLP) with a static KV cache, for issue 13's decode figure: every projection an
+with rotary embeddings, SwiGLU MLP) with a static KV cache, for the decode figure: every projection an
 nn.Linear (q, k, v, o, gate, up, down), so `convert` / `to_sparse24` reach them. Built here with seeded
 weights (no transformers, no download); `LLAMA3_8B` holds Llama-3-8B's widths.
 
@@ -90,7 +90,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaDecoder(nn.Module):
     """The decoder layers with their rotary tables and static caches (the embedding and lm_head are left out:
-    issue 13 times the decoder layers, the 1 GB lm_head apart)."""
+    the decode figure times the decoder layers, the 1 GB lm_head apart)."""
 
     def __init__(self, shape: LlamaShape = LLAMA3_8B, max_len: int = 256):
         super().__init__()

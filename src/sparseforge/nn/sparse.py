@@ -450,7 +450,7 @@ class SparseLinear(_SparseWeight):
                 f"sparsity={self.sparsity:.1%}, dtype={self.weight_values.dtype}, policy={self.policy!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The lean path (issue 13 item 3: eager host time near dense F.linear's): an input like the last one a
+        # The lean path (eager host time near dense F.linear's): an input like the last one a
         # kernel ran on, outside compilation and autograd, goes to its kernel after a handful of attribute
         # reads; everything else takes the checked path below, which names any problem.
         hot = self.__dict__.get("_hot")  # a layer pickled by an older version has none

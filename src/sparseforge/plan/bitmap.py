@@ -3,7 +3,7 @@
 Why a third data layout: at N = 1 (LLM token generation) the product is bound by the weight's bytes, not by
 math. Dense fp16 moves 2 bytes a position; padded CSR with 16-bit indices (plan/csr.py) 4 bytes a nonzero;
 a bitmap 1/8 byte a position plus 2 a nonzero: 6.2x fewer bytes than dense fp16 at 90%, 2.8x at 70%, 1.8x
-at 50% (issue 11's bounds), and a nonzero's index costs no load: it is the bit's position.
+at 50% (the bounds), and a nonzero's index costs no load: it is the bit's position.
 
 Why this layout (the second design; the first, a lane walking a 64-bit word of 64 consecutive columns and
 reading its values and x from global memory, measured 1.3-1.5x slower than CSR on the H200): there every

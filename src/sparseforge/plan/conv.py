@@ -1,4 +1,4 @@
-"""Direct sparse convolution (issue 12): a Conv2d as an SpMM over an implicit im2col, in two mappings.
+"""Direct sparse convolution: a Conv2d as an SpMM over an implicit im2col, in two mappings.
 
 W (Cout x Cin/groups*kh*kw in torch's (ci, r, s) order; DLMC's .smtx files hold TensorFlow's (r, s, ci)
 order, which suite/conv.py reorders) is the same padded CSR

@@ -24,7 +24,7 @@ fixed order, so the result is deterministic (no atomics).
 a row's nonzeros, but each block first copies B (K x N, the batch entry's) into shared memory, and then
 takes rows block after block (persistent: `ctas` blocks, about one per SM, stride over the row blocks). The
 csr kernel re-reads a lane's 16-32-byte piece of B row k from L1/L2 for every nonzero and column tile, and
-at N = 8-16 those gathers, not W's bytes, bound it (0.4-0.7 TB/s of W on the H200, sixteenth session); read
+at N = 8-16 those gathers, not W's bytes, bound it (0.4-0.7 TB/s of W on the H200); read
 from shared memory they cost one LDS a nonzero, and W is read once (one column tile). The copy costs
 ctas x K x N x element bytes from L2 (132 x 128 KB at K = 4096, N = 16 in fp16), once per call.
 """

@@ -1,4 +1,4 @@
-"""An unstructured weight as a 2:4 part plus a residual (issue 11's tensor-core path, its inspector half).
+"""An unstructured weight as a 2:4 part plus a residual (the tensor-core path, its inspector half).
 
 Sparse Tensor Cores multiply a 2:4 matrix (at most 2 nonzeros in every 4 consecutive columns of a row).
 A magnitude-pruned matrix is not 2:4, but at 90% sparsity 99.6% of its 4-groups already hold at most 2

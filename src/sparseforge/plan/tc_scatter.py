@@ -1,8 +1,8 @@
-"""The tc-scatter mapping (issue 11): W's nonzeros scattered into dense 16 x 16 tiles in shared memory, then
+"""The tc-scatter mapping: W's nonzeros scattered into dense 16 x 16 tiles in shared memory, then
 multiplied on the tensor cores (mma.sync m16n8k16, fp32 accumulation), for half precision at N = 1..64
 (decode and small batches), where the weight's bytes bound the layer.
 
-Why this design (measured on the H200, benchmarks/NOTES.md, tenth session): CUDA-core kernels that walk
+Why this design (measured on the H200, docs/history.md): CUDA-core kernels that walk
 W's nonzeros pay ~10 instructions a nonzero (bitmap) or gather B per nonzero (csr at N = 16: 0.24x of
 cuBLAS); a tensor-core kernel that decodes each fragment element in registers pays per *position*. Here a
 lane takes four (position byte, value) entries with two loads and stores each value at its position in the

@@ -1,5 +1,5 @@
 """What a plan makes the kernel read: bytes of the dense operand fetched from L2 / HBM, by schedule.
-A model to compare designs before timing them (benchmarks/NOTES.md), not a measurement."""
+A model to compare designs before timing them (docs/history.md), not a measurement."""
 from __future__ import annotations
 
 from .plan import Plan

@@ -13,7 +13,7 @@ from functools import lru_cache
 @lru_cache(maxsize=1)
 def _raw_launch():
     """libcuda's cuLaunchKernel through ctypes, argument types declared once. cuda-python's wrapper builds a
-    parameter object from (values, types) on every call (tens of microseconds of host time, issue 13 item 3);
+    parameter object from (values, types) on every call (tens of microseconds of host time);
     the driver itself needs only an array of pointers to the values."""
     from .driver import init_driver
 

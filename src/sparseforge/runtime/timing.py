@@ -5,8 +5,8 @@ Every timed replay is queued behind a spin kernel (the stream is "held"): the st
 stop event are all issued while the GPU still spins, so the time between the events is the GPU's alone. Without
 the hold a host delay between recording the start event and launching the graph is counted as kernel time:
 `sparseforge bench` measures while its prebuild threads compile the later cases, and a timing thread that loses
-the GIL for a few milliseconds there recorded a 3 us layer at 400-1400 us (the seventeenth session's rn50
-results, both for the generated kernels and for cuBLAS). A sample whose hold ended before its stop event was
+the GIL for a few milliseconds there recorded a 3 us layer at 400-1400 us (rn50 fp16
+results of 2026-12-02, both for the generated kernels and for cuBLAS). A sample whose hold ended before its stop event was
 issued may hold such a gap: it is dropped and the next hold is twice as long."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def graph_time_us(fn, inputs: list, calls_per_graph: int = 20, repeats: int = 25
     return _median_of(lambda: graph.replay(), repeats, hold=True) / calls_per_graph
 
 
-ROTATE_L2_MULTIPLE = 2    # copies of a weight together hold at least this many L2s (issue 11's protocol)
+ROTATE_L2_MULTIPLE = 2    # copies of a weight together hold at least this many L2s (the protocol)
 MAX_WEIGHT_COPIES = 256
 
 
@@ -115,7 +115,7 @@ class TimingContention(RuntimeError):
 HOLD_START_US = 200.0         # the first hold of a timed replay; doubled after every sample it did not cover
                               # and kept for the rest of the measurement (halving it after a covered sample,
                               # f8ae4cb, dropped every other sample beside busy threads and gave up: H200,
-                              # the eighteenth session)
+                              # 2026-12-02)
 HELD_SWITCH_INTERVAL_S = 5e-4  # the GIL switch interval while a held measurement runs (Python's default 5 ms
                                # lets each busy thread keep the GIL that long at every handoff: six threads
                                # stalled the timing thread past 100 ms a sample)

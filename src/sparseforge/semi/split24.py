@@ -1,4 +1,4 @@
-"""The split-24 composite (issue 11's tensor-core path for large N), its runtime: an unstructured W split as
+"""The split-24 composite (the tensor-core path for large N), its runtime: an unstructured W split as
 W24 + R (plan/relayout.py Split24Plan) runs as Y = X W24^T on Sparse Tensor Cores through the one 2:4 runtime
 (semi/cusparselt.py: compressed once, the algorithm searched for this width), which leaves D = Y^T (M x N,
 row-major: cuSPARSELt runs no column-major output on sm_90); R's product is added into D in place by R's own
@@ -8,10 +8,10 @@ SpMM kernel in the "kn" orientation (D += R X^T, X^T one transposed copy of X), 
 
 Why R runs on D and not on Y: in the "nk" orientation at large N only the small-N CSR kernel adds a residual,
 and it read X and wrote Y with a stride per token: 1.5 ms against cuBLAS's 83 us at 4096 x 4096, N = 2048
-(H200, fifteenth session). On D the csr-columns kernel reads rows of X^T and D whole (coalesced).
+(H200). On D the csr-columns kernel reads rows of X^T and D whole (coalesced).
 
 A magnitude-pruned W at 90% keeps 99.6% of its 4-groups within 2:4 (about 1% of its nonzeros go to R), so the
-composite costs the 2:4 product (1.2-1.5x faster than cuBLAS at N >= 2048, NOTES_24.md) plus X's transposed
+composite costs the 2:4 product (1.2-1.5x faster than cuBLAS at N >= 2048, docs/history.md) plus X's transposed
 copy and one pass over D. At 70% R holds ~8% of the nonzeros and its CUDA-core product costs more than the
 tensor cores save; the chooser measures.
 """

@@ -1,4 +1,4 @@
-"""Convolution cases with their real geometry (issue 12), named by a spec `sparseforge bench` takes:
+"""Convolution cases with their real geometry, named by a spec `sparseforge bench` takes:
 
 - `conv:PATH`: the 3x3 and 7x7 layers of a DLMC ResNet-50 directory (e.g. .../rn50/magnitude_pruning/0.9):
   the `bottleneck_2_*` 3x3 convolutions (padding 1; stride 2 in the projection blocks of groups 2-4) and

@@ -314,7 +314,7 @@ def _tc_scatter_estimate(plan: TcScatterPlan, batch: int, gpu: Gpu) -> Estimate:
 
 
 # split-24: Sparse Tensor Cores against dense tensor cores on the same product. cuSPARSELt measured 1.2-1.5x
-# over cuBLAS at N >= 2048 on Llama shapes (benchmarks/NOTES_24.md, fp16 / bf16), about 1x below N = 256.
+# over cuBLAS at N >= 2048 on Llama shapes (docs/history.md, fp16 / bf16), about 1x below N = 256.
 SPARSE_TC_SPEEDUP = 1.3
 # the residual R's product on CUDA cores: fp32 FMAs over R's nonzeros, at the rate the generated kernels reach
 # on rn50 layers (~15-25 TFLOP/s of useful FMAs on the H200): a guess until designs.py has measured split-24

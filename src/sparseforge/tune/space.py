@@ -3,7 +3,7 @@
 - row groups (plan/plan.py; autotune.candidates: clustered or consecutive rows, 1-8 rows a group, vector
   widths, groups per block, nk staged or transposed X);
 - row per block: one row (or two) per block, every warp of the block on that row's code, across N; many
-  blocks. A plain kernel of this shape beat the row-group pick on 26 of 43 held-out rn50 layers (issue 10):
+  blocks. A plain kernel of this shape beat the row-group pick on 26 of 43 held-out rn50 layers:
   it wins where M is small and K large (few row groups leave SMs idle), the row groups where B-row sharing
   pays (M large, K small);
 - split K (segment_nnz): atomics, so not in deterministic mode;
@@ -14,14 +14,14 @@
 - csr-columns (plan/csr.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
   large layers at moderate N, where the generated code's instruction stream is what limits;
 - bitmap (plan/bitmap.py, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
-  the weight's bytes bound the layer (issue 11). Its second design (lanes over interleaved columns, x and
+  the weight's bytes bound the layer. Its second design (lanes over interleaved columns, x and
   the values in shared memory) is proposed only with unmeasured=True until designs.py has measured it;
 - tc-scatter (plan/tc_scatter.py, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
   tiles for the tensor cores (mma.m16n8k16): a few instructions a nonzero whatever N is, where the CUDA-core
-  kernels gather B per nonzero (issue 11's decode and small batches);
+  kernels gather B per nonzero (the decode and small batches);
 - csr-staged (plan/csr.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
   blocks persistent over the rows: one LDS a nonzero where the small-N kernel gathers B from L1/L2, the
-  bound at N = 1-16 (issue 11). Measured on the H200 (nineteenth session, fp16 / bf16 Llama 4096 x 4096):
+  bound at N = 1-16. Measured on the H200 (fp16 / bf16 Llama 4096 x 4096):
   the fastest csr kernel at N = 1, 8 and 16 from 70% sparsity on;
 - prefetch (CsrConfig.prefetch, csr and csr-staged): the next step's index and value loads issued before
   the current step's work (software pipelining), one HBM round trip a row: with csr-staged, 3.7 us against
@@ -46,7 +46,7 @@ from .autotune import column_warps, candidates
 # module compiled whole, ~0.17 s at 1.6k, 1.9 s at 15k, 4.1 s at 30k FMAs on one core (ptxas 13.0, rn50 90%
 # layers), against ~0.5 s for their called-function forms compiled in parallel.
 INLINE_MAX_FMAS = 20_000
-SMALL_N_MAX = 64  # widths where the small-N kernel is proposed (issue 10 asks for N = 1..32; the chooser
+SMALL_N_MAX = 64  # widths where the small-N kernel is proposed (the target was N = 1..32; the chooser
 # decides by measurement where it stops winning)
 
 
@@ -134,20 +134,20 @@ def decode(n: int, layout: str) -> list[BitmapConfig]:
 
 
 TC_SCATTER_MAX_N = 64  # the tensor cores do every 16 x 16 tile's dense work: past a few n-tiles the
-# cuBLAS GEMM it then resembles is as fast (issue 11 asks for N = 1..16, and up to 64 where it still wins)
+# cuBLAS GEMM it then resembles is as fast (decode asks for N = 1..16, and up to 64 where it still wins)
 
 
 def tc_scatter(n: int, dtype: str) -> list[TcScatterConfig]:
     """tc-scatter configs for 16-bit dtypes at N <= 64: 8 warps on a strip with 2 or 4 rounds read ahead,
     16 with 2 and 4 with 4 (more warps and more read-ahead: more bytes in flight for layers of few strips;
-    fewer: less partial-sum traffic and fewer registers, so more warps an SM). On the H200 (tenth session)
+    fewer: less partial-sum traffic and fewer registers, so more warps an SM). On the H200
     8 warps won most LLM layers, 4 the 14336-row ones at N = 16, 16 the 1024-row ones."""
     if dtype not in ("float16", "bfloat16") or n > TC_SCATTER_MAX_N:
         return []
     return [TcScatterConfig(warps_per_block=w, ahead=a) for w, a in ((8, 2), (8, 4), (16, 2), (4, 4))]
 
 
-SPLIT24_MIN_N = 128  # below this cuSPARSELt measured no faster than cuBLAS (NOTES_24.md), and the decode
+SPLIT24_MIN_N = 128  # below this cuSPARSELt measured no faster than cuBLAS (docs/history.md), and the decode
 # kernels (tc-scatter, csr, the 2:4 GEMV) are the ones made for those widths
 
 
@@ -157,7 +157,7 @@ def split24(n: int, layout: str, dtype: str) -> list[Split24Config]:
 
 
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
-    """Row per block with every row's code inline (the shape of issue 10's NVRTC reference kernel, which
+    """Row per block with every row's code inline (the shape of the NVRTC reference kernel, which
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
     vec = pick_vec(n, "kn", 4 if n >= 1024 else 2 if n >= 128 else 1)
     fits = lambda v: m * row_nnz * v <= INLINE_MAX_FMAS  # noqa: E731
@@ -177,7 +177,7 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
     benchmarks/designs.py has measured them (bitmap, split-24 today; inline and csr-columns were measured on
-    the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers: benchmarks/NOTES.md). sms: the
+    the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers: docs/history.md). sms: the
     GPU's SM count (sm_count: csr-staged's persistent blocks; configs whose copy of B does not fit the arch
     are refused when their plans are made)."""
     configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)

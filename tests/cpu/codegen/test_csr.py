@@ -116,7 +116,7 @@ def test_staged_configs_refuse_what_they_cannot_hold():
 
 
 def test_staged_and_prefetching_candidates_are_proposed_at_decode_widths_only():
-    """Measured on the H200 (nineteenth session): csr-staged and prefetch are in the default space for
+    """Measured on the H200: csr-staged and prefetch are in the default space for
     N <= 16 (csr-staged) and N <= 64 (prefetch), blocks a multiple of the SM count given."""
     from sparseforge.tune.space import search_space
 

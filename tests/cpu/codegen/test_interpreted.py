@@ -493,7 +493,7 @@ def test_fused_relu_keeps_nan(form):
 
 def test_packed_24_gemv_propagates_nan_and_inf_through_kept_weights_only():
     """x[t, k] = inf makes y[t, i] +-inf exactly where W[i, k] is kept; NaN likewise; the rest stay finite.
-    (SparseLinear24's cuSPARSELt path read NaN for some of those infinities on the H200: NOTES.md.)"""
+    (SparseLinear24's cuSPARSELt path read NaN for some of those infinities on the H200: docs/history.md.)"""
     import torch
 
     from sparseforge.codegen.gemv24 import WARPS, render_gemv24

@@ -170,7 +170,7 @@ def test_astype_bfloat16_rounds_values():
     assert w.dtype == "bfloat16" and w.values[0] == 1.0
 
 
-# -- issue 14: indices are exact int32, values round only as documented, masked arrays -----------------------
+# -- bad input: indices are exact int32, values round only as documented, masked arrays -----------------------
 
 @pytest.mark.parametrize("indices, message", [
     ([2**32 + 2], "entry 0 = 4294967298 does not fit in int32"),  # used to wrap to column 2

@@ -80,7 +80,7 @@ def test_empty_matrix_file(tmp_path):
     assert w.nnz == 0 and w.to_dense().shape == (3, 4) and not w.to_dense().any()
 
 
-# -- issue 14: every field is read exactly or refused with the file and the line -----------------------------
+# -- bad input: every field is read exactly or refused with the file and the line -----------------------------
 
 @pytest.mark.parametrize("text, message", [
     ("1, 4, 1\n0 1\n4294967298\n", r"line 3 \(column indices\): entry 0 = 4294967298 does not fit in int32"),  # was column 2

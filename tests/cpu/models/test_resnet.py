@@ -1,4 +1,4 @@
-"""The ResNet-50 built for issue 13's end-to-end figures (models/resnet.py): torchvision's layer names and
+"""The ResNet-50 built for the end-to-end figures (models/resnet.py): torchvision's layer names and
 shapes, every DLMC rn50 file used once at the right weight, the masks read in TensorFlow's column order,
 and BatchNorm calibration keeping the pruned model's activations in fp16 range."""
 import os

@@ -57,8 +57,8 @@ def test_the_cost_model_weighs_the_tensor_cores_against_the_residual():
     slow = make_split24_plan(_w(4096, 4096, 0.3, seed=2), n, "float16", "nk", Split24Config())
     fast_us, slow_us = estimate(fast), estimate(slow)
     # 90%: ~1% of the nonzeros in R, whose pass costs X's copy and one read and write of D: the model has the
-    # composite near dense (it measured 0.45x on the H200, R's pass 4x the model's term: NOTES.md, fifteenth
-    # session); 70%: ~8% on CUDA cores, well behind it
+    # composite near dense (it measured 0.45x on the H200, R's pass 4x the model's term: docs/history.md
+    # ); 70%: ~8% on CUDA cores, well behind it
     assert 0.8 * dense < fast_us.us < 1.5 * dense < 2 * dense < slow_us.us
     assert fast_us.terms["residual"] < 0.5 * fast_us.terms["tensor"] < slow_us.terms["tensor"] < slow_us.terms["residual"]
     assert slow.split.residual_fraction > 5 * fast.split.residual_fraction

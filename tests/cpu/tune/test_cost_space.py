@@ -97,7 +97,7 @@ def test_deterministic_space_has_no_atomics_and_relu_no_splits():
 
 
 def test_row_per_block_includes_the_reference_shape():
-    """One row, 128 columns a block at vector width 1 (4 warps): the shape issue 10's reference kernel has."""
+    """One row, 128 columns a block at vector width 1 (4 warps): the shape the reference kernel has."""
     space = search_space(3136, "kn", 256, 60.0)
     assert TileConfig(1, 4, 1, 16, 1) in space
     assert dataclasses.replace(TileConfig(1, 4, 1, 16, 1), transpose_x=True) in search_space(256, "nk", 256, 60.0)
