@@ -11,23 +11,22 @@ is cached with the kernel. Layouts: NCHW, or NHWC (torch's channels_last) for co
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import asdict
 
 import numpy as np
 
 from .formats import SparseMatrix
+from .mappings.registry import CONV, families, family_recorded, find_family
 from .plan import TileConfig
-from .plan.conv import CONV_COLUMNS, ConvGeometry, conv_vector_width, make_conv_plan
+from .plan.conv import ConvGeometry, make_conv_plan
 from .plan.csr import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
 from .dtypes import kernel_dtype_name
-from .tune.pipeline import (CONFIG_FAMILIES, checked_bias, config_record, describe, device_index, plans_of,
+from .tune.pipeline import (checked_bias, config_record, describe, device_index, plans_of,
                             prebuild_plans, predicted_best, renderable, within_compile_limit)
 from .tune.choose import TUNE_BUDGET_S, Choice, choose, chooser_digest, tuning_budget
-from .tune.space import csr_columns, search_space
 
 
 def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
@@ -51,19 +50,10 @@ def _conv_weight(W, kernel_size) -> tuple[SparseMatrix, tuple[int, int]]:
 
 
 def _candidates(geometry: ConvGeometry, w: SparseMatrix, relu: bool = False) -> list[CsrColumnsConfig | TileConfig]:
-    """Both mappings' configs: the csr-columns kernel's (pixels a lane, warps an output channel), then the
-    generated kernel's as tune/space.py proposes them for the SpMM of this shape (M = Cout, N = OH*OW: row
-    groups, row per block, split K, inline), at the vector width the bordered input allows
-    (conv_vector_width: 1 for kernels wider than one column), duplicates dropped."""
-    n, row_nnz = geometry.out_height * geometry.out_width, w.nnz / max(w.shape[0], 1)
-    columns = [c for c in csr_columns(max(n, 8), row_nnz) if c.columns in CONV_COLUMNS] or [CsrColumnsConfig()]
-    generated = []
-    for config in search_space(n, "kn", w.shape[0], row_nnz, relu):
-        if isinstance(config, TileConfig):
-            config = dataclasses.replace(config, vec=conv_vector_width(geometry, config.vec))
-            if config not in generated:
-                generated.append(config)
-    return within_compile_limit(columns + generated, w.nnz)
+    """Every convolution family's configs (mappings/registry.py, in its order: the csr-columns kernel's, pixels
+    a lane and warps an output channel, then the generated kernel's as tune/space.py proposes them for the
+    SpMM of this shape), within the compile limit."""
+    return within_compile_limit([c for f in families(CONV) for c in f.hook("candidates")(geometry, w, relu)], w.nnz)
 
 
 def _planner(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, relu: bool, residual: bool,
@@ -150,10 +140,8 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     the zero-bordered input, in that tiling; its vec is cut to what the geometry allows). k.mapping names
     the kernel's mapping ("conv-csr-columns", "conv-row-groups", "conv-row-per-block", "conv-split-k",
     "conv-inline")."""
-    if config is not None and not isinstance(config, TileConfig) and \
-            (not isinstance(config, CsrColumnsConfig) or config.columns not in CONV_COLUMNS):
-        raise ValueError(f"config must be a CsrColumnsConfig with columns in {CONV_COLUMNS} or a TileConfig, got "
-                         f"{config!r}")
+    if config is not None:
+        _check_config(config)
     tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
     w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
                                                    layout, kernel_size)
@@ -191,18 +179,31 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     return kernel_obj
 
 
+def _check_config(config) -> None:
+    """ValueError unless a convolution family takes `config` and its own check passes."""
+    family = find_family(config, CONV)
+    if family is None:
+        names = " or a ".join(f.config_class.__name__ for f in families(CONV))
+        raise ValueError(f"config must be a {names}, got {config!r}")
+    if family.check is not None:
+        family.hook("check")(config)
+
+
 def _cached(record) -> tuple[CsrColumnsConfig | TileConfig, Choice] | None:
     """(winner, choice) of a cached record, or None when it is not a whole one (then it is made again). A
     record without a family is the csr-columns kernel's (made before the generated mapping joined)."""
     try:
-        family = CONFIG_FAMILIES[record.get("family", "csr-columns")]
-        defaults, fields = asdict(family()), record["config"]
-        if family not in (CsrColumnsConfig, TileConfig) or set(fields) - set(defaults) or \
+        family = family_recorded(record.get("family", "csr-columns"), CONV)
+        if family is None:
+            return None
+        kind = family.config_class
+        defaults, fields = asdict(kind()), record["config"]
+        if set(fields) - set(defaults) or \
                 any(type(v) is not type(defaults[k]) for k, v in fields.items()):  # 2.0 == 2 would pass the checks
             return None
-        config = family(**fields)
-        if isinstance(config, CsrColumnsConfig) and config.columns not in CONV_COLUMNS:
-            return None
+        config = kind(**fields)
+        if family.check is not None:
+            family.hook("check")(config)
         return config, Choice.from_dict(record["choice"])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         return None

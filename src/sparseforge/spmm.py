@@ -9,15 +9,16 @@ import numpy as np
 
 from .dtypes import dtype_name, kernel_dtype_name
 from .formats import SparseMatrix
-from .plan import LAYOUTS, TileConfig, make_plan, sketch_plan
+from .mappings.registry import SPMM, families, family, family_of
+from .plan import LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
-from .plan.bitmap import BitmapConfig, make_bitmap_plan
-from .plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
-from .plan.relayout import Split24Config, make_split24_plan
-from .plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
+from .plan.bitmap import BitmapConfig
+from .plan.csr import CsrColumnsConfig, CsrConfig
+from .plan.relayout import Split24Config
+from .plan.tc_scatter import TcScatterConfig
 from .runtime import KernelCache, build_kernel, cache_key, default_compiler, kernel_key
 from .tune.choose import TUNE_BUDGET_S, choose, chooser_digest, tuning_budget
-from .tune.pipeline import (CONFIG_FAMILIES, bias_values, checked_bias, choice_from_record,
+from .tune.pipeline import (bias_values, checked_bias, choice_from_record, is_composite,
                             compile_candidate, config_from_record, config_record, describe, device_index,
                             plans_of, prebuild_plans, predicted_best,
                             within_compile_limit)
@@ -32,25 +33,24 @@ def _as_sparse(w) -> SparseMatrix:
 
 
 # the config families whose kernels add a residual (C = W B + bias + R) in their epilogue so far
-RESIDUAL_CONFIGS = (CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig)
+RESIDUAL_CONFIGS = tuple(f.config_class for f in families(SPMM) if f.residual)
+
+
+def _refuse_residual(config) -> None:
+    if not family_of(config).residual:
+        takes = ", ".join(f.config_class.__name__ for f in families(SPMM) if f.residual)
+        raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
+                         f"use a {takes} (or no config: the chooser takes those)")
 
 
 def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, relu: bool, arch: int,
                sketch: bool = False, residual: bool = False):
     """The plan of any config; sketch=True: a generated-kernel plan as counts only (for ranking)."""
-    if residual and not isinstance(config, RESIDUAL_CONFIGS):
-        raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
-                         "use a CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig (or no config: the "
-                         "chooser takes those)")
-    if isinstance(config, Split24Config):
-        return make_split24_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
-    if isinstance(config, TcScatterConfig):
-        return make_tc_scatter_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
-    if isinstance(config, BitmapConfig):
-        return make_bitmap_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
-    if isinstance(config, (CsrConfig, CsrColumnsConfig)):
-        return make_csr_plan(w, n, dtype, layout, config, bias, relu, arch, residual)
-    return (sketch_plan if sketch else make_plan)(w, n, dtype, layout, config, bias, relu, arch)
+    kind = family("tile") if config is None else family_of(config)
+    if residual:
+        _refuse_residual(config)
+    make = kind.hook("sketch") if sketch and kind.sketch else kind.hook("plan")
+    return make(w, n, dtype, layout, config, bias, relu, arch, **({"residual": True} if residual else {}))
 
 
 def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
@@ -83,13 +83,10 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     candidate predicted and measured; k.choice.explain()), k.dense_faster (True when cuBLAS measured faster
     than the fastest sparse kernel; both times in k.choice).
     """
-    if config is not None and not isinstance(config, tuple(CONFIG_FAMILIES.values())):
-        raise TypeError(f"config must be a TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or "
-                        f"Split24Config, got {type(config).__name__}")
-    if residual and config is not None and not isinstance(config, RESIDUAL_CONFIGS):
-        raise ValueError(f"a {type(config).__name__} kernel does not add a residual yet: with residual=True "
-                         "use a CsrConfig, CsrColumnsConfig, BitmapConfig or TcScatterConfig (or no config: the "
-                         "chooser takes those)")
+    if config is not None:
+        family_of(config)  # TypeError naming the config classes
+    if residual and config is not None:
+        _refuse_residual(config)
     if deterministic and getattr(config, "segment_nnz", 0):
         raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
                          "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
@@ -100,7 +97,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     w, n, name, make = problem.w, problem.n, problem.name, problem.make
     if config is not None:
         plan = make(config)
-        return load_candidate(plan, None, index, tune_budget) if plan.family == "split-24" else \
+        return load_candidate(plan, None, index, tune_budget) if is_composite(plan) else \
             build_kernel(plan, index)
     started = time.perf_counter()
     cache = KernelCache()
@@ -111,7 +108,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu
     cached_choice = choice_from_record(known) if winner is not None else None
     if cached_choice is not None:
         remember_clusters(w, known.get("clusters"))  # the winner's row clustering, as it was computed
-        if isinstance(winner, Split24Config):  # a composite: nothing of its own compiled, R's choice cached
+        if family_of(winner).render is None:  # a composite: nothing of its own compiled, R's choice cached
             kernel = load_candidate(make(winner), None, index, tune_budget)
         else:
             # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
@@ -141,7 +138,7 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
     space = within_compile_limit(search_space(n, layout, w.shape[0], w.nnz / max(w.shape[0], 1), relu,
                                               deterministic, dtype=name, sms=sm_count(arch)), w.nnz)
     if residual:
-        space = [c for c in space if isinstance(c, RESIDUAL_CONFIGS)] or \
+        space = [c for c in space if family_of(c).residual] or \
             [CsrConfig() if n <= 64 or layout == "nk" else CsrColumnsConfig()]
     return space
 
@@ -269,7 +266,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
     """The loaded kernel of a compiled candidate on device `index`: an SpmmKernel, or for split-24 the composite
     (semi/split24.py: W24 compressed for cuSPARSELt, R's kernel chosen within tune_budget)."""
-    if real.family == "split-24":
+    if is_composite(real):
         from .semi.split24 import build_split24_kernel
 
         return build_split24_kernel(real, index, tune_budget, compile_residual=compile_spmm)

@@ -19,7 +19,7 @@ def _weight(cout=8, cin=4, k=3):
     (dict(input_shape=(1, 5, 8, 8)), ValueError, "needs Cout x 45"),
     (dict(groups=3), ValueError, "must divide channels"),
     (dict(kernel_size=5), ValueError, "does not match"),
-    (dict(config=CsrColumnsConfig(4)), ValueError, "columns in"),
+    (dict(config=CsrColumnsConfig(4)), ValueError, "columns .pixels a lane. in"),
     (dict(bias=np.ones(3)), ValueError, "bias must have M = 8"),
     (dict(dtype=torch.float64), TypeError, "float64"),
     (dict(padding=(1, 2, 3)), TypeError, "padding must be an int or a pair"),

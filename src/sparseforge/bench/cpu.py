@@ -6,10 +6,8 @@ import time
 
 import numpy as np
 
-from ..plan import check_plan, execute
-from ..plan.bitmap import execute_bitmap
-from ..plan.csr import execute_csr
-from ..plan.tc_scatter import execute_tc_scatter
+from ..mappings.registry import plan_family
+from ..plan import check_plan
 from ..runtime import PtxasCompiler
 from ..suite import Case
 from .report import plan_traffic
@@ -28,7 +26,7 @@ def run_case_cpu(case: Case, dtype_name: str, layout: str, n: int, assemble: boo
     rng = np.random.default_rng(0)
     b = rng.standard_normal((case.K, n_check) if layout == "kn" else (n_check, case.K))
     ref = w.to_dense().astype(np.float64) @ (b if layout == "kn" else b.T)
-    got = {"csr": execute_csr, "bitmap": execute_bitmap, "tc-scatter": execute_tc_scatter}.get(small.family, execute)(small, b)
+    got = plan_family(small).hook("execute")(small, b)
     got = got if layout == "kn" else got.T
     error = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
     record = {"case": case.name, "model": case.model, "sparsity": case.sparsity, "M": case.M, "K": case.K,

@@ -13,32 +13,12 @@ from pathlib import Path
 
 
 def plan_traffic(plan) -> dict[str, int]:
-    """The bytes a plan makes its kernel move (plan.operand_bytes: B re-read per row group, split groups'
-    atomics, C written once) and the floor (B and C moved once): their ratio is the plan's traffic cost."""
-    from ..plan import operand_bytes
-    from ..plan.csr import csr_bytes
-    from ..plan.tc_scatter import scatter_bytes
+    """The bytes a plan makes its kernel move and the floor (its family's operand_bytes: B re-read per row
+    group, split groups' atomics, C written once; against B and C moved once): their ratio is the plan's
+    traffic cost."""
+    from ..mappings.registry import plan_family
 
-    if plan.family == "split-24":  # W24 compressed (half its values + 2 bits each), X, Y^T written and read
-        es = 2  # back by the transpose, Y written, R as CSR
-        w24 = plan.M * plan.K // 2 * es + plan.M * plan.K // 8
-        x, y = plan.N * plan.K * es, plan.M * plan.N * es
-        return {"fetched_bytes": w24 + x + 3 * y + plan.split.residual.nnz * (es + 4),
-                "floor_bytes": w24 + x + y}
-    output = plan.M * plan.N * plan.element_bytes
-    if plan.family == "bitmap":  # W's bitmap and values streamed once, B's rows per nonzero
-        b_reads = plan.nnz * plan.N * plan.element_bytes
-        return {"fetched_bytes": plan.bytes_read() + b_reads + output,
-                "floor_bytes": plan.bytes_read() + plan.K * plan.N * plan.element_bytes + output}
-    if plan.family == "tc-scatter":  # W's entries streamed once per column group, B's columns per strip
-        traffic = scatter_bytes(plan)
-        return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}
-    if plan.family == "csr":
-        traffic = csr_bytes(plan)
-        return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}
-    traffic = operand_bytes(plan)
-    return {"fetched_bytes": traffic["chunked"] + traffic["atomics"] + output,
-            "floor_bytes": traffic["minimum"] + output}
+    return plan_family(plan).hook("operand_bytes")(plan)
 
 
 def geomean(values) -> float:

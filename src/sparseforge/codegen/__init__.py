@@ -6,8 +6,9 @@ nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a 
 entries scattered into dense tiles (half precision, small N); conv.py: the direct sparse convolution
 (csr-columns over an implicit im2col);
 gemv24.py: the packed
-2:4 GEMV. render(plan) picks the module by plan.mapping.
+2:4 GEMV. render(plan) asks the plan's kernel family (mappings/registry.py) for its renderer.
 """
+from ..mappings.registry import plan_family
 from .bitmap import render_bitmap
 from .conv import render_conv
 from .csr import render_csr, render_csr_columns
@@ -17,16 +18,11 @@ from .tc_scatter import render_tc_scatter
 
 
 def render(plan) -> KernelSource:
-    """PTX of any SpMM plan."""
-    if plan.mapping == "csr-columns":
-        return render_csr_columns(plan)
-    if plan.mapping == "bitmap":
-        return render_bitmap(plan)
-    if plan.mapping == "tc-scatter":
-        return render_tc_scatter(plan)
-    if plan.mapping == "conv-csr-columns":
-        return render_conv(plan)
-    return render_csr(plan) if plan.mapping in ("csr", "csr-staged") else render_groups(plan)
+    """PTX of any plan of a kernel family that generates its own (every family but the split-24 composite)."""
+    renderer = plan_family(plan).hook("render")
+    if renderer is None:
+        raise TypeError(f"a {type(plan).__name__} generates no kernel of its own: it is built from its parts")
+    return renderer(plan)
 
 
 __all__ = ["PTX_VERSION", "KernelSource", "render", "render_bitmap", "render_conv", "render_csr", "render_csr_columns", "render_groups",

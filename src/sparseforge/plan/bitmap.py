@@ -206,3 +206,11 @@ def execute_bitmap(plan: BitmapPlan, b: np.ndarray) -> np.ndarray:
     if plan.relu:
         out = np.maximum(out, 0)
     return out if plan.layout == "kn" else out.T
+
+
+def bitmap_traffic(plan: BitmapPlan) -> dict[str, int]:
+    """W's bitmap and values streamed once, B's rows per nonzero, C written once; and the floor."""
+    output = plan.M * plan.N * plan.element_bytes
+    b_reads = plan.nnz * plan.N * plan.element_bytes
+    return {"fetched_bytes": plan.bytes_read() + b_reads + output,
+            "floor_bytes": plan.bytes_read() + plan.K * plan.N * plan.element_bytes + output}

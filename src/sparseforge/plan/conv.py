@@ -45,6 +45,7 @@ from functools import cached_property
 import numpy as np
 
 from ..formats import SparseMatrix
+from ..mappings.registry import CONV, find_family
 from .config import TileConfig, epilogue_tag
 from .csr import CsrColumnsConfig, CsrPlan, make_csr_plan
 from .plan import Plan, make_plan, sketch_plan
@@ -268,19 +269,31 @@ def _check_weight(w: SparseMatrix, geometry: ConvGeometry) -> None:
 def make_conv_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32",
                    config: CsrColumnsConfig | TileConfig | None = None, bias=None, relu: bool = False,
                    residual: bool = False, arch: int = 90, sketch: bool = False) -> "ConvPlan | ConvTilePlan":
-    """The plan of a sparse Conv2d in the mapping the config's type names: a CsrColumnsConfig (the default)
-    the csr-columns kernel over the implicit im2col (ConvPlan), a TileConfig the generated kernel over the
-    zero-bordered input (ConvTilePlan; sketch=True: its row groups as counts only, for ranking)."""
+    """The plan of a sparse Conv2d in the mapping the config's family names (mappings/registry.py): a
+    CsrColumnsConfig (the default) the csr-columns kernel over the implicit im2col (ConvPlan), a TileConfig the
+    generated kernel over the zero-bordered input (ConvTilePlan; sketch=True: its row groups as counts only,
+    for ranking)."""
     _check_weight(w, geometry)
-    if isinstance(config, TileConfig):
-        return _make_tile_plan(w, geometry, dtype, config, bias, relu, residual, arch, sketch)
     config = config or CsrColumnsConfig()
-    if not isinstance(config, CsrColumnsConfig):
+    family = find_family(config, CONV)
+    if family is None:
         raise TypeError(f"the direct convolution takes a CsrColumnsConfig or a TileConfig, got "
                         f"{type(config).__name__}")
+    return family.hook("plan")(w, geometry, dtype, config, bias, relu, residual, arch, sketch)
+
+
+def check_conv_columns(config: CsrColumnsConfig) -> None:
+    """ValueError where the direct convolution cannot take the csr-columns config."""
     if config.columns not in CONV_COLUMNS:
         raise ValueError(f"the direct convolution takes columns (pixels a lane) in {CONV_COLUMNS}, got "
                          f"{config.columns}: at 4 a chunk's unpacked taps and offsets spill (ptxas 13.0)")
+
+
+def make_conv_columns_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config: CsrColumnsConfig, bias,
+                           relu: bool, residual: bool, arch: int, sketch: bool = False) -> "ConvPlan":
+    """The csr-columns kernel's plan over the implicit im2col (sketch: the same, its plans are cheap)."""
+    _check_weight(w, geometry)
+    check_conv_columns(config)
     n = geometry.out_height * geometry.out_width
     base = make_csr_plan(w, n, dtype, "kn", config, bias, relu, arch)
     packed = pack_taps(w, geometry, base.cols, base.rows)
@@ -416,8 +429,10 @@ def conv_shifts(geometry: ConvGeometry, vec: int) -> int:
     return vec
 
 
-def _make_tile_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config: TileConfig, bias, relu: bool,
-                    residual: bool, arch: int, sketch: bool) -> ConvTilePlan:
+def make_conv_tile_plan(w: SparseMatrix, geometry: ConvGeometry, dtype: str, config: TileConfig, bias, relu: bool,
+                        residual: bool, arch: int, sketch: bool = False) -> ConvTilePlan:
+    """The generated kernel's plan over the zero-bordered input (sketch: its row groups as counts only)."""
+    _check_weight(w, geometry)
     if config.transpose_x:
         raise ValueError("transpose_x applies to the SpMM's nk layout; the convolution's columns are output "
                          "pixels read from a bordered NCHW image: use transpose_x=False")

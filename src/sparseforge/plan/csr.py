@@ -320,3 +320,10 @@ def execute_csr(plan: CsrPlan, b: np.ndarray) -> np.ndarray:
     if plan.relu:
         out = np.maximum(out, 0)
     return out if plan.layout == "kn" else out.T
+
+
+def csr_traffic(plan: CsrPlan) -> dict[str, int]:
+    """The bytes the kernel moves (csr_bytes, C written once) and the floor."""
+    output = plan.M * plan.N * plan.element_bytes
+    traffic = csr_bytes(plan)
+    return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}

@@ -129,3 +129,12 @@ def make_split24_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config: 
         raise ValueError(f"split-24 needs Sparse Tensor Cores (sm_80 or newer), got sm_{arch}")
     return Split24Plan(m, k, int(n), dtype, split_24(w), None if bias is None else tuple(float(b) for b in bias),
                        arch, w.digest(), config)
+
+
+def split24_traffic(plan: Split24Plan) -> dict[str, int]:
+    """W24 compressed (half its values + 2 bits each), X, Y^T written and read back by the transpose, Y
+    written, R as CSR; and the floor (W24, X and Y once)."""
+    es = 2
+    w24 = plan.M * plan.K // 2 * es + plan.M * plan.K // 8
+    x, y = plan.N * plan.K * es, plan.M * plan.N * es
+    return {"fetched_bytes": w24 + x + 3 * y + plan.split.residual.nnz * (es + 4), "floor_bytes": w24 + x + y}

@@ -378,3 +378,10 @@ def scatter_bytes(plan: TcScatterPlan) -> dict[str, int]:
     groups = plan.grid[0]
     b_reads = plan.format.strips * plan.K * min(plan.N, plan.block_columns) * plan.element_bytes * groups
     return {"fetched": plan.bytes_read() * groups + b_reads, "minimum": plan.bytes_read() + plan.K * plan.N * plan.element_bytes}
+
+
+def tc_scatter_traffic(plan: TcScatterPlan) -> dict[str, int]:
+    """W's entries streamed once per column group, B's columns per strip, C written once; and the floor."""
+    output = plan.M * plan.N * plan.element_bytes
+    traffic = scatter_bytes(plan)
+    return {"fetched_bytes": traffic["fetched"] + output, "floor_bytes": traffic["minimum"] + output}

@@ -24,3 +24,12 @@ def operand_bytes(plan: Plan) -> dict[str, int]:
     return {"one_pass": plan.b_loads * row, "chunked": fetched if plan.config.chunk_k else plan.b_loads * row,
             "minimum": plan.K * row, "atomics": sum(len(g.rows) for g in pieces) * row,
             "chunks": -(-plan.K // chunk)}
+
+
+def tile_traffic(plan: Plan) -> dict[str, int]:
+    """The bytes a row-group plan makes its kernel move (B re-read per row group, split groups' atomics, C
+    written once) and the floor (B and C moved once)."""
+    output = plan.M * plan.N * plan.element_bytes
+    traffic = operand_bytes(plan)
+    return {"fetched_bytes": traffic["chunked"] + traffic["atomics"] + output,
+            "floor_bytes": traffic["minimum"] + output}

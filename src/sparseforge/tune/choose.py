@@ -102,11 +102,12 @@ class Choice:
 
 @lru_cache(maxsize=1)
 def chooser_digest() -> str:
-    """sha256 of the code that makes a choice (space, cost model, chooser, compile_spmm's and compile_conv2d's
-    candidate filters, the timing): editing it invalidates cached choices, not compiled kernels."""
+    """sha256 of the code that makes a choice (space, cost model, chooser, every kernel family's folder under
+    mappings/ with its candidates and estimate, compile_spmm's and compile_conv2d's candidate filters, the
+    timing): editing it invalidates cached choices, not compiled kernels."""
     here = Path(__file__).parent
-    files = sorted(here.glob("*.py")) + [here.parent / "spmm.py", here.parent / "conv.py",
-                                          here.parent / "runtime" / "timing.py"]
+    files = sorted(here.glob("*.py")) + sorted((here.parent / "mappings").rglob("*.py")) + \
+        [here.parent / "spmm.py", here.parent / "conv.py", here.parent / "runtime" / "timing.py"]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..plan.bitmap import BitmapPlan
 from ..plan.conv import ConvPlan, ConvTilePlan
-from ..plan.csr import NNZ_PER_STEP, CsrColumnsConfig
+from ..mappings.registry import plan_family
+from ..plan.csr import NNZ_PER_STEP
 from ..plan.tc_scatter import TILES_PER_CHUNK, TcScatterPlan
 
 
@@ -83,7 +84,7 @@ def _waves(blocks: int, warps_per_block: int, registers: int, gpu: Gpu) -> int:
     return max(1, math.ceil(blocks / (gpu.sms * max(per_sm, 1))))
 
 
-def _groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+def groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     c, es = plan.config, plan.element_bytes
     vec = c.vec if plan.direct else 1
     wide = es == 2
@@ -181,7 +182,7 @@ def _step_chain(steps: np.ndarray, cycles: float, prefetch: bool, gpu: Gpu) -> n
     return np.where(steps > 0, cycles * (1 + gpu.prefetch_step_fraction * np.maximum(steps - 1, 0)), 0.0)
 
 
-def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+def csr_small_n_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     c, es = plan.config, plan.element_bytes
     tiles, row_blocks = plan.grid
     warp_steps, per_step, reduce = _csr_warp_work(plan)
@@ -201,7 +202,7 @@ def _csr_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
-def _csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+def csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     """csr-staged: each of the grid's persistent blocks copies B (from L2 after the first) into shared
     memory, then takes row blocks in turn; W's data streams from HBM once, as fast as the warps' index and
     value loads in flight allow (one step of each lane, shared memory limiting the blocks an SM holds)."""
@@ -227,7 +228,7 @@ def _csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
-def _csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+def csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     """csr-columns: per warp, chunks of 32 of its row's slots (dealt round robin over warps_per_row); per
     chunk one (index, value) load, then 32 x (2 shuffles, an address, the B loads, the FMAs). Its chain is
     the small-N kernel's step (indices, then B: two dependent round trips) once per chunk."""
@@ -260,7 +261,7 @@ def _csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.4)
 
 
-def _bitmap_estimate(plan: BitmapPlan, batch: int, gpu: Gpu) -> Estimate:
+def bitmap_estimate(plan: BitmapPlan, batch: int, gpu: Gpu) -> Estimate:
     """Bitmap decode (N = 1): W's bytes streamed once from HBM per batch entry; per row and word a scan and a
     block copy (one global round trip), then the lanes' walks over shared memory, as long as the lane with
     the most set bits (/ unroll)."""
@@ -283,7 +284,7 @@ def _bitmap_estimate(plan: BitmapPlan, batch: int, gpu: Gpu) -> Estimate:
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
-def _tc_scatter_estimate(plan: TcScatterPlan, batch: int, gpu: Gpu) -> Estimate:
+def tc_scatter_estimate(plan: TcScatterPlan, batch: int, gpu: Gpu) -> Estimate:
     """tc-scatter: W's format streamed from HBM once per column group, as fast as the bytes in flight allow
     (config.ahead rounds of entries a warp, by cp.async, times the warps an SM holds by registers and shared
     memory); per round ~45 instructions (the lane's tile, four stores, the next copy), per chunk the tiles'
@@ -321,7 +322,7 @@ SPARSE_TC_SPEEDUP = 1.3
 RESIDUAL_FLOPS = 20e12
 
 
-def _split24_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
+def split24_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     """cuSPARSELt's 2:4 product (dense tensor cores' estimate over SPARSE_TC_SPEEDUP, never below its
     launch); where R has nonzeros, X's transposed copy (read and write) and R's pass over cuSPARSELt's M x N
     output D (read and write, R's FLOPs on CUDA cores, X^T's rows re-read from L2); then the copy of D into
@@ -343,20 +344,18 @@ def _split24_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
 
 
 def estimate(plan, batch: int = 1, gpu: Gpu = H200) -> Estimate:
-    """Predicted time of one launch of `plan` over `batch` inputs."""
-    if plan.family == "split-24":
-        return _split24_estimate(plan, batch, gpu)
-    if plan.family == "tc-scatter":
-        return _tc_scatter_estimate(plan, batch, gpu)
-    if plan.family == "bitmap":
-        return _bitmap_estimate(plan, batch, gpu)
-    if plan.family == "csr":
-        if isinstance(plan.config, CsrColumnsConfig):
-            return _csr_columns_estimate(plan, batch, gpu)
-        if plan.staged:
-            return _csr_staged_estimate(plan, batch, gpu)
-        return _csr_estimate(plan, batch, gpu)
-    return _groups_estimate(plan, batch, gpu)
+    """Predicted time of one launch of `plan` over `batch` inputs: its family's estimate (mappings/registry.py)."""
+    return plan_family(plan).hook("estimate")(plan, batch, gpu)
+
+
+def csr_estimate(plan, batch: int = 1, gpu: Gpu = H200) -> Estimate:
+    """The small-N kernel's time, staged (B in shared memory) or not."""
+    return (csr_staged_estimate if plan.staged else csr_small_n_estimate)(plan, batch, gpu)
+
+
+def tile_config_compile_seconds(config, nnz: int) -> float:
+    """A row-group config's predicted cold compile for W's nonzero count (before any plan is made)."""
+    return tile_compile_seconds(nnz, config.vec, config.inline)
 
 
 def dense_estimate(m: int, k: int, n: int, dtype: str, batch: int = 1, gpu: Gpu = H200) -> float:

@@ -10,16 +10,12 @@ from dataclasses import asdict
 import numpy as np
 
 from ..codegen import render
-from ..plan import TileConfig
-from ..plan.bitmap import BitmapConfig
-from ..plan.csr import CsrColumnsConfig, CsrConfig
+from ..mappings.registry import CONV, SPMM, families, family_of, family_recorded, find_family, plan_family
 from ..plan.plan import fp32_bias
-from ..plan.relayout import Split24Config
-from ..plan.tc_scatter import TcScatterConfig
 from ..runtime import compile_plan, default_compiler
 from ..runtime.kernel import compile_source, plan_key
 from .choose import Choice, rank, to_compile
-from .cost import estimate, tile_compile_seconds
+from .cost import estimate
 
 
 def device_index(device) -> tuple[int, int]:
@@ -58,14 +54,18 @@ def checked_bias(bias, m: int):
     return fp32_bias(bias_values(bias), m)
 
 
-# config classes by the name a cached choice records them under
-CONFIG_FAMILIES = {"csr": CsrConfig, "csr-columns": CsrColumnsConfig, "bitmap": BitmapConfig,
-                    "tc-scatter": TcScatterConfig, "split-24": Split24Config, "tile": TileConfig}
+# config classes by the name a cached choice records them under (mappings/registry.py)
+CONFIG_FAMILIES = {f.choice_name: f.config_class for f in families(SPMM)}
 
 
 def config_record(config) -> dict:
-    family = next(name for name, kind in CONFIG_FAMILIES.items() if isinstance(config, kind))
-    return {"family": family, "config": asdict(config)}
+    family = find_family(config) or family_of(config, CONV)
+    return {"family": family.choice_name, "config": asdict(config)}
+
+
+def is_composite(plan) -> bool:
+    """A composite family's plan (split-24): built from other families' kernels, nothing generated of its own."""
+    return plan_family(plan).render is None
 
 
 def choice_from_record(record: dict) -> Choice | None:
@@ -79,9 +79,8 @@ def choice_from_record(record: dict) -> Choice | None:
 def config_from_record(record: dict):
     """The config a cached choice names, or None when the record is not one this version can rebuild."""
     try:
-        family = CONFIG_FAMILIES[record["family"]]
-        return family(**record["config"])
-    except (KeyError, TypeError, ValueError):
+        return family_recorded(record["family"]).config_class(**record["config"])
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -90,12 +89,17 @@ def config_from_record(record: dict):
 COMPILE_LIMIT_S = 60.0
 
 
+def _compile_seconds(config):
+    """The predicted-compile hook of the config's family (an SpMM or a convolution config), or None where its
+    compile does not grow with W."""
+    return (find_family(config) or family_of(config, CONV)).hook("compile_seconds")
+
+
 def within_compile_limit(space: list, nnz: int) -> list:
     """The configs whose kernels the cost model does not put over COMPILE_LIMIT_S to compile, judged from W's
     nonzero count before any plan is made (sketching a generated candidate of a 29M-nonzero LLM layer costs
     seconds of host time, only to be dropped); all of them if none would stay."""
-    fits = [c for c in space if not isinstance(c, TileConfig)
-            or tile_compile_seconds(nnz, c.vec, c.inline) <= COMPILE_LIMIT_S]
+    fits = [c for c in space if (seconds := _compile_seconds(c)) is None or seconds(c, nnz) <= COMPILE_LIMIT_S]
     return fits or space
 
 
@@ -118,7 +122,7 @@ def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
         plan = plans[i]
         if stop_requested():  # Ctrl-C: the ptxas it killed was this job's; start no other
             break
-        if plan.family == "split-24":  # nothing of its own to compile
+        if is_composite(plan):  # nothing of its own to compile
             continue
         try:  # looked up by the sketch's key (the whole plan's): a hit makes no plan and renders nothing
             built += not compile_source(plan_key(plan, compiler.version), plan.arch,
@@ -166,4 +170,4 @@ def compile_candidate(make, plan, compiler=None):
     """(the renderable plan, its compiled cubin) of a candidate: what the chooser compiles, in a thread (no CUDA
     call). A split-24 candidate compiles nothing of its own (R's kernel is chosen when it is loaded): None."""
     real = renderable(make, plan)
-    return real, None if real.family == "split-24" else compile_plan(real, compiler=compiler)
+    return real, None if is_composite(real) else compile_plan(real, compiler=compiler)

@@ -36,7 +36,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..plan import TileConfig, pick_vec
+from ..mappings.registry import SPMM, families
 from ..plan.bitmap import BitmapConfig
+from ..plan.conv import CONV_COLUMNS, conv_vector_width
 from ..plan.csr import CsrColumnsConfig, CsrConfig
 from ..plan.relayout import SPLIT24_DTYPES, Split24Config
 from ..plan.tc_scatter import TcScatterConfig
@@ -169,10 +171,42 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     return [dataclasses.replace(c, transpose_x=layout == "nk") for c in out]
 
 
+def tile_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str, sms: int) -> list[TileConfig]:
+    """The generated kernels' configs: row groups (autotune.candidates), row per block, inline."""
+    return candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
+
+
+def csr_columns_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                           sms: int) -> list[CsrColumnsConfig]:
+    return csr_columns(n, row_nnz) if layout == "kn" and n >= CSR_COLUMNS_MIN_N else []
+
+
+def csr_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str, sms: int) -> list[CsrConfig]:
+    """The small-N kernel, csr-staged, and both prefetching, for N <= SMALL_N_MAX."""
+    if n > SMALL_N_MAX:
+        return []
+    staged = csr_staged(n, row_nnz, sms)
+    return small_n(n, row_nnz) + staged + prefetched(small_n(n, row_nnz) + staged)
+
+
+def tc_scatter_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                          sms: int) -> list[TcScatterConfig]:
+    return tc_scatter(n, dtype)
+
+
+def bitmap_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                      sms: int) -> list[BitmapConfig]:
+    return decode(n, layout)
+
+
+def split24_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                       sms: int) -> list[Split24Config]:
+    return split24(n, layout, dtype)
+
+
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
                  deterministic: bool = False, unmeasured: bool = False, dtype: str = "float32", sms: int = SMS) -> list:
-    """Every candidate config (TileConfig, CsrConfig, CsrColumnsConfig, BitmapConfig, TcScatterConfig or
-    Split24Config) for an
+    """Every candidate config of every kernel family (mappings/registry.py, in its order) for an
     M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families not yet run on a GPU, which the default space leaves out until
@@ -180,17 +214,10 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
     the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers: docs/history.md). sms: the
     GPU's SM count (sm_count: csr-staged's persistent blocks; configs whose copy of B does not fit the arch
     are refused when their plans are made)."""
-    configs = candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
-    if layout == "kn" and n >= CSR_COLUMNS_MIN_N:
-        configs += csr_columns(n, row_nnz)
-    if n <= SMALL_N_MAX:
-        configs += small_n(n, row_nnz)
-    configs += tc_scatter(n, dtype)
-    if n <= SMALL_N_MAX:
-        staged = csr_staged(n, row_nnz, sms)
-        configs += staged + prefetched(small_n(n, row_nnz) + staged)
-    if unmeasured:
-        configs += decode(n, layout) + split24(n, layout, dtype)
+    configs = []
+    for family in families(SPMM):
+        if family.candidates is not None and (family.proposed or unmeasured):
+            configs += family.hook("candidates")(n, layout, m, row_nnz, relu, dtype, sms)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []
@@ -198,3 +225,22 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
         if c not in unique:
             unique.append(c)
     return unique
+
+
+def conv_columns_candidates(geometry, w, relu: bool = False) -> list[CsrColumnsConfig]:
+    """The direct convolution's csr-columns configs: the SpMM's (N = OH*OW) with the pixels a lane it takes."""
+    n, row_nnz = geometry.out_height * geometry.out_width, w.nnz / max(w.shape[0], 1)
+    return [c for c in csr_columns(max(n, 8), row_nnz) if c.columns in CONV_COLUMNS] or [CsrColumnsConfig()]
+
+
+def conv_tile_candidates(geometry, w, relu: bool = False) -> list[TileConfig]:
+    """The generated convolution's configs: the SpMM's row groups, row per block, split K and inline for
+    M = Cout, N = OH*OW, at the vector width the bordered input allows (conv_vector_width: 1 for kernels wider
+    than one column), duplicates dropped."""
+    n, row_nnz = geometry.out_height * geometry.out_width, w.nnz / max(w.shape[0], 1)
+    generated = []
+    for config in tile_candidates(n, "kn", w.shape[0], row_nnz, relu, "float32", SMS):
+        config = dataclasses.replace(config, vec=conv_vector_width(geometry, config.vec))
+        if config not in generated:
+            generated.append(config)
+    return generated

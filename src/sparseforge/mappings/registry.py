@@ -1,0 +1,156 @@
+"""The kernel families: one record each, the one place that lists them. Every dispatch point (planning,
+rendering, the cost model, the design space, the CPU reference, operand bytes, cached choices, the
+convolution's config checks) asks this registry instead of testing a config's or a plan's class.
+
+A record names its hooks as dotted paths ("package.module:function"), resolved on first use, so this
+module imports no pipeline stage and a family's code loads only when it is asked for. A new family is its
+folder under mappings/ and one registration line below.
+
+Hook signatures (every family alike; None where the family has no such part):
+- plan(w, n, dtype, layout, config, bias, relu, arch[, residual=True]) -> plan; conv families:
+  plan(w, geometry, dtype, config, bias, relu, residual, arch, sketch) -> plan;
+- sketch: as plan, the plan as counts only (ranking a large layer's candidates without building it);
+- render(plan) -> KernelSource (None: a composite that generates nothing of its own);
+- estimate(plan, batch, gpu) -> tune.cost.Estimate;
+- candidates(n, layout, m, row_nnz, relu, dtype, sms) -> configs the chooser weighs; conv families:
+  candidates(geometry, w, relu);
+- execute(plan, b) -> float64 result on the CPU (conv families: execute(plan, x, residual=None));
+- operand_bytes(plan) -> {"fetched_bytes", "floor_bytes"}: what the kernel moves and the floor;
+- compile_seconds(config, nnz) -> predicted cold compile (None: it does not grow with W);
+- check(config): ValueError naming what this family refuses in the config (conv families).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+SPMM, CONV = "spmm", "conv"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str              # the family's name; cached choices record its configs under `record_name`
+    kind: str              # SPMM (C = W B / Y = X W^T) or CONV (a direct sparse Conv2d)
+    config: str            # the config class (dotted path)
+    plan_class: str        # the plan class its plan maker returns (with config, names the family of a plan)
+    plan: str              # plan maker
+    render: str | None     # plan -> KernelSource; None: a composite (split-24) generates nothing itself
+    estimate: str          # the cost model's time of a plan
+    candidates: str | None  # its part of the design space (None: proposed by another family's space)
+    execute: str | None    # the CPU reference run of a plan (None: not run on a CPU)
+    operand_bytes: str | None  # bytes the kernel moves and their floor
+    residual: bool = False  # the epilogue adds a residual R (C = W B + bias + R before ReLU)
+    proposed: bool = True  # in the default design space (False: only with unmeasured=True, until measured)
+    sketch: str | None = None  # plan maker of a counts-only plan, for ranking
+    compile_seconds: str | None = None  # predicted cold compile, where it grows with W's nonzeros
+    check: str | None = None  # refuses configs this family cannot take
+    record_name: str = ""  # the name a cached choice records the config under ("" : name)
+
+    @property
+    def choice_name(self) -> str:
+        return self.record_name or self.name
+
+    def hook(self, part: str):
+        """The callable a part names (resolved and memoised), or None where the family has no such part."""
+        path = getattr(self, part)
+        return None if path is None else resolve(path)
+
+    @property
+    def config_class(self) -> type:
+        return resolve(self.config)
+
+
+@lru_cache(maxsize=None)
+def resolve(path: str):
+    """The object a "package.module:attribute" path names."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+_P = "sparseforge."
+FAMILIES: tuple[Family, ...] = (
+    # SpMM families, in the order their candidates join the design space
+    Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
+           _P + "codegen.ptx:render", _P + "tune.cost:groups_estimate", _P + "tune.space:tile_candidates",
+           _P + "plan.reference:execute", _P + "plan.traffic:tile_traffic", sketch=_P + "plan.plan:sketch_plan",
+           compile_seconds=_P + "tune.cost:tile_config_compile_seconds"),
+    Family("csr-columns", SPMM, _P + "plan.csr:CsrColumnsConfig", _P + "plan.csr:CsrPlan",
+           _P + "plan.csr:make_csr_plan", _P + "codegen.csr:render_csr_columns", _P + "tune.cost:csr_columns_estimate",
+           _P + "tune.space:csr_columns_candidates", _P + "plan.csr:execute_csr", _P + "plan.csr:csr_traffic",
+           residual=True),
+    Family("csr", SPMM, _P + "plan.csr:CsrConfig", _P + "plan.csr:CsrPlan", _P + "plan.csr:make_csr_plan",
+           _P + "codegen.csr:render_csr", _P + "tune.cost:csr_estimate", _P + "tune.space:csr_candidates",
+           _P + "plan.csr:execute_csr", _P + "plan.csr:csr_traffic", residual=True),
+    Family("tc-scatter", SPMM, _P + "plan.tc_scatter:TcScatterConfig", _P + "plan.tc_scatter:TcScatterPlan",
+           _P + "plan.tc_scatter:make_tc_scatter_plan", _P + "codegen.tc_scatter:render_tc_scatter",
+           _P + "tune.cost:tc_scatter_estimate", _P + "tune.space:tc_scatter_candidates",
+           _P + "plan.tc_scatter:execute_tc_scatter", _P + "plan.tc_scatter:tc_scatter_traffic", residual=True),
+    Family("bitmap", SPMM, _P + "plan.bitmap:BitmapConfig", _P + "plan.bitmap:BitmapPlan",
+           _P + "plan.bitmap:make_bitmap_plan", _P + "codegen.bitmap:render_bitmap", _P + "tune.cost:bitmap_estimate",
+           _P + "tune.space:bitmap_candidates", _P + "plan.bitmap:execute_bitmap", _P + "plan.bitmap:bitmap_traffic",
+           residual=True, proposed=False),
+    Family("split-24", SPMM, _P + "plan.relayout:Split24Config", _P + "plan.relayout:Split24Plan",
+           _P + "plan.relayout:make_split24_plan", None, _P + "tune.cost:split24_estimate",
+           _P + "tune.space:split24_candidates", None, _P + "plan.relayout:split24_traffic", proposed=False),
+    # convolution families, in the order their candidates join the convolution's space
+    Family("conv-csr-columns", CONV, _P + "plan.csr:CsrColumnsConfig", _P + "plan.conv:ConvPlan",
+           _P + "plan.conv:make_conv_columns_plan", _P + "codegen.conv:render_conv", _P + "tune.cost:csr_columns_estimate",
+           _P + "tune.space:conv_columns_candidates", _P + "plan.conv:execute_conv", None, residual=True,
+           check=_P + "plan.conv:check_conv_columns", record_name="csr-columns"),
+    Family("conv-tile", CONV, _P + "plan.config:TileConfig", _P + "plan.conv:ConvTilePlan",
+           _P + "plan.conv:make_conv_tile_plan", _P + "codegen.ptx:render", _P + "tune.cost:groups_estimate",
+           _P + "tune.space:conv_tile_candidates", _P + "plan.conv:execute_conv", None, residual=True,
+           compile_seconds=_P + "tune.cost:tile_config_compile_seconds", record_name="tile"),
+)
+
+
+def families(kind: str = SPMM) -> tuple[Family, ...]:
+    """The families of one kind, in registration order."""
+    return tuple(f for f in FAMILIES if f.kind == kind)
+
+
+def family(name: str) -> Family:
+    """The family registered under `name` (KeyError naming the known ones)."""
+    for f in FAMILIES:
+        if f.name == name:
+            return f
+    raise KeyError(f"no kernel family {name!r}; known: {', '.join(f.name for f in FAMILIES)}")
+
+
+def config_classes(kind: str = SPMM) -> tuple[type, ...]:
+    return tuple(f.config_class for f in families(kind))
+
+
+def find_family(config, kind: str = SPMM) -> Family | None:
+    """The family of `kind` whose config class `config` is exactly (a subclass is not its parent's
+    family), or None."""
+    for f in families(kind):
+        if type(config) is f.config_class:
+            return f
+    return None
+
+
+def family_of(config, kind: str = SPMM) -> Family:
+    """The family of `kind` that takes `config`, or TypeError naming the config classes it could be."""
+    found = find_family(config, kind)
+    if found is None:
+        names = ", ".join(c.__name__ for c in config_classes(kind))
+        raise TypeError(f"config must be one of {names}, got {type(config).__name__}")
+    return found
+
+
+def family_recorded(name: str, kind: str = SPMM) -> Family | None:
+    """The family of `kind` whose configs cached choices record under `name`, or None."""
+    for f in families(kind):
+        if f.choice_name == name:
+            return f
+    return None
+
+
+def plan_family(plan) -> Family:
+    """The family a plan belongs to: the one whose plan class and config class it has exactly."""
+    for f in FAMILIES:
+        if type(plan) is resolve(f.plan_class) and type(plan.config) is f.config_class:
+            return f
+    raise TypeError(f"{type(plan).__name__} with a {type(plan.config).__name__} is no registered family's plan")
