@@ -12,7 +12,7 @@ from .formats import SparseMatrix
 from .mappings.registry import SPMM, families, family, family_of
 from .plan import LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
-from .plan.bitmap import BitmapConfig
+from .mappings.bitmap.plan import BitmapConfig
 from .plan.csr import CsrColumnsConfig, CsrConfig
 from .plan.relayout import Split24Config
 from .plan.tc_scatter import TcScatterConfig

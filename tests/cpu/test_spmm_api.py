@@ -102,7 +102,7 @@ def test_every_config_family_round_trips_through_the_cached_choice_record():
     """A cached choice names its winner by family and fields; each family rebuilds to the same config, and
     a record naming an unknown family or field is not rebuilt (the choice is made again)."""
     from sparseforge.plan import TileConfig
-    from sparseforge.plan.bitmap import BitmapConfig
+    from sparseforge.mappings.bitmap.plan import BitmapConfig
     from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
     from sparseforge.tune.pipeline import config_from_record as _config_from_record, config_record as _config_record
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparseforge import compile_spmm
-from sparseforge.plan.bitmap import BitmapConfig
+from sparseforge.mappings.bitmap.plan import BitmapConfig
 from sparseforge.suite.llm import magnitude_prune, seeded_weight
 
 pytestmark = pytest.mark.gpu

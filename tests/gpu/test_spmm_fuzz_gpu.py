@@ -10,7 +10,7 @@ import torch
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
-from sparseforge.plan.bitmap import BitmapConfig, make_bitmap_plan
+from sparseforge.mappings.bitmap.plan import BitmapConfig, make_bitmap_plan
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.runtime import build_kernel, compile_plan
 

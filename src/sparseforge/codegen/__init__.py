@@ -9,7 +9,7 @@ gemv24.py: the packed
 2:4 GEMV. render(plan) asks the plan's kernel family (mappings/registry.py) for its renderer.
 """
 from ..mappings.registry import plan_family
-from .bitmap import render_bitmap
+from ..mappings.bitmap.render import render_bitmap
 from .conv import render_conv
 from .csr import render_csr, render_csr_columns
 from .ptx import PTX_VERSION, KernelSource

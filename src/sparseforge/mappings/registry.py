@@ -69,6 +69,7 @@ def resolve(path: str):
 
 
 _P = "sparseforge."
+_BITMAP = _P + "mappings.bitmap."
 FAMILIES: tuple[Family, ...] = (
     # SpMM families, in the order their candidates join the design space
     Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
@@ -86,10 +87,9 @@ FAMILIES: tuple[Family, ...] = (
            _P + "plan.tc_scatter:make_tc_scatter_plan", _P + "codegen.tc_scatter:render_tc_scatter",
            _P + "tune.cost:tc_scatter_estimate", _P + "tune.space:tc_scatter_candidates",
            _P + "plan.tc_scatter:execute_tc_scatter", _P + "plan.tc_scatter:tc_scatter_traffic", residual=True),
-    Family("bitmap", SPMM, _P + "plan.bitmap:BitmapConfig", _P + "plan.bitmap:BitmapPlan",
-           _P + "plan.bitmap:make_bitmap_plan", _P + "codegen.bitmap:render_bitmap", _P + "tune.cost:bitmap_estimate",
-           _P + "tune.space:bitmap_candidates", _P + "plan.bitmap:execute_bitmap", _P + "plan.bitmap:bitmap_traffic",
-           residual=True, proposed=False),
+    Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
+           _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
+           _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),
     Family("split-24", SPMM, _P + "plan.relayout:Split24Config", _P + "plan.relayout:Split24Plan",
            _P + "plan.relayout:make_split24_plan", None, _P + "tune.cost:split24_estimate",
            _P + "tune.space:split24_candidates", None, _P + "plan.relayout:split24_traffic", proposed=False),

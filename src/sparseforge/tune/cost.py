@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.bitmap import BitmapPlan
 from ..plan.conv import ConvPlan, ConvTilePlan
 from ..mappings.registry import plan_family
 from ..plan.csr import NNZ_PER_STEP
@@ -79,7 +78,7 @@ class Estimate:
                 "predicted_compile_s": round(self.compile_s, 2)}
 
 
-def _waves(blocks: int, warps_per_block: int, registers: int, gpu: Gpu) -> int:
+def wave_count(blocks: int, warps_per_block: int, registers: int, gpu: Gpu) -> int:
     per_sm = min(gpu.max_warps, gpu.registers // (32 * max(registers, 24))) // warps_per_block
     return max(1, math.ceil(blocks / (gpu.sms * max(per_sm, 1))))
 
@@ -117,7 +116,7 @@ def groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     if c.inline:  # ptxas hoists a row's loads: 72-254 registers read off ptxas -v on rn50 layers
         registers = 24 + accumulators + 4 * c.load_batch * vec
     blocks = tiles * row_blocks * batch
-    waves = _waves(blocks, c.warps_per_block, registers, gpu)
+    waves = wave_count(blocks, c.warps_per_block, registers, gpu)
     latency = ((waves - 1) * chains.mean() + chains.max()) * gpu.cycles_per_instruction / gpu.clock_hz
     if c.inline:
         latency *= gpu.inline_latency
@@ -195,7 +194,7 @@ def csr_small_n_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     traffic = (data + gathers + written) / gpu.l2_bytes_per_s
     blocks = tiles * row_blocks * batch
     registers = 40 + c.columns * (NNZ_PER_STEP * c.unroll + 1) + (_prefetch_registers(plan) if c.prefetch else 0)
-    waves = _waves(blocks, c.warps_per_block, registers, gpu)
+    waves = wave_count(blocks, c.warps_per_block, registers, gpu)
     chain = _step_chain(warp_steps, gpu.step_cycles, c.prefetch, gpu) + reduce * gpu.cycles_per_instruction
     latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
     terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
@@ -254,34 +253,11 @@ def csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     traffic = (data + gathers + written) / gpu.l2_bytes_per_s
     blocks = tiles * row_blocks * batch
     registers = 128 if c.columns <= 2 else 170
-    waves = _waves(blocks, c.warps_per_row * c.rows_per_block, registers, gpu)
+    waves = wave_count(blocks, c.warps_per_row * c.rows_per_block, registers, gpu)
     chain = warp_chunks * gpu.step_cycles + reduce * gpu.cycles_per_instruction
     latency = ((waves - 1) * chain.mean() + chain.max()) / gpu.clock_hz
     terms = {"issue": issue * 1e6, "operand": traffic * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.4)
-
-
-def bitmap_estimate(plan: BitmapPlan, batch: int, gpu: Gpu) -> Estimate:
-    """Bitmap decode (N = 1): W's bytes streamed once from HBM per batch entry; per row and word a scan and a
-    block copy (one global round trip), then the lanes' walks over shared memory, as long as the lane with
-    the most set bits (/ unroll)."""
-    c, es = plan.config, plan.element_bytes
-    counts = np.bitwise_count(plan.masks).astype(np.int64)  # set bits per (row, word, lane)
-    iterations = (-(-counts // c.unroll)).max(axis=2)        # the slowest lane of each word
-    per_iteration = 4 + c.unroll * (8 + (4 if es == 2 else 0))
-    per_word = 45
-    rows_words = plan.M * plan.words
-    warp_instr = (iterations.sum() * per_iteration + rows_words * per_word + plan.M * 25) * batch
-    issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    streamed = (plan.bytes_read() + plan.M * es) * batch / gpu.hbm_bytes_per_s
-    staged = plan.grid[1] * batch * plan.K * es / gpu.l2_bytes_per_s  # x into every block's shared memory
-    chain = iterations.sum(axis=1) * gpu.bitmap_iteration_cycles + plan.words * gpu.step_cycles / 2
-    per_block = chain.reshape(-1)[: plan.M]
-    registers = 64 + 8 * c.unroll
-    waves = _waves(plan.grid[1] * batch, c.warps_per_block, registers, gpu)
-    latency = ((waves - 1) * per_block.mean() * c.rows_per_warp + per_block.max() * c.rows_per_warp) / gpu.clock_hz
-    terms = {"issue": issue * 1e6, "operand": max(streamed, staged) * 1e6, "ifetch": 0.0, "latency": latency * 1e6}
-    return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
 
 
 def tc_scatter_estimate(plan: TcScatterPlan, batch: int, gpu: Gpu) -> Estimate:

@@ -13,7 +13,7 @@
   layers;
 - csr-columns (plan/csr.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
   large layers at moderate N, where the generated code's instruction stream is what limits;
-- bitmap (plan/bitmap.py, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
+- bitmap (mappings/bitmap/, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
   the weight's bytes bound the layer. Its second design (lanes over interleaved columns, x and
   the values in shared memory) is proposed only with unmeasured=True until designs.py has measured it;
 - tc-scatter (plan/tc_scatter.py, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
@@ -37,7 +37,6 @@ import dataclasses
 
 from ..plan import TileConfig, pick_vec
 from ..mappings.registry import SPMM, families
-from ..plan.bitmap import BitmapConfig
 from ..plan.conv import CONV_COLUMNS, conv_vector_width
 from ..plan.csr import CsrColumnsConfig, CsrConfig
 from ..plan.relayout import SPLIT24_DTYPES, Split24Config
@@ -127,14 +126,6 @@ def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
     return [CsrColumnsConfig(c, s, max(1, 4 // s)) for c in columns for s in splits]
 
 
-def decode(n: int, layout: str) -> list[BitmapConfig]:
-    """Bitmap decode configs (N = 1): 4 or 8 warps a block, 2 or 4 rows a warp, 2 or 4 set bits in flight."""
-    if n != 1:
-        return []
-    return [BitmapConfig(warps_per_block=w, rows_per_warp=r, unroll=u) for w, r, u in
-            ((4, 2, 2), (4, 4, 2), (4, 2, 4), (8, 2, 2))]
-
-
 TC_SCATTER_MAX_N = 64  # the tensor cores do every 16 x 16 tile's dense work: past a few n-tiles the
 # cuBLAS GEMM it then resembles is as fast (decode asks for N = 1..16, and up to 64 where it still wins)
 
@@ -192,11 +183,6 @@ def csr_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtyp
 def tc_scatter_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
                           sms: int) -> list[TcScatterConfig]:
     return tc_scatter(n, dtype)
-
-
-def bitmap_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
-                      sms: int) -> list[BitmapConfig]:
-    return decode(n, layout)
 
 
 def split24_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.plan.bitmap import BitmapConfig, make_bitmap_plan
-from sparseforge.tune.space import decode
+from sparseforge.mappings.bitmap.plan import BitmapConfig, make_bitmap_plan
+from sparseforge.mappings.bitmap.space import decode
 
 from .test_interpreted import (TOLERANCE, _decode, _encode, _reference, assert_matches,
                                random_weight_and_epilogue, run_data_kernel)

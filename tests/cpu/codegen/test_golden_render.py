@@ -21,7 +21,7 @@ from sparseforge import SparseMatrix
 from sparseforge.codegen import render
 from sparseforge.codegen.gemv24 import render_gemv24
 from sparseforge.plan import TileConfig, make_plan
-from sparseforge.plan.bitmap import BitmapConfig, make_bitmap_plan
+from sparseforge.mappings.bitmap.plan import BitmapConfig, make_bitmap_plan
 from sparseforge.plan.conv import ConvGeometry, make_conv_plan
 from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan

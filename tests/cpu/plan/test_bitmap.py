@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sparseforge import SparseMatrix
-from sparseforge.plan.bitmap import (VALUE_ALIGN, WORD_COLUMNS, BitmapConfig, execute_bitmap, make_bitmap_plan,
+from sparseforge.mappings.bitmap.plan import (VALUE_ALIGN, WORD_COLUMNS, BitmapConfig, execute_bitmap, make_bitmap_plan,
                                      row_columns)
 
 

@@ -156,7 +156,7 @@ def test_bias_that_overflows_fp32_is_refused():
 
 
 def test_bitmap_candidates_only_when_asked_and_only_at_n_1():
-    from sparseforge.plan.bitmap import BitmapConfig
+    from sparseforge.mappings.bitmap.plan import BitmapConfig
 
     def bitmaps(n, layout="kn", unmeasured=True):
         return [c for c in search_space(n, layout, 512, 100.0, unmeasured=unmeasured) if isinstance(c, BitmapConfig)]
@@ -167,7 +167,7 @@ def test_bitmap_candidates_only_when_asked_and_only_at_n_1():
 
 
 def test_bitmap_estimate_streams_fewer_bytes_than_dense_and_is_deterministic():
-    from sparseforge.plan.bitmap import make_bitmap_plan
+    from sparseforge.mappings.bitmap.plan import make_bitmap_plan
     from sparseforge.tune.cost import H200, dense_estimate
 
     w = _weight(m=512, k=4096, density=0.1)
