@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparseforge import SparseMatrix, compile_spmm
-from sparseforge.plan.tc_scatter import TcScatterConfig
+from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
 from sparseforge.suite.llm import magnitude_prune, seeded_weight
 
 pytestmark = pytest.mark.gpu

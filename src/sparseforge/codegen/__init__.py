@@ -14,7 +14,7 @@ from .conv import render_conv
 from .csr import render_csr, render_csr_columns
 from .ptx import PTX_VERSION, KernelSource
 from .ptx import render as render_groups
-from .tc_scatter import render_tc_scatter
+from ..mappings.tc_scatter.render import render_tc_scatter
 
 
 def render(plan) -> KernelSource:

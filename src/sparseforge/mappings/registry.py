@@ -70,6 +70,7 @@ def resolve(path: str):
 
 _P = "sparseforge."
 _BITMAP = _P + "mappings.bitmap."
+_TC = _P + "mappings.tc_scatter."
 FAMILIES: tuple[Family, ...] = (
     # SpMM families, in the order their candidates join the design space
     Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
@@ -83,10 +84,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("csr", SPMM, _P + "plan.csr:CsrConfig", _P + "plan.csr:CsrPlan", _P + "plan.csr:make_csr_plan",
            _P + "codegen.csr:render_csr", _P + "tune.cost:csr_estimate", _P + "tune.space:csr_candidates",
            _P + "plan.csr:execute_csr", _P + "plan.csr:csr_traffic", residual=True),
-    Family("tc-scatter", SPMM, _P + "plan.tc_scatter:TcScatterConfig", _P + "plan.tc_scatter:TcScatterPlan",
-           _P + "plan.tc_scatter:make_tc_scatter_plan", _P + "codegen.tc_scatter:render_tc_scatter",
-           _P + "tune.cost:tc_scatter_estimate", _P + "tune.space:tc_scatter_candidates",
-           _P + "plan.tc_scatter:execute_tc_scatter", _P + "plan.tc_scatter:tc_scatter_traffic", residual=True),
+    Family("tc-scatter", SPMM, _TC + "plan:TcScatterConfig", _TC + "plan:TcScatterPlan",
+           _TC + "plan:make_tc_scatter_plan", _TC + "render:render_tc_scatter", _TC + "cost:tc_scatter_estimate",
+           _TC + "space:tc_scatter_candidates", _TC + "plan:execute_tc_scatter", _TC + "plan:tc_scatter_traffic",
+           residual=True),
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),

@@ -16,7 +16,7 @@
 - bitmap (mappings/bitmap/, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
   the weight's bytes bound the layer. Its second design (lanes over interleaved columns, x and
   the values in shared memory) is proposed only with unmeasured=True until designs.py has measured it;
-- tc-scatter (plan/tc_scatter.py, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
+- tc-scatter (mappings/tc_scatter/, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
   tiles for the tensor cores (mma.m16n8k16): a few instructions a nonzero whatever N is, where the CUDA-core
   kernels gather B per nonzero (the decode and small batches);
 - csr-staged (plan/csr.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
@@ -40,7 +40,6 @@ from ..mappings.registry import SPMM, families
 from ..plan.conv import CONV_COLUMNS, conv_vector_width
 from ..plan.csr import CsrColumnsConfig, CsrConfig
 from ..plan.relayout import SPLIT24_DTYPES, Split24Config
-from ..plan.tc_scatter import TcScatterConfig
 from .autotune import column_warps, candidates
 
 # Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
@@ -126,20 +125,6 @@ def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
     return [CsrColumnsConfig(c, s, max(1, 4 // s)) for c in columns for s in splits]
 
 
-TC_SCATTER_MAX_N = 64  # the tensor cores do every 16 x 16 tile's dense work: past a few n-tiles the
-# cuBLAS GEMM it then resembles is as fast (decode asks for N = 1..16, and up to 64 where it still wins)
-
-
-def tc_scatter(n: int, dtype: str) -> list[TcScatterConfig]:
-    """tc-scatter configs for 16-bit dtypes at N <= 64: 8 warps on a strip with 2 or 4 rounds read ahead,
-    16 with 2 and 4 with 4 (more warps and more read-ahead: more bytes in flight for layers of few strips;
-    fewer: less partial-sum traffic and fewer registers, so more warps an SM). On the H200
-    8 warps won most LLM layers, 4 the 14336-row ones at N = 16, 16 the 1024-row ones."""
-    if dtype not in ("float16", "bfloat16") or n > TC_SCATTER_MAX_N:
-        return []
-    return [TcScatterConfig(warps_per_block=w, ahead=a) for w, a in ((8, 2), (8, 4), (16, 2), (4, 4))]
-
-
 SPLIT24_MIN_N = 128  # below this cuSPARSELt measured no faster than cuBLAS (docs/history.md), and the decode
 # kernels (tc-scatter, csr, the 2:4 GEMV) are the ones made for those widths
 
@@ -178,11 +163,6 @@ def csr_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtyp
         return []
     staged = csr_staged(n, row_nnz, sms)
     return small_n(n, row_nnz) + staged + prefetched(small_n(n, row_nnz) + staged)
-
-
-def tc_scatter_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
-                          sms: int) -> list[TcScatterConfig]:
-    return tc_scatter(n, dtype)
 
 
 def split24_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,

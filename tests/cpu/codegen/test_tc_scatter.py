@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
+from sparseforge.mappings.tc_scatter.plan import TcScatterConfig, make_tc_scatter_plan
 
 from .test_interpreted import _decode, _encode, _reference, assert_matches, random_weight_and_epilogue, run_data_kernel
 from .test_ptx import _assemble_without_spills_and_link

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
-from sparseforge.plan.tc_scatter import (CHUNK_COLUMNS, QUAD, TILE, WARP, TcScatterConfig, _build, column_layout,
+from sparseforge.mappings.tc_scatter.plan import (CHUNK_COLUMNS, QUAD, TILE, WARP, TcScatterConfig, _build, column_layout,
                                          decode_dense, execute_tc_scatter, make_tc_scatter_plan, position,
                                          scatter_format)
 

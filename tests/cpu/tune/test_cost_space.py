@@ -180,7 +180,7 @@ def test_bitmap_estimate_streams_fewer_bytes_than_dense_and_is_deterministic():
 
 
 def test_tc_scatter_is_proposed_for_half_precision_up_to_n_64_only():
-    from sparseforge.plan.tc_scatter import TcScatterConfig
+    from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
 
     def proposed(n, dtype):
         return [c for c in search_space(n, "nk", 4096, 1200.0, dtype=dtype) if isinstance(c, TcScatterConfig)]
@@ -190,7 +190,7 @@ def test_tc_scatter_is_proposed_for_half_precision_up_to_n_64_only():
 
 
 def test_tc_scatter_estimates_fall_with_sparsity_and_stay_finite():
-    from sparseforge.plan.tc_scatter import TcScatterConfig, make_tc_scatter_plan
+    from sparseforge.mappings.tc_scatter.plan import TcScatterConfig, make_tc_scatter_plan
     from sparseforge.suite.llm import magnitude_prune, seeded_weight
 
     dense = seeded_weight(1024, 4096, seed=0)
