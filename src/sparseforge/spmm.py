@@ -14,7 +14,7 @@ from .plan import LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
 from .mappings.bitmap.plan import BitmapConfig
 from .plan.csr import CsrColumnsConfig, CsrConfig
-from .plan.relayout import Split24Config
+from .mappings.split24.plan import Split24Config
 from .mappings.tc_scatter.plan import TcScatterConfig
 from .runtime import KernelCache, build_kernel, cache_key, default_compiler, kernel_key
 from .tune.choose import TUNE_BUDGET_S, choose, chooser_digest, tuning_budget

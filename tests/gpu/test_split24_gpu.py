@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparseforge import SparseMatrix, compile_spmm
-from sparseforge.plan.relayout import Split24Config, split_24
+from sparseforge.mappings.split24.plan import Split24Config, split_24
 
 pytest.importorskip("nvmath", reason="the 2:4 path needs nvmath-python (cuSPARSELt)")
 pytestmark = pytest.mark.gpu

@@ -71,6 +71,7 @@ def resolve(path: str):
 _P = "sparseforge."
 _BITMAP = _P + "mappings.bitmap."
 _TC = _P + "mappings.tc_scatter."
+_SPLIT24 = _P + "mappings.split24."
 FAMILIES: tuple[Family, ...] = (
     # SpMM families, in the order their candidates join the design space
     Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
@@ -91,9 +92,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),
-    Family("split-24", SPMM, _P + "plan.relayout:Split24Config", _P + "plan.relayout:Split24Plan",
-           _P + "plan.relayout:make_split24_plan", None, _P + "tune.cost:split24_estimate",
-           _P + "tune.space:split24_candidates", None, _P + "plan.relayout:split24_traffic", proposed=False),
+    Family("split-24", SPMM, _SPLIT24 + "plan:Split24Config", _SPLIT24 + "plan:Split24Plan",
+           _SPLIT24 + "plan:make_split24_plan", None, _SPLIT24 + "cost:split24_estimate",
+           _SPLIT24 + "space:split24_candidates", None, _SPLIT24 + "plan:split24_traffic", proposed=False),
     # convolution families, in the order their candidates join the convolution's space
     Family("conv-csr-columns", CONV, _P + "plan.csr:CsrColumnsConfig", _P + "plan.conv:ConvPlan",
            _P + "plan.conv:make_conv_columns_plan", _P + "codegen.conv:render_conv", _P + "tune.cost:csr_columns_estimate",

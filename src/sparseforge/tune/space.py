@@ -26,7 +26,7 @@
 - prefetch (CsrConfig.prefetch, csr and csr-staged): the next step's index and value loads issued before
   the current step's work (software pipelining), one HBM round trip a row: with csr-staged, 3.7 us against
   csr's 4.0 at N = 1, 90% (2.55x over cuBLAS);
-- split-24 (plan/relayout.py, semi/split24.py; nk, float16 / bfloat16, N >= SPLIT24_MIN_N): W as a 2:4 part on
+- split-24 (mappings/split24/, semi/split24.py; nk, float16 / bfloat16, N >= SPLIT24_MIN_N): W as a 2:4 part on
   Sparse Tensor Cores (cuSPARSELt) plus the few nonzeros its 4-groups could not keep as a residual SpMM: the
   tensor-core path for large N (prefill). Proposed only with unmeasured=True until designs.py has measured it;
 Which one runs is the chooser's call (tune/choose.py), not a rule here: this module only proposes.
@@ -39,7 +39,6 @@ from ..plan import TileConfig, pick_vec
 from ..mappings.registry import SPMM, families
 from ..plan.conv import CONV_COLUMNS, conv_vector_width
 from ..plan.csr import CsrColumnsConfig, CsrConfig
-from ..plan.relayout import SPLIT24_DTYPES, Split24Config
 from .autotune import column_warps, candidates
 
 # Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
@@ -125,15 +124,6 @@ def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
     return [CsrColumnsConfig(c, s, max(1, 4 // s)) for c in columns for s in splits]
 
 
-SPLIT24_MIN_N = 128  # below this cuSPARSELt measured no faster than cuBLAS (docs/history.md), and the decode
-# kernels (tc-scatter, csr, the 2:4 GEMV) are the ones made for those widths
-
-
-def split24(n: int, layout: str, dtype: str) -> list[Split24Config]:
-    """The split-24 composite where it applies: X W^T in 16-bit at large N."""
-    return [Split24Config()] if layout == "nk" and dtype in SPLIT24_DTYPES and n >= SPLIT24_MIN_N else []
-
-
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
     """Row per block with every row's code inline (the shape of the NVRTC reference kernel, which
     beat the called-function form by 1.0-1.25x), and two clustered rows at the pick's vector width."""
@@ -163,11 +153,6 @@ def csr_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtyp
         return []
     staged = csr_staged(n, row_nnz, sms)
     return small_n(n, row_nnz) + staged + prefetched(small_n(n, row_nnz) + staged)
-
-
-def split24_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
-                       sms: int) -> list[Split24Config]:
-    return split24(n, layout, dtype)
 
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,

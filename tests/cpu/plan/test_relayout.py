@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
-from sparseforge.plan.relayout import split_24
+from sparseforge.mappings.split24.plan import split_24
 
 
 def _dense(m, k, density, seed):

@@ -7,11 +7,12 @@ import pytest
 
 from sparseforge import SparseMatrix
 from sparseforge.bench.report import plan_traffic
-from sparseforge.plan.relayout import Split24Config, make_split24_plan
+from sparseforge.mappings.split24.plan import Split24Config, make_split24_plan
 from sparseforge.spmm import _make_plan, prebuild_spmm
 from sparseforge.tune.pipeline import compile_candidate, config_from_record as _config_from_record, config_record as _config_record
 from sparseforge.tune.cost import dense_estimate, estimate
-from sparseforge.tune.space import SPLIT24_MIN_N, search_space
+from sparseforge.mappings.split24.space import SPLIT24_MIN_N
+from sparseforge.tune.space import search_space
 
 
 def _w(m, k, density, seed=0, dtype="float16"):
