@@ -20,7 +20,7 @@ from .formats import SparseMatrix
 from .mappings.registry import CONV, families, family_recorded, find_family
 from .plan import TileConfig
 from .plan.conv import ConvGeometry, make_conv_plan
-from .plan.csr import CsrColumnsConfig
+from .mappings.csr.plan import CsrColumnsConfig
 from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
 from .dtypes import kernel_dtype_name

@@ -13,7 +13,7 @@ from .mappings.registry import SPMM, families, family, family_of
 from .plan import LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
 from .mappings.bitmap.plan import BitmapConfig
-from .plan.csr import CsrColumnsConfig, CsrConfig
+from .mappings.csr.plan import CsrColumnsConfig, CsrConfig
 from .mappings.split24.plan import Split24Config
 from .mappings.tc_scatter.plan import TcScatterConfig
 from .runtime import KernelCache, build_kernel, cache_key, default_compiler, kernel_key

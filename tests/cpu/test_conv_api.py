@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sparseforge import SparseMatrix, compile_conv1d, compile_conv2d
-from sparseforge.plan.csr import CsrColumnsConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
 
 def _weight(cout=8, cin=4, k=3):

@@ -103,7 +103,7 @@ def test_every_config_family_round_trips_through_the_cached_choice_record():
     a record naming an unknown family or field is not rebuilt (the choice is made again)."""
     from sparseforge.plan import TileConfig
     from sparseforge.mappings.bitmap.plan import BitmapConfig
-    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
     from sparseforge.tune.pipeline import config_from_record as _config_from_record, config_record as _config_record
 
     for config in (TileConfig(2, 4, 2, 16, cluster_rows=True), CsrConfig(8, 4, 2, 2), CsrColumnsConfig(2, 4, 1),
@@ -126,7 +126,7 @@ def test_generated_candidates_over_the_compile_limit_are_dropped_before_planning
     """A 29M-nonzero LLM layer's generated candidates would take minutes to compile (and seconds each to
     sketch): they are dropped from W's nonzero count alone; the CSR kernels stay. A small layer keeps all."""
     from sparseforge.plan import TileConfig
-    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.mappings.csr.plan import CsrConfig
     from sparseforge.tune.pipeline import COMPILE_LIMIT_S, within_compile_limit
     from sparseforge.tune.cost import tile_compile_seconds
     from sparseforge.tune.space import search_space

@@ -58,7 +58,7 @@ def test_nan_in_b_reaches_only_rows_that_use_its_column():
 def test_small_n_csr_reads_16_bit_indices_to_k_65536_and_32_bit_past_it(k):
     """The small-N CSR kernel stores indices in 16 bits where K <= 65536: the last column must still be
     read from its own B row."""
-    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.mappings.csr.plan import CsrConfig
 
     w = magnitude_prune(seeded_weight(64, k, seed=3), 0.99)
     kernel = compile_spmm(w, 1, torch.float16, "kn", config=CsrConfig(lanes_per_row=32, columns=1, warps_per_block=4, unroll=2), tune_budget=None)
@@ -73,7 +73,7 @@ def test_small_n_csr_reads_16_bit_indices_to_k_65536_and_32_bit_past_it(k):
 
 
 def test_a_kernel_with_its_own_weights_computes_the_same_and_owns_new_arrays():
-    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.mappings.csr.plan import CsrConfig
 
     w = magnitude_prune(seeded_weight(512, 2048, seed=4), 0.7)
     kernel = compile_spmm(w, 1, torch.float16, "kn", config=CsrConfig(lanes_per_row=32, columns=1, warps_per_block=4, unroll=2), tune_budget=None)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from sparseforge import SparseMatrix
 from sparseforge.plan.conv import ConvGeometry, make_conv_plan
-from sparseforge.plan.csr import CsrColumnsConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig
 from sparseforge.runtime import compile_plan
 from sparseforge.runtime.conv import ConvKernel
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from sparseforge import SparseMatrix, compile_conv1d, compile_conv2d
 from sparseforge.plan import TileConfig
-from sparseforge.plan.csr import CsrColumnsConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}

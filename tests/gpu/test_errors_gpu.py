@@ -14,7 +14,7 @@ from torch import nn
 
 from sparseforge import SparseFormatError, SparseLinear24, SparseMatrix, compile_spmm, spmm
 from sparseforge.plan import TileConfig
-from sparseforge.plan.csr import CsrConfig
+from sparseforge.mappings.csr.plan import CsrConfig
 from sparseforge.prune import nm_mask
 from sparseforge.semi import Sparse24Error
 

@@ -11,7 +11,7 @@ import torch
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
 from sparseforge.mappings.bitmap.plan import BitmapConfig, make_bitmap_plan
-from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.runtime import build_kernel, compile_plan
 
 pytestmark = pytest.mark.gpu

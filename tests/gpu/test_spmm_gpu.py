@@ -259,7 +259,7 @@ STAGED = [  # (M, K, N, density, layout): odd tails, an empty matrix, and Llama-
 def test_staged_kernels_match_float64(m, k, n, density, layout, dtype, prefetch):
     """csr-staged (B copied into dynamic shared memory, persistent blocks) on the GPU, batched, with bias and
     ReLU, NaN-poisoned outputs; sizes its arch cannot hold are refused by name."""
-    from sparseforge.plan.csr import CsrConfig, staged_fits
+    from sparseforge.mappings.csr.plan import CsrConfig, staged_fits
 
     w = random_matrix(m, k, density=density, seed=m + n)
     columns = 1 << (n - 1).bit_length()
@@ -287,7 +287,7 @@ PREFETCH = [(33, 65, 3, 0.1, "kn"), (130, 300, 16, 0.05, "nk"), (5, 8, 1, 0.0, "
 def test_prefetching_small_n_kernels_match_float64(m, k, n, density, layout, dtype):
     """The small-N kernel with the next step's loads issued ahead (CsrConfig.prefetch), two steps of 4 a
     lane where the columns allow it, batched, bias and ReLU, NaN-poisoned outputs."""
-    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.mappings.csr.plan import CsrConfig
 
     w = random_matrix(m, k, density=density, seed=m + n + 1)
     columns = min(1 << (n - 1).bit_length(), 8)

@@ -11,7 +11,7 @@ gemv24.py: the packed
 from ..mappings.registry import plan_family
 from ..mappings.bitmap.render import render_bitmap
 from .conv import render_conv
-from .csr import render_csr, render_csr_columns
+from ..mappings.csr.render import render_csr, render_csr_columns
 from .ptx import PTX_VERSION, KernelSource
 from .ptx import render as render_groups
 from ..mappings.tc_scatter.render import render_tc_scatter

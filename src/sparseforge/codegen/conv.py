@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..plan.conv import EMPTY_TAP, MAX_OFFSET, TAP_SHIFT, ConvPlan
 from ..plan.config import WARP
-from .csr import render_columns
+from ..mappings.csr.render import render_columns
 from .emitter import Emitter
 from .ptx import KernelSource
 

@@ -215,6 +215,6 @@ class StagedNK(_Staged):
 
 
 def operand_for(plan: Plan):
-    if isinstance(plan, ConvTilePlan):
+    if plan.bordered:
         return BorderedConvInput(plan)
     return DirectKN(plan) if plan.direct else StagedNK(plan)

@@ -72,19 +72,19 @@ _P = "sparseforge."
 _BITMAP = _P + "mappings.bitmap."
 _TC = _P + "mappings.tc_scatter."
 _SPLIT24 = _P + "mappings.split24."
+_CSR = _P + "mappings.csr."
 FAMILIES: tuple[Family, ...] = (
     # SpMM families, in the order their candidates join the design space
     Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
            _P + "codegen.ptx:render", _P + "tune.cost:groups_estimate", _P + "tune.space:tile_candidates",
            _P + "plan.reference:execute", _P + "plan.traffic:tile_traffic", sketch=_P + "plan.plan:sketch_plan",
            compile_seconds=_P + "tune.cost:tile_config_compile_seconds"),
-    Family("csr-columns", SPMM, _P + "plan.csr:CsrColumnsConfig", _P + "plan.csr:CsrPlan",
-           _P + "plan.csr:make_csr_plan", _P + "codegen.csr:render_csr_columns", _P + "tune.cost:csr_columns_estimate",
-           _P + "tune.space:csr_columns_candidates", _P + "plan.csr:execute_csr", _P + "plan.csr:csr_traffic",
-           residual=True),
-    Family("csr", SPMM, _P + "plan.csr:CsrConfig", _P + "plan.csr:CsrPlan", _P + "plan.csr:make_csr_plan",
-           _P + "codegen.csr:render_csr", _P + "tune.cost:csr_estimate", _P + "tune.space:csr_candidates",
-           _P + "plan.csr:execute_csr", _P + "plan.csr:csr_traffic", residual=True),
+    Family("csr-columns", SPMM, _CSR + "plan:CsrColumnsConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
+           _CSR + "render:render_csr_columns", _CSR + "cost:csr_columns_estimate", _CSR + "space:csr_columns_candidates",
+           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True),
+    Family("csr", SPMM, _CSR + "plan:CsrConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
+           _CSR + "render:render_csr", _CSR + "cost:csr_estimate", _CSR + "space:csr_candidates",
+           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True),
     Family("tc-scatter", SPMM, _TC + "plan:TcScatterConfig", _TC + "plan:TcScatterPlan",
            _TC + "plan:make_tc_scatter_plan", _TC + "render:render_tc_scatter", _TC + "cost:tc_scatter_estimate",
            _TC + "space:tc_scatter_candidates", _TC + "plan:execute_tc_scatter", _TC + "plan:tc_scatter_traffic",
@@ -96,9 +96,9 @@ FAMILIES: tuple[Family, ...] = (
            _SPLIT24 + "plan:make_split24_plan", None, _SPLIT24 + "cost:split24_estimate",
            _SPLIT24 + "space:split24_candidates", None, _SPLIT24 + "plan:split24_traffic", proposed=False),
     # convolution families, in the order their candidates join the convolution's space
-    Family("conv-csr-columns", CONV, _P + "plan.csr:CsrColumnsConfig", _P + "plan.conv:ConvPlan",
-           _P + "plan.conv:make_conv_columns_plan", _P + "codegen.conv:render_conv", _P + "tune.cost:csr_columns_estimate",
-           _P + "tune.space:conv_columns_candidates", _P + "plan.conv:execute_conv", None, residual=True,
+    Family("conv-csr-columns", CONV, _CSR + "plan:CsrColumnsConfig", _P + "plan.conv:ConvPlan",
+           _P + "plan.conv:make_conv_columns_plan", _P + "codegen.conv:render_conv", _CSR + "cost:csr_columns_estimate",
+           _CSR + "space:conv_columns_candidates", _P + "plan.conv:execute_conv", None, residual=True,
            check=_P + "plan.conv:check_conv_columns", record_name="csr-columns"),
     Family("conv-tile", CONV, _P + "plan.config:TileConfig", _P + "plan.conv:ConvTilePlan",
            _P + "plan.conv:make_conv_tile_plan", _P + "codegen.ptx:render", _P + "tune.cost:groups_estimate",

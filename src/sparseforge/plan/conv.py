@@ -47,7 +47,7 @@ import numpy as np
 from ..formats import SparseMatrix
 from ..mappings.registry import CONV, find_family
 from .config import TileConfig, epilogue_tag
-from .csr import CsrColumnsConfig, CsrPlan, make_csr_plan
+from ..mappings.csr.plan import CsrColumnsConfig, CsrPlan, make_csr_plan
 from .plan import Plan, make_plan, sketch_plan
 
 TAP_SHIFT = 26            # offset bits in a slot; the tap index above them
@@ -308,6 +308,7 @@ class ConvTilePlan(Plan):
     output pixels of one image (N = OH*OW) and whose operand is the zero-bordered input (module docstring).
     Its W is the expanded Cout x Cin*kh*kw matrix (expand_groups), so column k is input channel k // taps.
     The operand is NCHW in either layout; geometry.layout says how the output (and residual) lie."""
+    bordered = True  # the operand is the zero-bordered NCHW copy of x (codegen/operands.py BorderedConvInput)
     geometry: ConvGeometry | None = None
     residual: bool = False   # the epilogue adds R (laid out as the output, parameter param_r) before ReLU
 
@@ -460,7 +461,7 @@ def execute_conv(plan: "ConvPlan | ConvTilePlan", x: np.ndarray, residual: np.nd
     x = np.asarray(x, np.float64)
     single = x.ndim == 3
     x = x.reshape(-1, *g.input_memory_shape[1:])
-    out = (_execute_tile if isinstance(plan, ConvTilePlan) else _execute_columns)(plan, x)  # [batch, M, N]
+    out = (_execute_tile if plan.bordered else _execute_columns)(plan, x)  # [batch, M, N]
     if plan.bias is not None:
         out += np.asarray(plan.bias)[None, :, None]
     out = _to_memory_order(out, g)

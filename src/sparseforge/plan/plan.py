@@ -27,6 +27,7 @@ class WeightAsData:
     shape and options, not the pattern, so one compile serves every weight of the shape; one element a
     store; X read as it is."""
     transposes_input = False
+    bordered = False  # reads the operand as it lies (ConvTilePlan: a zero-bordered copy of a convolution's input)
 
     @property
     def element_bytes(self) -> int:
@@ -109,6 +110,7 @@ class Plan:
     digest: str = field(default="", compare=False)  # of the weight; names the kernel
 
     family = "tile"  # every nonzero an immediate of the generated code (CsrPlan's family is "csr")
+    bordered = False  # the operand read as it lies; ConvTilePlan: a zero-bordered copy of a convolution's input
 
     @property
     def element_bytes(self) -> int:

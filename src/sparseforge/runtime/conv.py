@@ -9,7 +9,6 @@ zero; a channels_last x is transposed by the same copy).
 """
 from __future__ import annotations
 
-from ..plan.conv import ConvTilePlan
 from .kernel import Built, LoadedPlanKernel, check_tensor, compile_plan
 from .streams import current_stream_handle
 
@@ -55,9 +54,9 @@ class ConvKernel(LoadedPlanKernel):
         # without padding, in NCHW and with one copy, the bordered image is x itself, byte for byte (Hp = H,
         # Wp = W; plane = Cin*H*W, x's batch stride): the kernel reads x where it lies, and the copy launch
         # (~1.5-2 us under graph replay, a fifth of a small layer) goes
-        self.reads_x_in_place = (isinstance(plan, ConvTilePlan) and g.layout == "nchw" and plan.shifts == 1
+        self.reads_x_in_place = (plan.bordered and g.layout == "nchw" and plan.shifts == 1
                                  and tuple(g.padding) == (0, 0))
-        if isinstance(plan, ConvTilePlan):  # made now, not at the first call, which may be a graph capture
+        if plan.bordered:  # made now, not at the first call, which may be a graph capture
             self._bordered = self._bordered_buffer(g.batch)  # also the fallback for an x read in place
 
     @property

@@ -7,7 +7,7 @@
   it wins where M is small and K large (few row groups leave SMs idle), the row groups where B-row sharing
   pays (M large, K small);
 - split K (segment_nnz): atomics, so not in deterministic mode;
-- small N (plan/csr.py): W as data, warps over nonzeros, for N <= SMALL_N_MAX;
+- small N (mappings/csr/): W as data, warps over nonzeros, for N <= SMALL_N_MAX;
 - inline: row per block (or two clustered rows) with every group's code in the kernel, no calls, for
   small layers (their compile grows superlinearly): 1.18-1.21x over the called form on rn50's N = 3136
   layers;
@@ -37,16 +37,13 @@ import dataclasses
 
 from ..plan import TileConfig, pick_vec
 from ..mappings.registry import SPMM, families
-from ..plan.conv import CONV_COLUMNS, conv_vector_width
-from ..plan.csr import CsrColumnsConfig, CsrConfig
+from ..plan.conv import conv_vector_width
 from .autotune import column_warps, candidates
 
 # Layers up to this many FMAs (nonzeros x vector width) also get inline candidates (config.inline): one
 # module compiled whole, ~0.17 s at 1.6k, 1.9 s at 15k, 4.1 s at 30k FMAs on one core (ptxas 13.0, rn50 90%
 # layers), against ~0.5 s for their called-function forms compiled in parallel.
 INLINE_MAX_FMAS = 20_000
-SMALL_N_MAX = 64  # widths where the small-N kernel is proposed (the target was N = 1..32; the chooser
-# decides by measurement where it stops winning)
 
 
 def row_per_block(n: int, layout: str) -> list[TileConfig]:
@@ -62,19 +59,6 @@ def row_per_block(n: int, layout: str) -> list[TileConfig]:
     return [dataclasses.replace(c, transpose_x=transposed) for c in out]
 
 
-def small_n(n: int, row_nnz: float) -> list[CsrConfig]:
-    """Lanes per row near the row's nonzeros / 8 (each lane then takes about two steps of 4), and all 32;
-    columns per lane covering N up to 8 (16 for N > 8: fewer re-reads of W's data per column tile); one
-    or two steps per iteration (two: half the dependent round trips, twice the registers)."""
-    want = 4
-    while want < 32 and want * 8 < row_nnz:
-        want *= 2
-    columns = [min(1 << (n - 1).bit_length(), 8)] + ([16] if n > 8 else [])
-    return [CsrConfig(lanes, c, 4, unroll) for lanes in sorted({want, 32}) for c in columns
-            for unroll in ((1, 2) if c <= 8 else (1,))]
-
-
-STAGED_MAX_N = 16  # csr-staged holds N in one column tile (columns <= 16: a step's B values in registers)
 SMS = 132  # H100 / H200 SXM: csr-staged's persistent blocks are a multiple of the GPU's SM count
 SMS_BY_ARCH = {90: 132, 80: 108, 86: 84, 89: 142}  # each arch's largest part (H100 SXM / H200, A100,
 # RTX 3090, L40S)
@@ -86,42 +70,6 @@ def sm_count(arch: int) -> int:
     key holds the arch, not the part). A part with fewer SMs runs the extra blocks as a second, partial wave:
     correct, and the chooser times it against the other candidates (twice as many blocks, csr)."""
     return SMS_BY_ARCH.get(arch, SMS)
-
-
-def csr_staged(n: int, row_nnz: float, sms: int = SMS) -> list[CsrConfig]:
-    """csr-staged configs (plan/csr.py) for N <= STAGED_MAX_N: one column tile (columns: N rounded up to a
-    power of two), lanes per row as small_n picks them, and the same threads an SM two ways: 16 warps in one
-    block an SM, or 8 in two (a copy of B over 113 KB leaves room for one only: the launch then runs a
-    second wave, which the timing shows); one or two steps in flight where the columns allow it."""
-    if n > STAGED_MAX_N:
-        return []
-    want = 4
-    while want < 32 and want * 8 < row_nnz:
-        want *= 2
-    columns = 1 << (n - 1).bit_length()
-    return [CsrConfig(lanes, columns, warps, unroll, stage_b=True, ctas=blocks * sms)
-            for lanes in sorted({want, 32}) for warps, blocks in ((16, 1), (8, 2))
-            for unroll in ((1, 2) if columns <= 8 else (1,))]
-
-
-def prefetched(configs: list[CsrConfig]) -> list[CsrConfig]:
-    """The same small-N / csr-staged configs with the next step's loads issued ahead (CsrConfig.prefetch):
-    one HBM round trip a row instead of one a step, for more registers."""
-    return [dataclasses.replace(c, prefetch=True) for c in configs]
-
-
-CSR_COLUMNS_MIN_N = 8  # below this most of a warp's 32 lanes would idle: the small-N kernel's ground
-
-
-def csr_columns(n: int, row_nnz: float) -> list[CsrColumnsConfig]:
-    """Column tiles of 32, 64 and 128 (1, 2, 4 columns a lane) up to the one that covers N; warps per row
-    so that each warp takes about one or two chunks of 32 nonzeros, and twice that; 4 warps a block."""
-    columns = [c for c in (1, 2, 4) if c == 1 or 32 * c // 2 < n]
-    want = 1
-    while want < 8 and want * 64 < row_nnz:
-        want *= 2
-    splits = sorted({want, min(8, 2 * want)})
-    return [CsrColumnsConfig(c, s, max(1, 4 // s)) for c in columns for s in splits]
 
 
 def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
@@ -140,19 +88,6 @@ def inline(n: int, layout: str, m: int, row_nnz: float) -> list[TileConfig]:
 def tile_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str, sms: int) -> list[TileConfig]:
     """The generated kernels' configs: row groups (autotune.candidates), row per block, inline."""
     return candidates(n, layout, row_nnz, relu, m) + row_per_block(n, layout) + inline(n, layout, m, row_nnz)
-
-
-def csr_columns_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
-                           sms: int) -> list[CsrColumnsConfig]:
-    return csr_columns(n, row_nnz) if layout == "kn" and n >= CSR_COLUMNS_MIN_N else []
-
-
-def csr_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str, sms: int) -> list[CsrConfig]:
-    """The small-N kernel, csr-staged, and both prefetching, for N <= SMALL_N_MAX."""
-    if n > SMALL_N_MAX:
-        return []
-    staged = csr_staged(n, row_nnz, sms)
-    return small_n(n, row_nnz) + staged + prefetched(small_n(n, row_nnz) + staged)
 
 
 def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False,
@@ -176,12 +111,6 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
         if c not in unique:
             unique.append(c)
     return unique
-
-
-def conv_columns_candidates(geometry, w, relu: bool = False) -> list[CsrColumnsConfig]:
-    """The direct convolution's csr-columns configs: the SpMM's (N = OH*OW) with the pixels a lane it takes."""
-    n, row_nnz = geometry.out_height * geometry.out_width, w.nnz / max(w.shape[0], 1)
-    return [c for c in csr_columns(max(n, 8), row_nnz) if c.columns in CONV_COLUMNS] or [CsrColumnsConfig()]
 
 
 def conv_tile_candidates(geometry, w, relu: bool = False) -> list[TileConfig]:

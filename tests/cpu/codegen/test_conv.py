@@ -14,7 +14,7 @@ from sparseforge import SparseMatrix
 from sparseforge.codegen import render
 from sparseforge.plan import TileConfig
 from sparseforge.plan.conv import ConvGeometry, make_conv_plan
-from sparseforge.plan.csr import CsrColumnsConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
 from .ptx_interp import launch
 from .ptx_interp import launch as launch_ptx

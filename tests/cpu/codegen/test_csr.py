@@ -7,8 +7,8 @@ import pytest
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
-from sparseforge.tune.space import csr_columns, csr_staged, prefetched, small_n
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.mappings.csr.space import csr_columns, csr_staged, prefetched, small_n
 
 from .test_ptx import _assemble_without_spills_and_link
 

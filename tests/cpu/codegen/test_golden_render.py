@@ -23,7 +23,7 @@ from sparseforge.codegen.gemv24 import render_gemv24
 from sparseforge.plan import TileConfig, make_plan
 from sparseforge.mappings.bitmap.plan import BitmapConfig, make_bitmap_plan
 from sparseforge.plan.conv import ConvGeometry, make_conv_plan
-from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.mappings.tc_scatter.plan import TcScatterConfig, make_tc_scatter_plan
 from sparseforge.spmm import plan_spmm
 from sparseforge.suite.cases import SAMPLE_DIR

@@ -245,7 +245,7 @@ run_csr = run_data_kernel
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_csr_kernels_add_a_residual_before_relu(layout, config, dtype):
     """Y = relu(W B + bias + R), R laid out as the output (kn: M x N; nk: N x M), batched."""
-    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
 
     rng = np.random.default_rng(5)
     dense = np.where(rng.random((7, 40)) < 0.3, rng.standard_normal((7, 40)), 0).astype(np.float32)
@@ -268,7 +268,7 @@ def test_csr_kernels_add_a_residual_before_relu(layout, config, dtype):
 @st.composite
 def csr_kernels(draw):
     """A random small problem (tails, empty rows, all-zero, one nonzero, dense rows) and any small-N config."""
-    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.mappings.csr.plan import CsrConfig
 
     columns = draw(st.integers(1, 9))
     config = CsrConfig(draw(st.sampled_from([4, 8, 16, 32])), columns, draw(st.sampled_from([1, 2])),
@@ -282,7 +282,7 @@ def csr_kernels(draw):
 @given(csr_kernels())
 @settings(max_examples=50, deadline=None)
 def test_random_small_n_kernels_match_float64_reference(problem):
-    from sparseforge.plan.csr import make_csr_plan
+    from sparseforge.mappings.csr.plan import make_csr_plan
 
     layout, config, m, k, n, density, seed, dtype, batch = problem
     rng = np.random.default_rng(seed)
@@ -298,7 +298,7 @@ def test_random_small_n_kernels_match_float64_reference(problem):
 def staged_kernels(draw):
     """A random small problem for csr-staged: N in one column tile, 1-3 persistent blocks (fewer than the
     row blocks, so a block takes several in turn), either layout, batch 1-2."""
-    from sparseforge.plan.csr import CsrConfig
+    from sparseforge.mappings.csr.plan import CsrConfig
 
     n = draw(st.integers(1, 16))
     columns = 1 << (n - 1).bit_length()
@@ -316,7 +316,7 @@ def staged_kernels(draw):
 def test_random_staged_kernels_match_float64_reference(problem):
     """csr-staged reads B from its shared copy (poisoned by the interpreter before the copy: a row it did
     not stage would show as NaN), blocks striding over the row blocks."""
-    from sparseforge.plan.csr import make_csr_plan
+    from sparseforge.mappings.csr.plan import make_csr_plan
 
     layout, config, m, k, n, density, seed, dtype, batch = problem
     rng = np.random.default_rng(seed)
@@ -334,7 +334,7 @@ def test_random_staged_kernels_match_float64_reference(problem):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_staged_kernel_adds_a_residual_over_rows_taken_in_turn(layout, dtype, prefetch):
     """One persistent block over 4 row blocks (M = 13, 4 rows a block): bias, residual and ReLU on each."""
-    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
     rng = np.random.default_rng(8)
     dense = np.where(rng.random((13, 37)) < 0.3, rng.standard_normal((13, 37)), 0).astype(np.float32)
@@ -359,7 +359,7 @@ def test_prefetching_kernels_carry_steps_and_rows_across_iterations(staged, dtyp
     for the next one, guarded by the row's end, and for csr-staged the next row's range) against float64;
     csr-staged: blocks of 2 rows (16 lanes a row), 2 persistent blocks over the 4 row blocks, so a block's
     second row block takes its range from the prefetch issued during its first."""
-    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
     rng = np.random.default_rng(11)
     k, n = 300, 5  # a step of 16 lanes x 2 x 4 is 128 nonzeros: rows of 0 to 3 steps
@@ -378,7 +378,7 @@ def test_prefetching_kernels_carry_steps_and_rows_across_iterations(staged, dtyp
 def test_small_n_kernel_never_multiplies_padding():
     """Rows are padded to 4 slots; a padded slot must not be read as a weight even where B holds inf there
     (column 0 is what padding points at)."""
-    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
     dense = np.zeros((3, 6), np.float32)
     dense[0, [1, 2, 3]] = [1.0, -2.0, 0.5]  # 3 nonzeros: one padded slot
@@ -396,7 +396,7 @@ def test_small_n_kernel_never_multiplies_padding():
 def test_small_n_kernel_reads_16_bit_indices_up_to_k_65536_and_32_bit_past_it(k, index_bytes, layout):
     """The last columns of K (65535 is the largest 16-bit index) must be read from the right B rows: a
     truncated or sign-extended index would read column 0's or fault."""
-    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
     rng = np.random.default_rng(k)
     dense = np.zeros((5, k), np.float32)
@@ -414,7 +414,7 @@ def test_small_n_kernel_reads_16_bit_indices_up_to_k_65536_and_32_bit_past_it(k,
 def csr_columns_kernels(draw):
     """A random small problem and any csr-columns config: rows longer than a chunk of 32 and than the warps
     of a row take together (so chunks are dealt round robin), N with and without vector tails, batch."""
-    from sparseforge.plan.csr import CsrColumnsConfig
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
     warps = draw(st.sampled_from([1, 2, 4]))
     m, k, n = draw(st.integers(1, 5)), draw(st.integers(1, 140)), draw(st.integers(1, 40))
@@ -429,7 +429,7 @@ def csr_columns_kernels(draw):
 @given(csr_columns_kernels())
 @settings(max_examples=25, deadline=None)
 def test_random_csr_columns_kernels_match_float64_reference(problem):
-    from sparseforge.plan.csr import make_csr_plan
+    from sparseforge.mappings.csr.plan import make_csr_plan
 
     config, m, k, n, density, seed, dtype, batch = problem
     rng = np.random.default_rng(seed)
@@ -445,7 +445,7 @@ def test_random_csr_columns_kernels_match_float64_reference(problem):
 def test_csr_columns_kernel_never_multiplies_padding_or_other_lanes_slots(warps_per_row):
     """Slots past a row's end (the padding to 4, and the rest of its last chunk of 32: index 0, value 0)
     must not become FMAs, even where B's row 0 holds inf; rows use every warp's share."""
-    from sparseforge.plan.csr import CsrColumnsConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig, make_csr_plan
 
     dense = np.zeros((3, 80), np.float32)
     dense[0, [1, 2, 3]] = [1.0, -2.0, 0.5]
@@ -472,7 +472,7 @@ def test_row_per_block_kernels_match_float64_reference(config):
 @pytest.mark.parametrize("form", ["row_groups", "small_n", "csr_columns"])
 def test_fused_relu_keeps_nan(form):
     """ReLU is max.NaN(x, 0): a NaN reaching a row's sum stays NaN, as torch.relu keeps it."""
-    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
     dense = np.zeros((4, 6), np.float32)
     dense[0, 2], dense[1, 2], dense[2, 4] = -1.0, 2.0, 3.0  # rows 0 and 1 read column 2; row 3 is empty
@@ -482,7 +482,7 @@ def test_fused_relu_keeps_nan(form):
     if form == "small_n":
         got = run_csr(make_csr_plan(weight, 4, "float32", "kn", CsrConfig(4, 4, 1), relu=True), b)
     elif form == "csr_columns":
-        from sparseforge.plan.csr import CsrColumnsConfig
+        from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
         got = run_csr(make_csr_plan(weight, 4, "float32", "kn", CsrColumnsConfig(1, 2, 2), relu=True), b)
     else:

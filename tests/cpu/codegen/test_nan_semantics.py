@@ -7,7 +7,7 @@ import pytest
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
-from sparseforge.plan.csr import CsrConfig, make_csr_plan
+from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
 from .test_interpreted import _decode, _encode, run_csr, run_plan
 

@@ -85,7 +85,7 @@ def test_bytes_of_w_against_dense_fp16_follow_the_bitmap_bound():
 
 def test_configs_refuse_fields_that_are_not_ints():
     """A float that equals an allowed value (2.0) would pass the membership checks and break the PTX."""
-    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
 
     for make in (lambda: BitmapConfig(4, 2.0), lambda: CsrConfig(8.0), lambda: CsrColumnsConfig(1, True)):
         with pytest.raises(TypeError, match="must be an int"):

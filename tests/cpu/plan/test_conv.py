@@ -13,7 +13,7 @@ from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig
 from sparseforge.plan.conv import (TAP_SHIFT, ConvGeometry, ConvTilePlan, conv_vector_width, execute_conv,
                                    expand_groups, make_conv_plan)
-from sparseforge.plan.csr import CsrColumnsConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
 
 def _conv_weight(geometry, density=0.4, seed=0):

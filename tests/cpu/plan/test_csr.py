@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sparseforge import SparseMatrix
-from sparseforge.plan.csr import NNZ_PER_STEP, CsrConfig, execute_csr, make_csr_plan
+from sparseforge.mappings.csr.plan import NNZ_PER_STEP, CsrConfig, execute_csr, make_csr_plan
 
 
 def _weight(seed=0, m=9, k=30, density=0.3):
@@ -55,7 +55,7 @@ def test_load_width_never_straddles_n():
 
 # -- csr-columns (CsrColumnsConfig): the same arrays, a warp per row with lanes across N ---------------------
 def test_csr_columns_config_validates_and_names_its_plan():
-    from sparseforge.plan.csr import CsrColumnsConfig
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
     for bad in ({"columns": 3}, {"warps_per_row": 16}, {"rows_per_block": 0}, {"warps_per_row": 8, "rows_per_block": 2},
                 {"warps_per_row": 4, "rows_per_block": 4}):
@@ -76,7 +76,7 @@ def test_rows_of_b_past_4_gib_are_refused():
 
 
 def test_csr_columns_refuses_nk_naming_the_fix():
-    from sparseforge.plan.csr import CsrColumnsConfig
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
     w, _ = _weight()
     with pytest.raises(ValueError, match="layout 'nk'.*CsrConfig or a TileConfig"):
@@ -86,7 +86,7 @@ def test_csr_columns_refuses_nk_naming_the_fix():
 def test_csr_columns_vector_only_where_n_allows():
     """A lane's columns are one vector when N is a multiple of them (no vector straddles N or a B row's
     alignment), else single elements 32 apart."""
-    from sparseforge.plan.csr import CsrColumnsConfig
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
     w, _ = _weight()
     assert make_csr_plan(w, 64, "float32", "kn", CsrColumnsConfig(4)).load_width == 4
@@ -97,7 +97,7 @@ def test_csr_columns_vector_only_where_n_allows():
 def test_small_n_plans_store_16_bit_indices_where_k_allows_and_others_32():
     """Decode is bound by W's bytes: a 16-bit index saves a third of an fp16 nonzero's. csr-columns and the
     convolution (taps packed in the top bits) keep 32-bit indices."""
-    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, csr_bytes
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, csr_bytes
 
     w = SparseMatrix.from_dense(np.eye(8, dtype=np.float32))
     short = make_csr_plan(w, 4, "float16", "kn", CsrConfig(lanes_per_row=4, columns=4))

@@ -9,7 +9,7 @@ import torch
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
-from sparseforge.plan.csr import CsrColumnsConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig
 from sparseforge.runtime.kernel import SpmmKernel
 
 M = K = 6  # square: an out can have B's shape, so it can be B
@@ -36,7 +36,7 @@ def cpu_kernel(layout="kn", config=TileConfig(2, 1, 1, 4), dtype="float32", devi
 
 def residual_kernel(layout="kn") -> SpmmKernel:
     """The same CPU kernel over a CSR plan compiled with a residual."""
-    from sparseforge.plan.csr import CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
 
     kernel = cpu_kernel(layout)
     plan = make_csr_plan(weight(), N, "float32", layout, CsrConfig(8, 4, 1), residual=True)
@@ -218,7 +218,7 @@ def test_raw_launches_pass_input_output_weight_arrays_then_residual():
     """SpmmKernel.launch and ConvKernel.launch over W as data: the driver gets (input, output, W's arrays,
     residual) as pointers, with the plan's grid (batch as z) and threads."""
     from sparseforge.plan.conv import ConvGeometry, make_conv_plan
-    from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+    from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
     from sparseforge.runtime.conv import ConvKernel
 
     calls = []

@@ -7,9 +7,10 @@ import pytest
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan, sketch_plan
-from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
 from sparseforge.tune.cost import estimate
-from sparseforge.tune.space import SMALL_N_MAX, search_space
+from sparseforge.mappings.csr.space import SMALL_N_MAX
+from sparseforge.tune.space import search_space
 
 
 def _weight(m=64, k=256, density=0.1, seed=0):
@@ -46,7 +47,7 @@ def test_pieces_never_outnumber_distinct_columns():
 
 
 def test_plans_over_the_launch_grid_are_refused():
-    from sparseforge.plan.csr import make_csr_plan as csr
+    from sparseforge.mappings.csr.plan import make_csr_plan as csr
 
     tall = SparseMatrix.from_dense(np.eye(70_000, 4, dtype=np.float32))
     for make in (make_plan, sketch_plan):
@@ -219,10 +220,11 @@ def test_sm_count_comes_from_the_arch_alone_so_prebuild_and_compile_agree(monkey
 
 def test_prefetch_shortens_the_predicted_chain_of_rows_longer_than_a_step():
     """Gpu.prefetch_step_fraction: a row's first step whole, the later ones shortened; empty warps cost nothing."""
-    from sparseforge.tune.cost import H200, _step_chain
+    from sparseforge.mappings.csr.cost import step_chain
+    from sparseforge.tune.cost import H200
 
     steps = np.array([0, 1, 4])
-    plain, ahead = _step_chain(steps, 1000.0, False, H200), _step_chain(steps, 1000.0, True, H200)
+    plain, ahead = step_chain(steps, 1000.0, False, H200), step_chain(steps, 1000.0, True, H200)
     assert list(plain) == [0, 1000, 4000] and ahead[0] == 0 and ahead[1] == 1000 and 1000 < ahead[2] < 4000
     w = _weight(m=256, k=4096, density=0.3)  # ~1200 nonzeros a row: several steps a warp
     long_rows = [estimate(make_csr_plan(w, 8, "float16", "kn", CsrConfig(32, 8, 16, 1, stage_b=True, ctas=4,
