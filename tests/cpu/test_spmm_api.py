@@ -128,7 +128,7 @@ def test_generated_candidates_over_the_compile_limit_are_dropped_before_planning
     from sparseforge.plan import TileConfig
     from sparseforge.mappings.csr.plan import CsrConfig
     from sparseforge.tune.pipeline import COMPILE_LIMIT_S, within_compile_limit
-    from sparseforge.tune.cost import tile_compile_seconds
+    from sparseforge.mappings.tile.cost import tile_compile_seconds
     from sparseforge.tune.space import search_space
 
     space = search_space(1, "nk", 14336, 2048.0)

@@ -73,12 +73,13 @@ _BITMAP = _P + "mappings.bitmap."
 _TC = _P + "mappings.tc_scatter."
 _SPLIT24 = _P + "mappings.split24."
 _CSR = _P + "mappings.csr."
+_TILE = _P + "mappings.tile."
 FAMILIES: tuple[Family, ...] = (
     # SpMM families, in the order their candidates join the design space
     Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
-           _P + "codegen.ptx:render", _P + "tune.cost:groups_estimate", _P + "tune.space:tile_candidates",
+           _P + "codegen.ptx:render", _TILE + "cost:groups_estimate", _TILE + "space:tile_candidates",
            _P + "plan.reference:execute", _P + "plan.traffic:tile_traffic", sketch=_P + "plan.plan:sketch_plan",
-           compile_seconds=_P + "tune.cost:tile_config_compile_seconds"),
+           compile_seconds=_TILE + "cost:tile_config_compile_seconds"),
     Family("csr-columns", SPMM, _CSR + "plan:CsrColumnsConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
            _CSR + "render:render_csr_columns", _CSR + "cost:csr_columns_estimate", _CSR + "space:csr_columns_candidates",
            _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True),
@@ -101,9 +102,9 @@ FAMILIES: tuple[Family, ...] = (
            _CSR + "space:conv_columns_candidates", _P + "plan.conv:execute_conv", None, residual=True,
            check=_P + "plan.conv:check_conv_columns", record_name="csr-columns"),
     Family("conv-tile", CONV, _P + "plan.config:TileConfig", _P + "plan.conv:ConvTilePlan",
-           _P + "plan.conv:make_conv_tile_plan", _P + "codegen.ptx:render", _P + "tune.cost:groups_estimate",
-           _P + "tune.space:conv_tile_candidates", _P + "plan.conv:execute_conv", None, residual=True,
-           compile_seconds=_P + "tune.cost:tile_config_compile_seconds", record_name="tile"),
+           _P + "plan.conv:make_conv_tile_plan", _P + "codegen.ptx:render", _TILE + "cost:groups_estimate",
+           _TILE + "space:conv_tile_candidates", _P + "plan.conv:execute_conv", None, residual=True,
+           compile_seconds=_TILE + "cost:tile_config_compile_seconds", record_name="tile"),
 )
 
 

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from sparseforge.tune import candidates, default_config
-from sparseforge.tune.autotune import SPLIT_MAX_ITEMS, SPLIT_ROW_NNZ, chunked_candidates
+from sparseforge.mappings.tile.autotune import SPLIT_MAX_ITEMS, SPLIT_ROW_NNZ, chunked_candidates
 
 
 @pytest.mark.parametrize("n", [1, 7, 49, 196, 256, 784, 3136, 12544])
