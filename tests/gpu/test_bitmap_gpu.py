@@ -1,4 +1,4 @@
-"""The bitmap decode kernel on the GPU (plan/bitmap.py, codegen/bitmap.py): LLM-shaped weights magnitude-
+"""The bitmap decode kernel on the GPU (mappings/bitmap/plan.py, mappings/bitmap/render.py): LLM-shaped weights magnitude-
 pruned to 50-90%, N = 1 (kn and nk), fp16 / bf16 / fp32, through compile_spmm with a fixed BitmapConfig,
 several fresh inputs each into NaN-poisoned outputs against float64; the small-N CSR kernel's 16-bit
 indices; the rotating-weights timing protocol."""

@@ -1,4 +1,4 @@
-"""The split-24 composite on the GPU (plan/relayout.py, semi/split24.py): W's 2:4 part on Sparse Tensor Cores
+"""The split-24 composite on the GPU (mappings/split24/plan.py, semi/split24.py): W's 2:4 part on Sparse Tensor Cores
 (cuSPARSELt) plus the residual's SpMM kernel adding in place, through compile_spmm with Split24Config, fresh
 inputs into NaN-poisoned outputs against float64; an empty residual (W already 2:4) and a large one; widths
 cuSPARSELt pads; bias; CUDA-graph replay; bench's rotated copies; its refusals."""

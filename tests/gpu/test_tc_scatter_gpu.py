@@ -1,4 +1,4 @@
-"""The tc-scatter kernel on the GPU (plan/tc_scatter.py, codegen/tc_scatter.py): every 16-bit dtype x N in
+"""The tc-scatter kernel on the GPU (mappings/tc_scatter/plan.py, mappings/tc_scatter/render.py): every 16-bit dtype x N in
 1..17, 33, 64 x densities {0, one nonzero, 10%, 30%, 50%, 100%} x tails (M, K not multiples of 16 / 64 / 8),
 both layouts, batches, bias / ReLU / residual, through compile_spmm with a fixed TcScatterConfig, fresh inputs
 into NaN-poisoned outputs against float64 (fp16 <= 5e-3, bf16 <= 3e-2 relative); LLM-shaped layers; its

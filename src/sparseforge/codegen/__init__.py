@@ -1,20 +1,20 @@
-"""Lowering: plan -> kernel source text. One module per target; render() is pure (no I/O, no GPU).
+"""Lowering: plan -> kernel source text; render() is pure (no I/O, no GPU) and asks the plan's kernel family
+(mappings/registry.py) for its renderer.
 
-ptx.py: the generated row-group kernels (every nonzero an FMA immediate: row groups, row per block, split
-K, staged or transposed X; a convolution over its zero-bordered input through operands.py); csr.py: the kernels over padded CSR (W as data: the small-N kernel, lanes over
-nonzeros, and csr-columns, lanes across N); bitmap.py: the decode kernel over a bitmap + packed values; tc_scatter.py: the tensor-core kernel over
-entries scattered into dense tiles (half precision, small N); conv.py: the direct sparse convolution
-(csr-columns over an implicit im2col);
-gemv24.py: the packed
-2:4 GEMV. render(plan) asks the plan's kernel family (mappings/registry.py) for its renderer.
+Here, shared by every family: ptx.py (KernelSource, the PTX emitter's kernel frames, and the generated
+row-group kernels: every nonzero an FMA immediate, row groups, row per block, split K, staged or transposed
+X, a convolution over its zero-bordered input through operands.py), emitter.py, operands.py, conv.py (the
+direct convolution's csr-columns kernel over an implicit im2col), gemv24.py (the packed 2:4 GEMV). Each
+family's own renderer lives in its folder: mappings/csr/render.py (small-N, csr-staged, csr-columns),
+mappings/bitmap/render.py, mappings/tc_scatter/render.py; they are re-exported here.
 """
-from ..mappings.registry import plan_family
 from ..mappings.bitmap.render import render_bitmap
-from .conv import render_conv
 from ..mappings.csr.render import render_csr, render_csr_columns
+from ..mappings.registry import plan_family
+from ..mappings.tc_scatter.render import render_tc_scatter
+from .conv import render_conv
 from .ptx import PTX_VERSION, KernelSource
 from .ptx import render as render_groups
-from ..mappings.tc_scatter.render import render_tc_scatter
 
 
 def render(plan) -> KernelSource:

@@ -1,6 +1,6 @@
 """Lowering target: the direct sparse convolution (plan/conv.py). Pure: render_conv(plan) -> PTX.
 
-The csr-columns kernel (codegen/csr.py render_columns) over an implicit im2col: lanes across output
+The csr-columns kernel (mappings/csr/render.py render_columns) over an implicit im2col: lanes across output
 pixels, a warp per output channel (or several splitting its nonzeros). Per pixel a lane keeps the base
 (oh*sh - ph)*W + (ow*sw - pw) (times Cin in nhwc) and a mask of the taps inside the image (32 bits up to 32
 taps, else 64; zero for a pixel past N); per nonzero it unpacks the slot (offset | tap << 26) into the

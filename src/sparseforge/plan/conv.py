@@ -10,7 +10,7 @@ channel ci, which sits at a constant offset
 
 from the lane's base (oh*sh - ph)*W + (ow*sw - pw). Each slot stores offset | tap << 26 (tap = r*kw + s),
 and each lane keeps, per output pixel, a 64-bit mask of the taps that fall inside the image: padding is a
-predicate, never a border or a buffer. codegen/conv.py renders it through codegen/csr.py's render_columns.
+predicate, never a border or a buffer. codegen/conv.py renders it through mappings/csr/render.py's render_columns.
 
 Layouts (ConvGeometry.layout). "nchw": input [batch,] Cin x H x W, output [batch,] Cout x OH x OW, residual as
 the output. "nhwc" (torch's channels_last: the same logical shapes, channels innermost in memory): input

@@ -1,5 +1,5 @@
 """The split-24 composite (the tensor-core path for large N), its runtime: an unstructured W split as
-W24 + R (plan/relayout.py Split24Plan) runs as Y = X W24^T on Sparse Tensor Cores through the one 2:4 runtime
+W24 + R (mappings/split24/plan.py Split24Plan) runs as Y = X W24^T on Sparse Tensor Cores through the one 2:4 runtime
 (semi/cusparselt.py: compressed once, the algorithm searched for this width), which leaves D = Y^T (M x N,
 row-major: cuSPARSELt runs no column-major output on sm_90); R's product is added into D in place by R's own
 SpMM kernel in the "kn" orientation (D += R X^T, X^T one transposed copy of X), and D is copied into X's layout

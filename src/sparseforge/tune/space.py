@@ -11,7 +11,7 @@
 - inline: row per block (or two clustered rows) with every group's code in the kernel, no calls, for
   small layers (their compile grows superlinearly): 1.18-1.21x over the called form on rn50's N = 3136
   layers;
-- csr-columns (plan/csr.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
+- csr-columns (mappings/csr/plan.py, kn): W as data, a warp per row with lanes across N (Sputnik's tiling), for
   large layers at moderate N, where the generated code's instruction stream is what limits;
 - bitmap (mappings/bitmap/, N = 1): W as a bitmap + packed values, the fewest bytes of W for decode, where
   the weight's bytes bound the layer. Its second design (lanes over interleaved columns, x and
@@ -19,7 +19,7 @@
 - tc-scatter (mappings/tc_scatter/, float16 / bfloat16, N <= 64): W's nonzeros scattered into dense 16 x 16
   tiles for the tensor cores (mma.m16n8k16): a few instructions a nonzero whatever N is, where the CUDA-core
   kernels gather B per nonzero (the decode and small batches);
-- csr-staged (plan/csr.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
+- csr-staged (mappings/csr/plan.py, N <= 16): the small-N kernel with B copied into shared memory once per block and
   blocks persistent over the rows: one LDS a nonzero where the small-N kernel gathers B from L1/L2, the
   bound at N = 1-16. Measured on the H200 (fp16 / bf16 Llama 4096 x 4096):
   the fastest csr kernel at N = 1, 8 and 16 from 70% sparsity on;

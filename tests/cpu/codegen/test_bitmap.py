@@ -1,4 +1,4 @@
-"""The bitmap decode kernel (codegen/bitmap.py) run by the PTX interpreter against float64 into
+"""The bitmap decode kernel (mappings/bitmap/render.py) run by the PTX interpreter against float64 into
 NaN-poisoned outputs, its NaN/inf semantics, and ptxas for sm_90 and sm_80 without spills."""
 import re
 

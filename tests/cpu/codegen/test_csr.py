@@ -1,4 +1,4 @@
-"""The kernels over padded CSR (codegen/csr.py): they assemble for sm_90 and sm_80 without spills at every
+"""The kernels over padded CSR (mappings/csr/render.py): they assemble for sm_90 and sm_80 without spills at every
 config the design space proposes, and csr-columns' source has the shape its docstring claims."""
 import re
 

@@ -221,7 +221,7 @@ def test_random_kernels_match_float64_reference(problem):
     assert_matches(got, ref, dtype)
 
 
-# -- the small-N kernel over padded CSR (codegen/csr.py) ---------------------------------------------------
+# -- the small-N kernel over padded CSR (mappings/csr/render.py) ---------------------------------------------------
 def run_data_kernel(plan, b: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
     """A kernel that reads W as data (CSR, csr-columns, bitmap) on b, as the runtime launches it: its
     plan.weight_arrays() (values in the kernel's dtype), the bias, then the residual where the plan adds

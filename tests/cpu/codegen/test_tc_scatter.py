@@ -1,4 +1,4 @@
-"""The tc-scatter kernel (codegen/tc_scatter.py) run by the PTX interpreter (ldmatrix and mma included)
+"""The tc-scatter kernel (mappings/tc_scatter/render.py) run by the PTX interpreter (ldmatrix and mma included)
 against float64 into NaN-poisoned outputs: random shapes, widths, layouts, dtypes, batches and epilogues; its
 non-finite contract (dense within the tensor cores' blocks); ptxas for sm_90 and sm_80 without spills."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""The bitmap layout (plan/bitmap.py): bits where W is nonzero, values packed in column order per row, and
+"""The bitmap layout (mappings/bitmap/plan.py): bits where W is nonzero, values packed in column order per row, and
 the per-step offsets the decode kernel starts each step's values from."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The small-N plan (plan/csr.py): padded-CSR arrays that the kernel reads at 16-byte steps."""
+"""The small-N plan (mappings/csr/plan.py): padded-CSR arrays that the kernel reads at 16-byte steps."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""split_24 (plan/relayout.py): W = part24 + residual exactly, part24 is 2:4 holding each group's two
+"""split_24 (mappings/split24/plan.py): W = part24 + residual exactly, part24 is 2:4 holding each group's two
 largest |w|, and the statistics the design quotes (99.6% of 4-groups fit at 90%)."""
 import numpy as np
 import pytest

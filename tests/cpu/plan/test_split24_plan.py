@@ -1,4 +1,4 @@
-"""The split-24 plan option (plan/relayout.py Split24Plan), its cost and its place in the design space: the
+"""The split-24 plan option (mappings/split24/plan.py Split24Plan), its cost and its place in the design space: the
 composite is proposed only where it can run (X W^T, 16-bit, M and K multiples of 16, no fused epilogue, large
 N) and, until measured, only in the unmeasured space; the cost model puts it ahead of dense at 90% and far
 behind at 50% for large N; it compiles nothing of its own."""

@@ -1,4 +1,4 @@
-"""The tc-scatter layout (plan/tc_scatter.py): W's nonzeros as (position byte, value) entries in 16 x 16 tiles,
+"""The tc-scatter layout (mappings/tc_scatter/plan.py): W's nonzeros as (position byte, value) entries in 16 x 16 tiles,
 chunks of 4 tiles, rounds of 32 quads with their records; what the kernel reads back must be exactly W."""
 import dataclasses
 

@@ -1,7 +1,7 @@
 """The bitmap mapping for decode (N = 1): W as one bit per position plus its nonzero values packed.
 
 Why a third data layout: at N = 1 (LLM token generation) the product is bound by the weight's bytes, not by
-math. Dense fp16 moves 2 bytes a position; padded CSR with 16-bit indices (plan/csr.py) 4 bytes a nonzero;
+math. Dense fp16 moves 2 bytes a position; padded CSR with 16-bit indices (mappings/csr/plan.py) 4 bytes a nonzero;
 a bitmap 1/8 byte a position plus 2 a nonzero: 6.2x fewer bytes than dense fp16 at 90%, 2.8x at 70%, 1.8x
 at 50% (the bounds), and a nonzero's index costs no load: it is the bit's position.
 
@@ -21,7 +21,7 @@ Layout (BitmapPlan), per row r of W (M x K), T = ceil(K / 1024) words per lane:
 - row_starts[r]: the index in `values` of the row's first block (a multiple of 8: 16-byte aligned).
 A block's size and each lane's place in it are not stored: the kernel scans the words' bit counts.
 
-The kernel (codegen/bitmap.py): a block stages x (K values) in shared memory, then each warp takes
+The kernel (render.py): a block stages x (K values) in shared memory, then each warp takes
 rows_per_warp consecutive rows. Per row and word t: the warp scans its lanes' bit counts by shuffle, copies
 the block into its buffer, and each lane walks its word's set bits from the highest (bfind), reading
 x[1024 t + 32 b + l] and its next value from shared memory into fp32 sums; a fixed-order butterfly adds the

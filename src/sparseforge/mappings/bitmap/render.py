@@ -1,4 +1,4 @@
-"""Lowering target: the bitmap decode kernel (plan/bitmap.py). Pure: render_bitmap(plan) -> PTX.
+"""Lowering target: the bitmap decode kernel (plan.py). Pure: render_bitmap(plan) -> PTX.
 
 Parameters: x (kn: [batch,] K x 1; nk: [batch,] 1 x K: the same vector), C ([batch,] M x 1 or 1 x M),
 values (the kernel's dtype), masks (uint32 [M, words, 32]), row_starts (int32 [M]), bias (fp32, or null),

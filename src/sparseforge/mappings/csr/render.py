@@ -1,4 +1,4 @@
-"""Lowering target: the small-N kernel over padded CSR (plan/csr.py). Pure: render_csr(plan) -> PTX.
+"""Lowering target: the small-N kernel over padded CSR (plan.py). Pure: render_csr(plan) -> PTX.
 
 Parameters: B (kn: [batch,] K x N; nk: [batch,] N x K), C (kn: M x N; nk: N x M), values (the kernel's
 dtype), column indices (uint16 where K <= 65536, else int32), rows (int32 pairs: first slot, real end),

@@ -28,7 +28,7 @@ STAGED_MAX_N = 16  # csr-staged holds N in one column tile (columns <= 16: a ste
 
 
 def csr_staged(n: int, row_nnz: float, sms: int = SMS) -> list[CsrConfig]:
-    """csr-staged configs (plan/csr.py) for N <= STAGED_MAX_N: one column tile (columns: N rounded up to a
+    """csr-staged configs (plan.py) for N <= STAGED_MAX_N: one column tile (columns: N rounded up to a
     power of two), lanes per row as small_n picks them, and the same threads an SM two ways: 16 warps in one
     block an SM, or 8 in two (a copy of B over 113 KB leaves room for one only: the launch then runs a
     second wave, which the timing shows); one or two steps in flight where the columns allow it."""

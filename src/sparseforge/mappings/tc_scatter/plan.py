@@ -35,7 +35,7 @@ Layout (TcScatterPlan), W (M x K) in strips of 16 rows and chunks of 64 columns,
 - chunks[strip * C + c] = (first round, first entry), and one more row after the last chunk.
 Both arrays end with padding the kernel's read-ahead may touch (never used).
 
-The kernel (codegen/tc_scatter.py): a block per strip (and per group of 32 output columns), its warps taking
+The kernel (render.py): a block per strip (and per group of 32 output columns), its warps taking
 consecutive ranges of the strip's chunks; each warp walks its rounds, records 4 ahead and entries 2 ahead,
 scatters, and at a chunk's last round multiplies the chunk's 4 tiles into its accumulators, then zeroes the
 tiles. The warps' partial sums meet in shared memory and are added in warp order (deterministic, no atomics);

@@ -1,4 +1,4 @@
-"""Lowering target: the tc-scatter kernel (plan/tc_scatter.py). Pure: render_tc_scatter(plan) -> PTX.
+"""Lowering target: the tc-scatter kernel (plan.py). Pure: render_tc_scatter(plan) -> PTX.
 
 Parameters: B (kn: [batch,] K x N; nk: [batch,] N x K), C ([batch,] M x N or N x M), values (the kernel's
 dtype), pos (uint8), records (uint32 pairs), chunks (uint32 pairs), bias (fp32, or null), then the residual
@@ -15,7 +15,7 @@ the strip's chunks [w * per_warp, (w + 1) * per_warp), whose rounds are consecut
 - a chunk's last round: warp barrier, per tile ldmatrix.x4 (A) and one mma.m16n8k16 per n-tile with the
   chunk's B (fp32 accumulators), barrier, the 4 tiles zeroed (one 16-byte store each), barrier, and the next
   chunk's B requested (its index from the next round's record; one 16-byte load a lane per 32 columns:
-  plan/tc_scatter.py's column permutation);
+  plan.py's column permutation);
 - at the end the warps' accumulators meet in shared memory (the tile buffers' space), and each thread adds
   its outputs' partial sums in warp order, then bias, residual, ReLU (max.NaN), rounding and the store.
 """
