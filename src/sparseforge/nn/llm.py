@@ -153,6 +153,21 @@ class DecodeLinear(nn.Module):
             return self.inner(x)
         return F.linear(x, self.dense_weight(x), self.bias)
 
+    def prepare(self) -> None:
+        """Build the kernels of the decode widths now, on a CUDA device (from the kernel cache; the inner layer
+        of a converted or loaded model times nothing), so that the first decode step, which may be a CUDA graph
+        capture, finds them. Does nothing on a CPU."""
+        inner, widths = self.inner, sorted(self.kernel_widths)
+        if isinstance(inner, SparseLinear):
+            if inner.device.type == "cuda":
+                inner.prepare(widths)
+            return
+        if inner.weight.is_cuda:
+            generator = torch.Generator(device="cpu").manual_seed(0)
+            for n in widths:
+                inner.runtime().prepare(torch.randn(n, self.in_features, generator=generator).to(inner.weight.device,
+                                                                                                 inner.weight.dtype))
+
     def dense_weight(self, x: torch.Tensor | None = None) -> torch.Tensor:
         """W dense (out_features x in_features) for a dense call on `x`: a SparseLinear24's own weight, else the
         shared workspace of this shape filled from the CSR buffers (a tensor of its own where autograd would
@@ -301,7 +316,8 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
                             linear_bytes_before=linear_bytes(model, names))
     keys = {name: _group_key(model.get_submodule(name)) for name in names}
     firsts = list({key: name for name, key in reversed(keys.items())}.values())[::-1]
-    order = sorted(names, key=lambda n: (n not in firsts, names.index(n)))  # each group's first layer first
+    # measuring, each group's first layer first: the others take its decision
+    order = sorted(names, key=lambda n: (n not in firsts, names.index(n))) if policy == "measure" else names
     if policy == "measure":  # the measured layers' candidates compiled side by side (nn.convert.prebuild_layers)
         prebuild_layers([(model.get_submodule(n), [(t, keys[n][0][1]) for t in tokens]) for n in firsts
                          if keys[n][3] > 0], tune_budget)
