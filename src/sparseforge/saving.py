@@ -93,6 +93,12 @@ def _build(record: dict, device) -> nn.Module:
                           "with the version that saved it")
 
 
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """(the module holding tensor `name`, its attribute name there)."""
+    parent_name, _, leaf = name.rpartition(".")
+    return (model.get_submodule(parent_name) if parent_name else model), leaf
+
+
 def save(model: nn.Module, directory) -> Path:
     """Write `model` (converted or not) to `directory` (made if missing; its parent must exist): the layout is
     in the module docstring. A transformers model is rebuilt by load from its config; any other model needs a
@@ -230,8 +236,13 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
         raise SavedModelError(f"the saved tensors do not fit the model ({' '.join(str(err).split())[:400]}); pass a "
                               "model of the architecture that was saved") from err
     for name, buffer in extra.items():
-        parent_name, _, leaf = name.rpartition(".")
-        (model.get_submodule(parent_name) if parent_name else model)._buffers[leaf] = buffer
+        owner, leaf = _owner(model, name)
+        owner._buffers[leaf] = buffer
+    for alias, canonical in aliases.items():  # assign made a Parameter per name: one object again, as saved
+        (owner, leaf), (source, source_leaf) = _owner(model, alias), _owner(model, canonical)
+        for table in ("_parameters", "_buffers"):
+            if leaf in getattr(owner, table) and source_leaf in getattr(source, table):
+                getattr(owner, table)[leaf] = getattr(source, table)[source_leaf]
     left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if left:
         raise SavedModelError(f"{left[0]} (and {len(left) - 1} more) were not saved; save the model again with this "
