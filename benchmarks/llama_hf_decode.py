@@ -3,8 +3,8 @@
 magnitude (--patterns: 50%, 70%, 2:4), converted with sparseforge.convert(model, tokens=batches), against the
 same pruned model run dense by the same transformers code:
 
-- conversion: seconds cold (an empty kernel cache) and warm (the same model again: what the caches hold is
-  not measured again), peak GPU memory, the bytes of the decoder Linears (224 at 32 layers; lm_head apart)
+- conversion: seconds cold (an empty kernel cache: a temporary one unless SPARSEFORGE_CACHE_DIR is set) and
+  warm (the same model again: what the caches hold is not measured again), peak GPU memory, the bytes of the decoder Linears (224 at 32 layers; lm_head apart)
   before and after, the shared prefill workspaces counted;
 - one decode step per token at each batch (--batches) and context (--contexts): a static KV cache filled to
   the context, the step captured in a CUDA graph on both sides (runtime.timing.graph_time_us); the decoder
@@ -266,11 +266,11 @@ def main(argv=None) -> int:
     if device.type == "cuda" and "SPARSEFORGE_CACHE_DIR" not in os.environ:
         os.environ["SPARSEFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="sparseforge-cold-")  # cold: an empty cache
     info = provenance(sys.argv if argv is None else ["benchmarks/llama_hf_decode.py", *argv])
-    out = args.out or RESULTS / (f"{(info.get('gpu') or 'cpu').split()[-1].lower()}_"
-                                 f"{datetime.date.today().isoformat()}_llama_hf_decode_{args.dtype}_{args.layers}L.json")
+    gpu = (info.get("gpu") or "cpu").split()[-1].lower()
+    out = args.out or RESULTS / f"{gpu}_{datetime.date.today()}_llama_hf_decode_{args.dtype}_{args.layers}L.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"provenance": info, "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               "summary": [], "patterns": [], "cases": []}
+    arguments = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    payload = {"provenance": info, "arguments": arguments, "summary": [], "patterns": [], "cases": []}
     status = 0
     for pattern in args.patterns:
         cases, result = run_pattern(pattern, args, device)

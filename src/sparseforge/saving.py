@@ -14,8 +14,10 @@ A directory holds:
                          decode widths a DecodeLinear runs on its kernels: loaded as made, not measured again).
 
 load builds the model on the meta device (no memory, no random init), puts the converted modules back where
-they were, and assigns the saved tensors; the kernels come from the kernel cache at the first call (or at once,
-loading onto a CUDA device: DecodeLinear.prepare, which compiles what the cache lacks and times nothing).
+they were, and assigns the saved tensors; the kernels come from the kernel cache at the first call, or at once
+loading onto a CUDA device (DecodeLinear.prepare). The cache holds each measured choice with its times, so
+nothing is timed again where it holds them (on another machine, or with the cache cleared, the first layer of
+each shape is measured again and the kernels compiled: the decode widths themselves stay as saved).
 """
 from __future__ import annotations
 
@@ -73,10 +75,10 @@ def _build(record: dict, device) -> nn.Module:
 
     kind = record["class"]
     if kind == "DecodeLinear":
-        inner = _build(record["inner"], device)
-        if isinstance(inner, SparseLinear):
-            inner.policy = "sparse"  # its decode widths were decided at conversion: built, not measured again
-        return DecodeLinear(inner, record["kernel_widths"])
+        # its decode widths were decided at conversion; the inner layer keeps its policy: the first layer of a
+        # shape was measured ("measure": the kernel cache holds that choice with its times, so it is looked up,
+        # not timed again), the others took its decision ("sparse": built without timing)
+        return DecodeLinear(_build(record["inner"], device), record["kernel_widths"])
     dtype = getattr(torch, record["dtype"])
     if kind == "SparseLinear":
         return SparseLinear(record["in_features"], record["out_features"], record["bias"], record["nnz"], device,
@@ -191,8 +193,9 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
     if manifest.get("format") != FORMAT:
         raise SavedModelError(f"{manifest_path} is format {manifest.get('format')!r}; this sparseforge "
                               f"{__version__} reads format {FORMAT}: load with the version that saved it")
-    try:
-        tensors = load_file(str(directory / TENSORS))
+    try:  # straight onto the device: an 8B model need not pass through host memory
+        target = "cpu" if device is None else str(torch.device(device))
+        tensors = load_file(str(directory / TENSORS), device=target)
     except (SafetensorError, OSError, ValueError) as err:
         raise SavedModelError(f"{directory / TENSORS} is missing or corrupt ({type(err).__name__}: {err}); save the "
                               "model again") from err

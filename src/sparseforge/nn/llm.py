@@ -284,8 +284,8 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     callable progress(name, index, total). Returns a CausalLMReport.
     """
     started = time.perf_counter()
-    require_transformers()
     check_causal_lm(model)
+    require_transformers()
     tokens = check_tokens(tokens)
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
