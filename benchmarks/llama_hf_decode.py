@@ -4,8 +4,9 @@ magnitude (--patterns: 50%, 70%, 2:4), converted with sparseforge.convert(model,
 same pruned model run dense by the same transformers code:
 
 - conversion: seconds cold (an empty kernel cache: a temporary one unless SPARSEFORGE_CACHE_DIR is set) and
-  warm (the same model again: what the caches hold is not measured again), peak GPU memory, the bytes of the decoder Linears (224 at 32 layers; lm_head apart)
-  before and after, the shared prefill workspaces counted;
+  warm (the same model again: what the caches hold is not measured again), peak GPU memory, the bytes of
+  the decoder Linears (224 at 32 layers; lm_head apart) before and after, the shared prefill workspaces
+  counted;
 - one decode step per token at each batch (--batches) and context (--contexts): a static KV cache filled to
   the context, the step captured in a CUDA graph on both sides (runtime.timing.graph_time_us); the decoder
   Linears alone timed the same way (their share of the dense step), and the dense step's weight bandwidth;
