@@ -16,7 +16,7 @@ def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
     spec.loader.exec_module(script)
     out = tmp_path / "tiny.json"
     status = script.main(["--tiny", "--patterns", "0.6,2:4", "--batches", "1", "2", "--contexts", "4",
-                          "--generate", "2", "--no-warm", "--out", str(out)])
+                          "--generate", "3", "--generate-batches", "1", "2", "--no-warm", "--out", str(out)])
     assert status == 0, capsys.readouterr().out
     result = json.loads(out.read_text())
     assert {"date", "commit", "command"} <= set(result["provenance"])
@@ -27,6 +27,7 @@ def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
                 "decoder_linear_bytes_before", "decoder_linear_bytes_after"} <= set(row)
         assert row["all_correct"] and row["geomean_speedup_vs_cublas"] > 0 and row["n"] == row["batch"]
     assert len(result["cases"]) == 4 and all(case["generate_tokens_equal"] == 1.0 for case in result["cases"])
+    assert all(case["sparseforge_prefill_s"] > 0 for case in result["cases"]) and result["notes"] == []
     assert all(p["conversion"]["replaced"] == 14 for p in result["patterns"])
 
 
