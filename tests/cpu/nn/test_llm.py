@@ -221,3 +221,11 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch, tmp_path):
                                                            "source": "transformers", "aliases": {}, "modules": {}}))
     with pytest.raises(ImportError, match=r"pip install 'sparseforge\[llm\]'"):
         sparseforge.load(tmp_path)
+
+
+def test_converting_without_transformers_names_the_extra(monkeypatch):
+    model = _pruned_lm()
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'sparseforge\[llm\]'"):
+        sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False)
+    assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
