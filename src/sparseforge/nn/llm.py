@@ -28,7 +28,7 @@ from torch import nn
 from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.decide import DENSE, SPARSE, UNSTRUCTURED
-from ..tune.choose import check_tune_budget
+from ..tune.choose import TUNE_BUDGET_S, tuning_budget
 from .convert import LayerReport, ModelReport, measure_layer, prebuild_layers
 from .linear24 import SparseLinear24
 from .sparse import SparseLinear, SparseShapeError
@@ -275,8 +275,8 @@ class CausalLMReport(ModelReport):
 
 
 def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerFilter = None,
-                      exclude: LayerFilter = None, policy: str = "measure", tune_budget: float | None = 5.0,
-                      progress: bool | Callable = True) -> CausalLMReport:
+                      exclude: LayerFilter = None, policy: str = "measure",
+                      tune_budget: float | None = TUNE_BUDGET_S, progress: bool | Callable = True) -> CausalLMReport:
     """Convert, in place, a transformers causal LM of the Llama layout for decoding (module docstring).
 
     tokens: the decode batch sizes (an int or several, e.g. (1, 8)): each candidate is decided at these
@@ -285,7 +285,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     (a CUDA device: keep a sparse path only where measured faster than dense at some decode width), "sparse"
     (replace every candidate holding pruned weights, nothing timed: on a CPU, the dense CPU path) or "dense"
     (replace nothing; the report lists the layers). dtype: cast the model first. tune_budget: seconds per
-    kernel shortlist (nn.convert). progress: True for a progress bar (layer count, ETA), False for none, or a
+    kernel shortlist (0 or None: the cost model's pick; tune.choose.tuning_budget). progress: True for a progress bar (layer count, ETA), False for none, or a
     callable progress(name, index, total). Returns a CausalLMReport.
     """
     started = time.perf_counter()
@@ -294,7 +294,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     tokens = check_tokens(tokens)
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
-    check_tune_budget(tune_budget)
+    tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick, as everywhere
     if dtype is not None:
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
