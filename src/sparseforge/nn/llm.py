@@ -299,7 +299,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
         model.to(dtype)
-    device = model.lm_head.weight.device if hasattr(model.lm_head, "weight") else next(model.parameters()).device
+    device = model_device(model)
     on_gpu = device.type == "cuda"
     if policy == "measure" and not on_gpu:
         raise ValueError("policy='measure' times the kernels on a CUDA device: move the model there first "
@@ -348,6 +348,11 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated(device)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model computes: its first parameter's device (a transformers model is on one device)."""
+    return next(model.parameters()).device
 
 
 def _group_key(linear: nn.Linear) -> tuple:

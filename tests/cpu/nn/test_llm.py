@@ -229,3 +229,43 @@ def test_converting_without_transformers_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'sparseforge\[llm\]'"):
         sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False)
     assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
+
+
+def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch):
+    """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
+    (shape, sparsity) is measured, here the kernel winning at 1 token and dense at 8; every other layer of the
+    group takes that decision, so each DecodeLinear runs its kernel at width 1 only."""
+    from sparseforge.nn import llm
+    from sparseforge.semi.decide import DENSE, UNSTRUCTURED, fixed
+
+    class Measured(SparseLinear):
+        decisions = property(lambda self: [fixed(1, UNSTRUCTURED, "stub: faster"), fixed(8, DENSE, "stub: slower")])
+
+    measured = []
+
+    def measure_layer(name, module, shapes, policy, tune_budget):
+        measured.append((name, [tuple(s) for s in shapes], policy))
+        layer = llm.LayerReport(name, "Linear", tuple(module.weight.shape), 0.5, shapes, UNSTRUCTURED,
+                                reason="stub: unstructured measured faster")
+        return layer, Measured.from_dense(module, policy="sparse")
+
+    monkeypatch.setattr(llm, "measure_layer", measure_layer)
+    monkeypatch.setattr(llm, "prebuild_layers", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(llm, "model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
+    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [])  # kernels: none on a CPU
+    dense = _pruned_lm()
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1, 8), progress=False)
+    firsts = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"]
+    assert [m[0] for m in measured] == firsts and report.measured == 3 and report.peak_gpu_bytes == 123
+    assert measured[0][1:] == ([(1, 256), (8, 256)], "measure")
+    assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
+    assert all(model.get_submodule(n).kernel_widths == {1} for n in report.replaced)
+    reasons = {layer.name: layer.reason for layer in report.layers}
+    assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
+    assert reasons["model.layers.1.mlp.down_proj"].startswith("as model.layers.0.mlp.down_proj measured")
+    with torch.no_grad():
+        for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
+            assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
