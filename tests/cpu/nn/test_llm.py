@@ -269,3 +269,21 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
+    from sparseforge.nn import SparseLinear24
+
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32)).half()  # noqa: E731
+    model = make()
+    prune_model(model, nm="2:4", keep_masks=False)
+    model[0] = SparseLinear24.from_dense(model[0], policy="sparse")
+    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [1, 4])
+    x = torch.randn(4, 32).half()
+    with torch.no_grad():
+        want = model(x)
+        loaded = sparseforge.load(sparseforge.save(model, tmp_path / "m"), model=make())
+        assert isinstance(loaded[0], SparseLinear24) and loaded[0].policy == "sparse"
+        assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {1, 4}
+        assert torch.equal(loaded(x), want)
