@@ -9,7 +9,8 @@ same pruned model run dense by the same transformers code:
   counted;
 - one decode step per token at each batch (--batches) and context (--contexts): a static KV cache filled to
   the context, the step captured in a CUDA graph on both sides (runtime.timing.graph_time_us); the decoder
-  Linears alone timed the same way (their share of the dense step), and the dense step's weight bandwidth;
+  Linears alone timed the same way (their share of the dense step), and the dense step's bandwidth (every
+  weight but the embedding, and the KV cache up to the context);
 - generate of --generate new tokens at --generate-batches (greedy, static cache; transformers compiles the
   decode step with CUDA graphs on both sides): seconds, the decode part apart (the same generate of 1 token,
   the prompt's prefill, subtracted: prefill runs dense on the converted side, W scattered from host memory),
@@ -221,7 +222,13 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     model = build(args, device)
     prune(model, pattern)
     names = decoder_linear_names(model)
-    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # what one decode step reads: every weight but the embedding (a row per token), and the KV cache
+    embedding = model.get_input_embeddings().weight
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - \
+        embedding.numel() * embedding.element_size()
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * embedding.element_size()
     bytes_before = linear_bytes(model, names)
     dense = measure_side(model, args, device, names)
     policy = "measure" if device.type == "cuda" else "sparse"
@@ -250,7 +257,8 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
             rows.append({"model": model_name, "sparsity": sparsity, "dtype": args.dtype, "batch": batch,
                          "layout": "nk", "n": batch, "context": context, "dense_us": dense_us,
                          "sparseforge_us": sparse_us, "speedup_vs_cublas": dense_us / sparse_us,
-                         "dense_weight_tbps": param_bytes / dense_us / 1e6,
+                         "dense_step_bytes": weight_bytes + kv_bytes_per_token * batch * context,
+                         "dense_tbps": (weight_bytes + kv_bytes_per_token * batch * context) / dense_us / 1e6,
                          "dense_linears_us": dense["linears_us"][batch],
                          "sparseforge_linears_us": converted["linears_us"][batch],
                          "dense_non_linear_share": 1 - dense["linears_us"][batch] / dense_us,
