@@ -27,7 +27,8 @@ def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
                 "decoder_linear_bytes_before", "decoder_linear_bytes_after"} <= set(row)
         assert row["all_correct"] and row["geomean_speedup_vs_cublas"] > 0 and row["n"] == row["batch"]
     assert len(result["cases"]) == 4 and all(case["generate_tokens_equal"] == 1.0 for case in result["cases"])
-    assert all(case["sparseforge_prefill_s"] > 0 for case in result["cases"]) and result["notes"] == []
+    assert all(case["sparseforge_prefill_s"] > 0 and case["dense_tbps"] > 0 for case in result["cases"])
+    assert result["notes"] == []
     assert all(p["conversion"]["replaced"] == 14 for p in result["patterns"])
 
 
