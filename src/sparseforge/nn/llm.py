@@ -110,7 +110,10 @@ def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -
     key = (rows, cols, dtype, device)
     found = _WORKSPACES.get(key)
     if found is None:
-        found = _WORKSPACES[key] = torch.empty(rows, cols, dtype=dtype, device=device)
+        # outside inference mode: a workspace made by a first call under inference_mode (an inference tensor)
+        # could not be written by a later call outside it
+        with torch.inference_mode(False):
+            found = _WORKSPACES[key] = torch.empty(rows, cols, dtype=dtype, device=device)
     return found
 
 

@@ -287,3 +287,18 @@ def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
         assert isinstance(loaded[0], SparseLinear24) and loaded[0].policy == "sparse"
         assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {1, 4}
         assert torch.equal(loaded(x), want)
+
+
+def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode():
+    torch.manual_seed(0)
+    linears = [nn.Linear(16, 8) for _ in range(2)]
+    prune_model(nn.ModuleList(linears), sparsity=0.5, keep_masks=False)
+    layers = [DecodeLinear(SparseLinear.from_dense(lin, policy="sparse"), [1]) for lin in linears]
+    x = torch.randn(3, 16)  # 3 tokens: not a decode width, so dense from the workspace both layers share
+    with torch.inference_mode():
+        assert torch.allclose(layers[0](x), linears[0](x), atol=1e-6)
+    with torch.no_grad():
+        for layer, lin in zip(layers, linears):
+            assert torch.allclose(layer(x), lin(x), atol=1e-6)
+    assert torch.allclose(layers[1](x), linears[1](x), atol=1e-6)
+    assert layers[0].dense_weight().data_ptr() == layers[1].dense_weight().data_ptr()  # one buffer per shape
