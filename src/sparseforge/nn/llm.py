@@ -288,8 +288,10 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     (a CUDA device: keep a sparse path only where measured faster than dense at some decode width), "sparse"
     (replace every candidate holding pruned weights, nothing timed: on a CPU, the dense CPU path) or "dense"
     (replace nothing; the report lists the layers). dtype: cast the model first. tune_budget: seconds per
-    kernel shortlist (0 or None: the cost model's pick; tune.choose.tuning_budget). progress: True for a progress bar (layer count, ETA), False for none, or a
-    callable progress(name, index, total). Returns a CausalLMReport.
+    kernel shortlist (0 or None: the cost model's pick; tune.choose.tuning_budget). progress: True for a
+    progress bar (layer count, ETA), False or None for none, or a callable progress(name, index, total).
+    Returns a CausalLMReport: per layer its choice and the times it was decided by (for a layer that took
+    its group's decision, the measured layer's times, the reason naming it).
     """
     started = time.perf_counter()
     check_causal_lm(model)
@@ -359,7 +361,8 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def _group_key(linear: nn.Linear) -> tuple:
-    """(weight shape, bias, dtype, sparsity bucket index): the layers that share one measurement."""
+    """(weight shape, bias, dtype, sparsity, sparsity bucket index): layers alike in all but the exact sparsity
+    share one measurement."""
     weight = linear.weight.detach()
     sparsity = 1.0 - float(torch.count_nonzero(weight)) / max(weight.numel(), 1)
     return tuple(weight.shape), linear.bias is not None, weight.dtype, sparsity, round(sparsity / SPARSITY_BUCKET)
