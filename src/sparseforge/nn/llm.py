@@ -127,8 +127,8 @@ class DecodeLinear(nn.Module):
 
     The cost of that on a GPU: once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one
     copy of W on the device), so each prefill copies them over, 6 bytes per nonzero in fp16: 21 GB for the
-    decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe. Densifying from the kernel's own copy of W on the device
-    removes it; that needs a scatter kernel per weight format."""
+    decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe. Densifying from the
+    kernel's own copy of W on the device removes it; that needs a scatter kernel per weight format."""
 
     def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int]):
         super().__init__()
