@@ -7,9 +7,12 @@ batch 1 and 8) and decided then; `generate` never compiles or times anything. Ev
 batch x prompt tokens) runs dense, from one workspace per (shape, dtype, device) shared by every layer of that
 shape, so no layer keeps a dense W of its own.
 
-Conversion measures once per distinct (weight shape, bias, dtype, sparsity bucket): the first layer of such a
-group is timed (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight is 2:4, dense) and
-the other layers of the group take its decision without timing (a Llama has 7 such groups over its 32 layers).
+Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket): the first layer of such a
+group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
+is 2:4, dense); the other layers of the group take its decision and build its kernels only at the widths
+where it won (a Llama has 4 shapes over its 32 layers). They are built as the measured layer was, so where
+the chooser's cache holds the choice for their problem nothing is timed again; where it keys choices by the
+weight itself, each layer's kernels are tuned and its own decision stands at widths where dense wins there.
 Each layer's dense weight is dropped as it is replaced (peak GPU memory in the report).
 On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, the CPU path
 of SparseLinear), for tests and for saving.
@@ -440,6 +443,21 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
             inner.runtime().prepare(torch.randn(n, shape[1], generator=generator).to(module.weight.device,
                                                                                      module.weight.dtype))
         return layer, DecodeLinear(inner, widths)
-    inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
-    inner.prepare(sorted(widths))
-    return layer, DecodeLinear(inner, widths)
+    # Built as the measured layer was (policy "measure": the chooser's cached choice for this problem, where it
+    # holds one, decides without timing). Its own decisions stand where they differ: a width whose kernel
+    # lost here runs dense (from the shared workspace).
+    inner = SparseLinear.from_dense(module, policy="measure", tune_budget=tune_budget)
+    decisions = inner.prepare(sorted(widths))
+    own = {d.n for d in decisions if d.path != DENSE}
+    if all(d.sparse_us and d.dense_us for d in decisions):
+        layer.times_us = {"dense": sum(d.dense_us for d in decisions),
+                          UNSTRUCTURED: sum(d.sparse_us if d.path != DENSE else d.dense_us for d in decisions)}
+        layer.kernel_us = {UNSTRUCTURED: sum(d.sparse_us for d in decisions)}
+        layer.reason = f"as {first.name} decided (same shape, sparsity within {SPARSITY_BUCKET:.0%}); its kernels " \
+                       f"timed at widths {sorted(widths)}"
+    if own != widths:
+        layer.reason += f"; dense measured faster here at {sorted(widths - own)}"
+    if not own:
+        layer.choice = DENSE
+        return layer, None
+    return layer, DecodeLinear(inner, own)

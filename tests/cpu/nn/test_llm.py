@@ -254,7 +254,9 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(llm, "model_device", lambda model: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
-    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [])  # kernels: none on a CPU
+    # kernels: none on a CPU; the layers built from a group's decision find their choice cached (no times)
+    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [fixed(n, UNSTRUCTURED, "stub: cached")
+                                                                        for n in widths])
     dense = _pruned_lm()
     model = copy.deepcopy(dense)
     report = sparseforge.convert(model, tokens=(1, 8), progress=False)
@@ -266,6 +268,7 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     reasons = {layer.name: layer.reason for layer in report.layers}
     assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
     assert reasons["model.layers.1.mlp.down_proj"].startswith("as model.layers.0.mlp.down_proj measured")
+    assert model.model.layers[1].mlp.up_proj.inner.policy == "measure"  # built as the measured layer was
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
