@@ -15,12 +15,13 @@ from .conv import compile_conv1d, compile_conv2d, prebuild_conv2d  # likewise
 
 # name -> module that defines it (imported when first asked for: these need torch)
 _LAZY = {"SparseLinear24": ".nn", "SparseLinear": ".nn", "SparseConv2d": ".nn", "convert": ".nn", "prepare": ".nn",
-         "to_sparse24": ".nn", "Sparse24Error": ".semi", "sparsify_24": ".semi"}
+         "to_sparse24": ".nn", "Sparse24Error": ".semi", "sparsify_24": ".semi", "DecodeLinear": ".nn",
+         "save": ".saving", "load": ".saving"}
 _SUBMODULES = ("nn", "prune", "semi", "suite")
 
-__all__ = ["MatrixStats", "Sparse24Error", "SparseConv2d", "SparseFormatError", "SparseLinear", "SparseLinear24",
-           "SparseMatrix", "__version__", "compile_conv1d", "compile_conv2d", "compile_spmm", "convert", "nn", "prebuild_conv2d",
-           "prebuild_spmm", "prepare", "prune", "semi", "sparsify_24", "spmm", "suite", "to_sparse24"]
+__all__ = ["DecodeLinear", "MatrixStats", "Sparse24Error", "SparseConv2d", "SparseFormatError", "SparseLinear", "SparseLinear24",
+           "SparseMatrix", "__version__", "compile_conv1d", "compile_conv2d", "compile_spmm", "convert", "load", "nn", "prebuild_conv2d",
+           "prebuild_spmm", "prepare", "prune", "save", "semi", "sparsify_24", "spmm", "suite", "to_sparse24"]
 
 
 def __getattr__(name: str):

@@ -31,12 +31,13 @@ def check_output_path(path: Path, option: str) -> None:
 
 
 def progress(jobs: list[T], describe: Callable[[T], str], title: str) -> Iterable[T]:
-    """Yield the jobs while showing progress: a bar on a terminal; elsewhere (a pipe, a CI log), where
+    """Yield the jobs while showing progress: a bar with the count done and the time left on a terminal; elsewhere (a pipe, a CI log), where
     rich draws nothing until the end, one plain line per job so a long run is visibly alive."""
     if console.is_terminal:
-        from rich.progress import Progress
+        from rich.progress import MofNCompleteColumn, Progress
 
-        with Progress(console=console, transient=True) as bar:
+        # rich's columns (description, bar, percent, time remaining) and the count done: "12/225"
+        with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=len(jobs))
             for job in jobs:
                 bar.update(task, description=describe(job))

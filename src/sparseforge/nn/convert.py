@@ -169,9 +169,10 @@ def _num(value, spec: str = "{:.2f}") -> str:
     return "-" if value is None else spec.format(value)
 
 
-def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter = None, exclude: LayerFilter = None,
-            policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S, fold_bn: bool = True,
-            time_model: bool = True, progress=None, eager: bool = False) -> ModelReport:
+def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFilter = None,
+            exclude: LayerFilter = None, policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S,
+            fold_bn: bool = True, time_model: bool = True, progress=None, eager: bool = False,
+            tokens=None) -> ModelReport:
     """Replace, in place, each nn.Linear / nn.Conv2d of `model` (include / exclude: a regex on the qualified
     name or a callable (name, module) -> bool) by the fastest of: the layer as it is (dense), SparseLinear /
     SparseConv2d (the unstructured kernels, the one chooser), SparseLinear24 (Linear layers whose weight is
@@ -186,10 +187,21 @@ def convert(model: nn.Module, example_inputs, dtype=None, include: LayerFilter =
     eager: the unstructured modules also time each winning width called eagerly and run it dense in eager
     calls where dense is faster there (SparseLinear.measure_eager: costs the dense W beside the kernel for such
     widths; of no use to a model served under CUDA graphs).
-    Afterwards nn.fuse_epilogues(model, example_inputs) fuses each sparse convolution's ReLU / shortcut add."""
+    Afterwards nn.fuse_epilogues(model, example_inputs) fuses each sparse convolution's ReLU / shortcut add.
+    A transformers causal LM (LlamaForCausalLM and its kind) takes tokens=(1, 8), the decode batch sizes, in
+    place of example_inputs (given neither, tokens=(1,)): nn.llm.convert_causal_lm (progress None shows a bar there; False shows none)."""
     import time
 
     from .fold import fold_batchnorms
+    from .llm import convert_causal_lm, is_causal_lm
+
+    if tokens is not None or (example_inputs is None and is_causal_lm(model)):
+        if example_inputs is not None:
+            raise TypeError("give either tokens=(1, 8) (a transformers causal LM, converted for its decode batch "
+                            "sizes) or example_inputs (any other model), not both")
+        return convert_causal_lm(model, tokens=(1,) if tokens is None else tokens, dtype=dtype, include=include,
+                                 exclude=exclude, policy=policy, tune_budget=tune_budget,
+                                 progress=True if progress is None else progress)
 
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")

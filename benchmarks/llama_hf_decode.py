@@ -1,0 +1,331 @@
+"""Hugging Face Llama decode end to end: transformers' LlamaForCausalLM at the Llama-3-8B config (32 layers;
+--layers cuts it) with seeded random weights (nothing downloaded), every decoder Linear pruned per row by
+magnitude (--patterns: 50%, 70%, 2:4), converted with sparseforge.convert(model, tokens=batches), against the
+same pruned model run dense by the same transformers code:
+
+- conversion: seconds cold (an empty kernel cache: a temporary one unless SPARSEFORGE_CACHE_DIR is set) and
+  warm (the same model again: what the caches hold is not measured again), peak GPU memory, the bytes of
+  the decoder Linears (224 at 32 layers; lm_head apart) before and after, the shared prefill workspaces
+  counted;
+- one decode step per token at each batch (--batches) and context (--contexts): a static KV cache filled to
+  the context, the step captured in a CUDA graph on both sides (runtime.timing.graph_time_us); the decoder
+  Linears alone timed the same way (their share of the dense step), and the dense step's bandwidth (every
+  weight but the embedding, and the KV cache up to the context);
+- generate of --generate new tokens at --generate-batches (greedy, static cache; transformers compiles the
+  decode step with CUDA graphs on both sides): seconds, the decode part apart (the same generate of 1 token,
+  the prompt's prefill, subtracted: prefill runs dense on the converted side, W scattered from host memory),
+  and whether the tokens equal the dense model's;
+- the converted step's logits against the dense model's.
+
+JSON to benchmarks/results/ (or --out) with the provenance (GPU, date, commit, command), per-case records and
+summary rows (model, sparsity, dtype, batch, layout, n, geomean_speedup_vs_cublas over the contexts,
+conversion seconds, memory).
+
+    PYTHONPATH=src python benchmarks/llama_hf_decode.py [--layers 32] [--patterns 0.5,0.7,2:4]
+        [--dtype float16] [--batches 1 8] [--contexts 128 2048] [--generate 128] [--tune-budget 2] [--out F]
+    PYTHONPATH=src python benchmarks/llama_hf_decode.py --tiny --out /tmp/tiny.json   # a CPU smoke run
+
+--tiny: a 2-layer Llama of hidden size 256 on the CPU, policy 'sparse' (nothing can be timed there: the
+CPU path), eager steps timed by the wall clock; it checks the script, not the kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False)
+TINY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, tie_word_embeddings=False)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 32; --tiny: 2)")
+    parser.add_argument("--patterns", default="0.5,0.7,2:4", help="comma-separated sparsities and/or N:M")
+    parser.add_argument("--dtype", default=None, choices=("float16", "bfloat16", "float32"),
+                        help="default float16; --tiny: float32 (CPUs have no fast half-precision matmul)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--contexts", type=int, nargs="+", default=None, help="default 128 2048; --tiny: 8 32")
+    parser.add_argument("--generate", type=int, default=None, help="new tokens (default 128; --tiny: 8; 0: skip)")
+    parser.add_argument("--generate-batches", type=int, nargs="+", default=[1],
+                        help="batches generate runs at (each compiles both models once: minutes at 8B)")
+    parser.add_argument("--tune-budget", type=float, default=2.0)
+    parser.add_argument("--no-warm", action="store_true", help="skip the second (warm-cache) conversion")
+    parser.add_argument("--tiny", action="store_true", help="a small Llama on the CPU: checks the script")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    args.dtype = args.dtype or ("float32" if args.tiny else "float16")
+    args.layers = args.layers or (TINY if args.tiny else LLAMA3_8B)["num_hidden_layers"]
+    args.contexts = args.contexts or ([8, 32] if args.tiny else [128, 2048])
+    args.generate = (8 if args.tiny else 128) if args.generate is None else args.generate
+    args.patterns = [p.strip() for p in args.patterns.split(",") if p.strip()]
+    for pattern in args.patterns:
+        if ":" not in pattern and not 0 < float(pattern) < 1:
+            parser.error(f"--patterns: {pattern} is neither a sparsity in (0, 1) nor N:M such as 2:4")
+    if args.layers < 1 or min(args.batches) < 1 or min(args.contexts) < 1 or args.generate < 0:
+        parser.error("--layers, --batches and --contexts must be positive, --generate >= 0")
+    if not args.tiny and not torch.cuda.is_available():
+        parser.error("the full benchmark needs a CUDA GPU; --tiny runs a small model on the CPU")
+    return args
+
+
+def build(args, device) -> torch.nn.Module:
+    """The seeded random model (the same weights every call), in args.dtype on `device`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = {**(TINY if args.tiny else LLAMA3_8B), "num_hidden_layers": args.layers,
+             "max_position_embeddings": max(args.contexts) + max(args.generate, 1) + 16}
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, args.dtype))  # built in its dtype: an 8B model in fp32 first is 32 GB
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(LlamaConfig(**sizes))
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def prune(model, pattern: str) -> None:
+    from sparseforge.prune import prune_model
+
+    how = {"nm": pattern} if ":" in pattern else {"sparsity": float(pattern), "scope": "row"}
+    prune_model(model, include=r"^model\.layers\.", keep_masks=False, **how)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+NOTES: list[str] = []  # what did not go as designed (a step that would not capture), into the JSON
+
+
+def step_us(fn, device, what: str = "") -> float:
+    """Microseconds per call of fn(): CUDA-graph replay on a GPU (eagerly, noted, where capture fails), the
+    eager wall clock's median on a CPU."""
+    if device.type == "cuda":
+        from sparseforge.runtime.timing import TimingContention, eager_time_us, graph_time_us
+
+        try:
+            return graph_time_us(lambda _: fn(), [None], calls_per_graph=5, repeats=10)
+        except TimingContention:
+            raise
+        except Exception as err:  # noted in the JSON: an eager time is not comparable to a graph-replayed one
+            torch.cuda.synchronize(device)
+            NOTES.append(f"{what}: CUDA graph capture failed ({type(err).__name__}: {str(err)[:200]}); timed eagerly")
+            return eager_time_us(lambda _: fn(), [None] * 3, repeats=10)
+    fn()
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+def decode_step(model, batch: int, context: int, device):
+    """(a no-argument decode step at position `context` over a static KV cache filled to it, its logits now)."""
+    from transformers import StaticCache
+
+    generator = torch.Generator().manual_seed(batch * 7919 + context)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, context), generator=generator).to(device)
+    cache = StaticCache(config=model.config, max_cache_len=context + 8)
+    # transformers >= 5.2x names the argument `cache` (past_key_values deprecated); 5.17 knows only the old name
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    with torch.no_grad():
+        model(prompt, **{name: cache}, cache_position=torch.arange(context, device=device), use_cache=True)
+    token = torch.randint(0, model.config.vocab_size, (batch, 1), generator=generator).to(device)
+    position = torch.tensor([context], device=device)
+    positions = position.expand(batch, 1)
+
+    def step():
+        with torch.no_grad():
+            return model(token, **{name: cache}, cache_position=position, position_ids=positions,
+                         use_cache=True).logits
+
+    return step, step().float()
+
+
+def linears_us(model, names: list[str], batch: int, device) -> float:
+    """The decoder Linears alone, each on a (batch, 1, in_features) input, one after another."""
+    dtype = next(model.parameters()).dtype
+    calls = [(model.get_submodule(n), torch.randn(batch, 1, model.get_submodule(n).in_features, device=device,
+                                                  dtype=dtype)) for n in names]
+
+    def run():
+        with torch.no_grad():
+            for module, x in calls:
+                module(x)
+
+    return step_us(run, device, f"decoder Linears b{batch}")
+
+
+def generate(model, batch: int, args, device) -> dict:
+    """A greedy generate of args.generate tokens after one warm-up call: its seconds, those of the prefill
+    (the same generate of 1 token), and the tokens."""
+    generator = torch.Generator().manual_seed(batch)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, min(args.contexts)), generator=generator).to(device)
+    options = dict(do_sample=False, attention_mask=torch.ones_like(prompt), pad_token_id=0,
+                   cache_implementation="static")
+
+    def timed(new: int):
+        sync(device)
+        started = time.perf_counter()
+        tokens = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **options)
+        sync(device)
+        return time.perf_counter() - started, tokens
+
+    with torch.no_grad():
+        timed(args.generate)  # compiles the decode step (CUDA), fills caches
+        seconds, tokens = timed(args.generate)
+        prefill = min(timed(1)[0] for _ in range(3))
+    return {"seconds": seconds, "prefill_seconds": prefill, "tokens": tokens}
+
+
+def measure_side(model, args, device, names) -> dict:
+    """Per (batch, context) the step time and logits; per batch the Linears' time and the generate run."""
+    out = {"steps": {}, "linears_us": {}, "generate": {}}
+    for batch in args.batches:
+        out["linears_us"][batch] = linears_us(model, names, batch, device)
+        for context in args.contexts:
+            step, logits = decode_step(model, batch, context, device)
+            out["steps"][(batch, context)] = (step_us(step, device, f"decode step b{batch} c{context}"), logits)
+        if args.generate and batch in args.generate_batches:
+            out["generate"][batch] = generate(model, batch, args, device)
+        torch._dynamo.reset()  # each side compiles its own decode step
+    return out
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
+    import sparseforge
+    from sparseforge.nn.llm import decoder_linear_names, linear_bytes
+
+    model = build(args, device)
+    prune(model, pattern)
+    names = decoder_linear_names(model)
+    # what one decode step reads: every weight but the embedding (a row per token), and the KV cache
+    embedding = model.get_input_embeddings().weight
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - \
+        embedding.numel() * embedding.element_size()
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * embedding.element_size()
+    bytes_before = linear_bytes(model, names)
+    dense = measure_side(model, args, device, names)
+    policy = "measure" if device.type == "cuda" else "sparse"
+    report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget)
+    conversion = {"cold_seconds": report.seconds, "peak_gpu_bytes": report.peak_gpu_bytes,
+                  "measured_shapes": report.measured, "replaced": len(report.replaced),
+                  "choices": {c: sum(layer.choice == c for layer in report.layers)
+                              for c in {layer.choice for layer in report.layers}}}
+    bytes_after = linear_bytes(model, names)
+    converted = measure_side(model, args, device, names)
+    if not args.no_warm:
+        again = build(args, device)
+        prune(again, pattern)
+        conversion["warm_seconds"] = sparseforge.convert(again, tokens=tuple(args.batches), policy=policy,
+                                                         tune_budget=args.tune_budget, progress=False).seconds
+        del again
+    sparsity = pattern if ":" in pattern else float(pattern)
+    model_name = f"llama3-8b-hf-{args.layers}L" if not args.tiny else f"llama-tiny-hf-{args.layers}L"
+    cases, summary = [], []
+    for batch in args.batches:
+        rows = []
+        for context in args.contexts:
+            dense_us, want = dense["steps"][(batch, context)]
+            sparse_us, got = converted["steps"][(batch, context)]
+            error = float((got.double() - want.double()).norm() / want.double().norm())
+            rows.append({"model": model_name, "sparsity": sparsity, "dtype": args.dtype, "batch": batch,
+                         "layout": "nk", "n": batch, "context": context, "dense_us": dense_us,
+                         "sparseforge_us": sparse_us, "speedup_vs_cublas": dense_us / sparse_us,
+                         "dense_step_bytes": weight_bytes + kv_bytes_per_token * batch * context,
+                         "dense_tbps": (weight_bytes + kv_bytes_per_token * batch * context) / dense_us / 1e6,
+                         "dense_linears_us": dense["linears_us"][batch],
+                         "sparseforge_linears_us": converted["linears_us"][batch],
+                         "dense_non_linear_share": 1 - dense["linears_us"][batch] / dense_us,
+                         "rel_error_vs_dense": error, "error_ok": error <= 2e-2})
+        if batch in dense["generate"]:
+            before, after = dense["generate"][batch], converted["generate"][batch]
+            decode = [(side["seconds"] - side["prefill_seconds"]) / max(args.generate - 1, 1)
+                      for side in (before, after)]
+            for row in rows:
+                row.update(generate_tokens=args.generate, dense_generate_s=before["seconds"],
+                           sparseforge_generate_s=after["seconds"],
+                           generate_speedup=before["seconds"] / after["seconds"],
+                           dense_prefill_s=before["prefill_seconds"], sparseforge_prefill_s=after["prefill_seconds"],
+                           dense_generate_s_per_token=decode[0], sparseforge_generate_s_per_token=decode[1],
+                           generate_decode_speedup=decode[0] / decode[1] if decode[1] > 0 else None,
+                           generate_tokens_equal=float((before["tokens"] == after["tokens"]).float().mean()))
+        cases += rows
+        summary.append({"model": model_name, "sparsity": sparsity, "dtype": args.dtype, "batch": batch,
+                        "layout": "nk", "n": batch, "contexts": list(args.contexts), "cases": len(rows),
+                        "geomean_speedup_vs_cublas": geomean(r["speedup_vs_cublas"] for r in rows),
+                        "all_correct": all(r["error_ok"] for r in rows),
+                        "conversion_seconds_cold": conversion["cold_seconds"],
+                        "conversion_seconds_warm": conversion.get("warm_seconds"),
+                        "peak_gpu_bytes": conversion["peak_gpu_bytes"],
+                        "decoder_linear_bytes_before": bytes_before, "decoder_linear_bytes_after": bytes_after,
+                        "decoder_linear_memory_ratio": bytes_before / bytes_after,
+                        "generate_speedup": rows[0].get("generate_speedup"),
+                        "generate_decode_speedup": rows[0].get("generate_decode_speedup")})
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return cases, {"pattern": pattern, "summary": summary, "conversion": conversion, "report": report.as_dict()}
+
+
+def main(argv=None) -> int:
+    import json
+
+    from sparseforge.bench.report import provenance
+
+    args = parse_args(argv)
+    device = torch.device("cpu" if args.tiny else "cuda")
+    if device.type == "cuda" and "SPARSEFORGE_CACHE_DIR" not in os.environ:
+        os.environ["SPARSEFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="sparseforge-cold-")  # cold: an empty cache
+    info = provenance(sys.argv if argv is None else ["benchmarks/llama_hf_decode.py", *argv])
+    gpu = (info.get("gpu") or "cpu").split()[-1].lower()
+    out = args.out or RESULTS / f"{gpu}_{datetime.date.today()}_llama_hf_decode_{args.dtype}_{args.layers}L.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    arguments = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    payload = {"provenance": info, "arguments": arguments, "summary": [], "patterns": [], "cases": [],
+               "notes": NOTES}
+    status = 0
+    for pattern in args.patterns:
+        cases, result = run_pattern(pattern, args, device)
+        payload["cases"] += cases
+        payload["summary"] += result.pop("summary")
+        payload["patterns"].append(result)
+        out.write_text(json.dumps(payload, indent=1, default=str))  # after every pattern: partial runs land
+        for row in payload["summary"][-len(args.batches):]:
+            status |= not row["all_correct"]
+            print(f"{row['model']} {pattern} {args.dtype} batch {row['batch']}: decode step "
+                  f"{row['geomean_speedup_vs_cublas']:.2f}x (geomean over contexts {args.contexts}); conversion "
+                  f"{row['conversion_seconds_cold']:.1f} s cold, {row['conversion_seconds_warm'] or float('nan'):.1f} "
+                  f"s warm; decoder Linears {row['decoder_linear_memory_ratio']:.2f}x smaller"
+                  + ("" if row["all_correct"] else "; LOGITS OFF"))
+    print(f"wrote {out}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

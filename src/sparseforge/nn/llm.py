@@ -1,0 +1,463 @@
+"""Hugging Face causal LMs converted for decoding: every Linear of the decoder layers (q/k/v/o/gate/up/down
+projections) and lm_head of a transformers `LlamaForCausalLM` (and the models that share its layout: Mistral,
+Qwen2) replaced by a DecodeLinear where the sparse kernels measured faster than dense at the decode widths.
+
+Decoding calls each Linear on batch x 1 tokens, so the decode widths are given at conversion (`tokens=(1, 8)`:
+batch 1 and 8) and decided then; `generate` never compiles or times anything. Every other width (the prefill:
+batch x prompt tokens) runs dense, from one workspace per (shape, dtype, device) shared by every layer of that
+shape, so no layer keeps a dense W of its own.
+
+Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket): the first layer of such a
+group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
+is 2:4, dense); the other layers of the group take its decision and build its kernels only at the widths
+where it won (a Llama has 4 shapes over its 32 layers). They are built as the measured layer was, so where
+the chooser's cache holds the choice for their problem nothing is timed again; where it keys choices by the
+weight itself, each layer's kernels are tuned and its own decision stands at widths where dense wins there.
+Each layer's dense weight is dropped as it is replaced (peak GPU memory in the report).
+On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, the CPU path
+of SparseLinear), for tests and for saving.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..prune.targets import LayerFilter, Skipped, select_layers
+from ..semi.cusparselt import Sparse24Error, check_weight
+from ..semi.decide import DENSE, SPARSE, UNSTRUCTURED
+from ..tune.choose import TUNE_BUDGET_S, tuning_budget
+from .convert import LayerReport, ModelReport, measure_layer, prebuild_layers
+from .linear24 import SparseLinear24
+from .sparse import SparseLinear, SparseShapeError
+
+EXTRA = "pip install 'sparseforge[llm]'"
+TRANSFORMERS_RANGE = ((5, 17), (6, 0))  # what the llm extra pins: >= 5.17, < 6
+# Layers whose sparsity rounds to the same multiple of this share one measurement: at 32 layers of
+# magnitude-pruned weights every decoder Linear of one kind has the same sparsity, so the bucket only
+# absorbs rounding (per-row pruning of an odd width) and hand-edited weights.
+SPARSITY_BUCKET = 0.05
+_CANDIDATE = re.compile(r"model\.layers\.\d+\..+|lm_head")
+
+
+def require_transformers():
+    """The transformers module, or ImportError naming the extra that installs it (this part of sparseforge is
+    optional: the core needs no transformers)."""
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"Hugging Face models need the transformers package (>= 5.17, < 6), which is not "
+                          f"installed: {EXTRA}") from err
+    version = tuple(int(p) for p in re.findall(r"\d+", transformers.__version__)[:2])
+    low, high = TRANSFORMERS_RANGE
+    if not low <= version < high:
+        raise ImportError(f"transformers {transformers.__version__} is installed; sparseforge supports >= 5.17, < 6: "
+                          f"{EXTRA}")
+    return transformers
+
+
+def is_transformers_model(model) -> bool:
+    """Whether `model` is a transformers model (without importing transformers)."""
+    return isinstance(model, nn.Module) and any(c.__module__.split(".")[0] == "transformers"
+                                                for c in type(model).__mro__)
+
+
+def is_causal_lm(model) -> bool:
+    """Whether `model` is a transformers causal LM of the Llama layout (check_causal_lm passes)."""
+    try:
+        check_causal_lm(model)
+    except TypeError:
+        return False
+    return True
+
+
+def check_causal_lm(model) -> None:
+    """Refuse, naming the fix, what is not a decoder-only causal LM of the Llama layout (model.model.layers, a
+    list of decoder layers, and lm_head)."""
+    if not is_transformers_model(model):
+        raise TypeError(f"expected a transformers causal LM such as LlamaForCausalLM, got {type(model).__name__}; "
+                        "for other models call sparseforge.convert(model, example_inputs)")
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not isinstance(getattr(model, "lm_head", None), nn.Module):
+        raise TypeError(f"{type(model).__name__} has no model.layers and lm_head: sparseforge converts causal LMs of "
+                        "the Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM); load the model "
+                        "with AutoModelForCausalLM")
+
+
+def check_tokens(tokens) -> tuple[int, ...]:
+    """The decode widths as a sorted tuple of distinct positive ints: (1, 8), or one int."""
+    import numbers
+
+    given = [tokens] if isinstance(tokens, numbers.Integral) and not isinstance(tokens, bool) else tokens
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        raise TypeError(f"tokens must be the decode batch sizes, e.g. tokens=(1, 8), got {tokens!r}")
+    given = list(given)
+    bad = [n for n in given if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1]
+    if bad or not given:
+        raise ValueError(f"tokens must be positive integers (the batch sizes decoding runs), e.g. (1, 8); got "
+                         f"{tokens!r}")
+    return tuple(sorted({int(n) for n in given}))
+
+
+# -- the module ----------------------------------------------------------------------------------------------
+
+_WORKSPACES: dict = {}  # (out_features, in_features, dtype, device) -> the dense W scratch prefill calls share
+
+
+def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (rows, cols, dtype, device)
+    found = _WORKSPACES.get(key)
+    if found is None:
+        # outside inference mode: a workspace made by a first call under inference_mode (an inference tensor)
+        # could not be written by a later call outside it
+        with torch.inference_mode(False):
+            found = _WORKSPACES[key] = torch.empty(rows, cols, dtype=dtype, device=device)
+    return found
+
+
+class DecodeLinear(nn.Module):
+    """A decoder Linear converted for decoding: the inputs of `kernel_widths` tokens (x.numel() / in_features,
+    decided at conversion) run on `inner` (a SparseLinear: the generated kernels; or a SparseLinear24: 2:4 on
+    Sparse Tensor Cores); every other width runs dense. For a SparseLinear the dense W is scattered from its
+    CSR buffers into a workspace shared by every DecodeLinear of that shape (prefill is compute-bound: the
+    scatter is small beside the matmul, and no layer keeps a dense W); a SparseLinear24 keeps its dense
+    weight anyway (its own fallback) and uses it. Input x: (..., in_features) in the layer's dtype and device.
+
+    The cost of that on a GPU: once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one
+    copy of W on the device), so each prefill copies them over, 6 bytes per nonzero in fp16: 21 GB for the
+    decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe. Densifying from the
+    kernel's own copy of W on the device removes it; that needs a scatter kernel per weight format."""
+
+    def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int]):
+        super().__init__()
+        if not isinstance(inner, (SparseLinear, SparseLinear24)):
+            raise TypeError(f"inner must be a SparseLinear or SparseLinear24, got {type(inner).__name__}")
+        self.inner = inner
+        self.in_features, self.out_features = inner.in_features, inner.out_features
+        self.kernel_widths = frozenset(int(n) for n in kernel_widths)
+
+    @property
+    def bias(self):
+        return self.inner.bias
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.weight.dtype if isinstance(self.inner, SparseLinear24) else self.inner.weight_values.dtype
+
+    @property
+    def decisions(self):
+        return self.inner.decisions
+
+    def extra_repr(self) -> str:
+        return f"kernel_widths={sorted(self.kernel_widths)}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise SparseShapeError(f"input has shape {shape}; this layer takes (..., {self.in_features})")
+        if x.numel() // self.in_features in self.kernel_widths:
+            return self.inner(x)
+        return F.linear(x, self.dense_weight(x), self.bias)
+
+    def prepare(self) -> None:
+        """Build the kernels of the decode widths now, on a CUDA device (from the kernel cache; the inner layer
+        of a converted or loaded model times nothing), so that the first decode step, which may be a CUDA graph
+        capture, finds them. Does nothing on a CPU."""
+        inner, widths = self.inner, sorted(self.kernel_widths)
+        if isinstance(inner, SparseLinear):
+            if inner.device.type == "cuda":
+                inner.prepare(widths)
+            return
+        if inner.weight.is_cuda:
+            generator = torch.Generator(device="cpu").manual_seed(0)
+            for n in widths:
+                inner.runtime().prepare(torch.randn(n, self.in_features, generator=generator).to(inner.weight.device,
+                                                                                                 inner.weight.dtype))
+
+    def dense_weight(self, x: torch.Tensor | None = None) -> torch.Tensor:
+        """W dense (out_features x in_features) for a dense call on `x`: a SparseLinear24's own weight, else the
+        shared workspace of this shape filled from the CSR buffers (a tensor of its own where autograd would
+        save it, or under torch.compile)."""
+        inner = self.inner
+        if isinstance(inner, SparseLinear24):
+            return inner.weight
+        device, dtype = inner.device, inner.weight_values.dtype
+        if x is not None and (x.device != device or (x.dtype != dtype and not torch.is_autocast_enabled(device.type))):
+            raise SparseShapeError(f"input is {x.dtype} on {x.device}; this layer is {dtype} on {device}: cast or move "
+                                   "one of them")
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            n = None if x is None else x.numel() // self.in_features
+            raise RuntimeError(f"a CUDA graph captures this layer on {n} tokens, a width not given at conversion "
+                               f"(kernel widths {sorted(self.kernel_widths)}): convert with tokens including {n}")
+        own = torch.compiler.is_compiling() or (x is not None and torch.is_grad_enabled() and x.requires_grad)
+        out = torch.zeros(self.out_features, self.in_features, dtype=dtype, device=device) if own else \
+            _workspace(self.out_features, self.in_features, dtype, device).zero_()
+        indptr = inner.weight_indptr.to(device, non_blocking=True)
+        values = inner.weight_values.detach().to(device, non_blocking=True)
+        rows = torch.repeat_interleave(torch.arange(self.out_features, device=device), torch.diff(indptr),
+                                       output_size=values.numel())  # output_size: no device-to-host sync
+        out.index_put_((rows, inner.weight_indices.to(device, torch.int64, non_blocking=True)), values)
+        return out
+
+    def device_bytes(self) -> int:
+        """Bytes the layer holds on its device (the kernels' copies of W included; the shared prefill
+        workspace not: prefill_workspace_bytes counts it once per shape)."""
+        inner = self.inner
+        if isinstance(inner, SparseLinear):
+            return inner.memory_bytes()["total"]
+        return sum(t.numel() * t.element_size() for t in (*inner.parameters(), *inner.buffers()))
+
+
+def prefill_workspace_bytes(model: nn.Module) -> int:
+    """The bytes of the dense workspaces the model's DecodeLinears share (one per shape, dtype and device),
+    whether or not a prefill has made them yet."""
+    shapes = {(m.out_features, m.in_features, m.dtype, m.inner.device) for m in model.modules()
+              if isinstance(m, DecodeLinear) and isinstance(m.inner, SparseLinear)}
+    return sum(rows * cols * dtype.itemsize for rows, cols, dtype, _ in shapes)
+
+
+def linear_bytes(model: nn.Module, names: Iterable[str]) -> int:
+    """Device bytes of the modules `names` (nn.Linear or DecodeLinear) of `model`, plus the prefill workspaces
+    their DecodeLinears share (each counted once)."""
+    total, shapes = 0, set()
+    for name in names:
+        module = model.get_submodule(name)
+        if isinstance(module, DecodeLinear):
+            total += module.device_bytes()
+            if isinstance(module.inner, SparseLinear):
+                shapes.add((module.out_features, module.in_features, module.dtype))
+        else:
+            total += sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    return total + sum(rows * cols * dtype.itemsize for rows, cols, dtype in shapes)
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Parameters and buffers on their devices, plus what sparse modules hold beyond them (their kernels'
+    copies of W, a dense W), less the CSR buffers a SparseLinear keeps in host memory."""
+    total = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    for module in model.modules():
+        if isinstance(module, SparseLinear):
+            held = module.memory_bytes()
+            total += held["kernels"] + held["dense"] - held["csr_host"]
+    return total
+
+
+def decoder_linear_names(model: nn.Module) -> list[str]:
+    """The qualified names of the nn.Linear / DecodeLinear modules of the decoder layers (lm_head not)."""
+    return [name for name, m in model.named_modules() if isinstance(m, (nn.Linear, DecodeLinear)) and
+            name.startswith("model.layers.") and ".inner" not in name]
+
+
+# -- conversion ----------------------------------------------------------------------------------------------
+
+@dataclass
+class CausalLMReport(ModelReport):
+    tokens: tuple = ()                 # the decode widths decided
+    measured: int = 0                  # distinct (shape, bias, dtype, sparsity bucket) groups timed
+    linear_bytes_before: int = 0       # the candidate Linears' device bytes before
+    linear_bytes_after: int = 0        # ... and after (the shared prefill workspaces counted)
+    peak_gpu_bytes: int | None = None  # torch.cuda.max_memory_allocated during the conversion
+    replaced: list = field(default_factory=list)  # names of the modules now DecodeLinear
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "tokens": list(self.tokens), "measured": self.measured,
+                "linear_bytes_before": self.linear_bytes_before, "linear_bytes_after": self.linear_bytes_after,
+                "peak_gpu_bytes": self.peak_gpu_bytes, "replaced": list(self.replaced)}
+
+    def __str__(self) -> str:
+        lines = [super().__str__(),
+                 f"{len(self.replaced)} of {len(self.layers)} Linear layers converted for decode widths "
+                 f"{list(self.tokens)}; {self.measured} distinct shapes measured",
+                 f"candidate Linears: {self.linear_bytes_before / 2**20:.1f} MiB -> "
+                 f"{self.linear_bytes_after / 2**20:.1f} MiB"]
+        if self.peak_gpu_bytes is not None:
+            lines.append(f"peak GPU memory during conversion: {self.peak_gpu_bytes / 2**30:.2f} GiB")
+        return "\n".join(lines)
+
+
+def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerFilter = None,
+                      exclude: LayerFilter = None, policy: str = "measure",
+                      tune_budget: float | None = TUNE_BUDGET_S, progress: bool | Callable = True) -> CausalLMReport:
+    """Convert, in place, a transformers causal LM of the Llama layout for decoding (module docstring).
+
+    tokens: the decode batch sizes (an int or several, e.g. (1, 8)): each candidate is decided at these
+    widths; every other width runs dense. include / exclude: a regex on the qualified name or a callable
+    (name, module) -> bool among the candidates (model.layers.*.* Linears and lm_head). policy: "measure"
+    (a CUDA device: keep a sparse path only where measured faster than dense at some decode width), "sparse"
+    (replace every candidate holding pruned weights, nothing timed: on a CPU, the dense CPU path) or "dense"
+    (replace nothing; the report lists the layers). dtype: cast the model first. tune_budget: seconds per
+    kernel shortlist (0 or None: the cost model's pick; tune.choose.tuning_budget). progress: True for a
+    progress bar (layer count, ETA), False or None for none, or a callable progress(name, index, total).
+    Returns a CausalLMReport: per layer its choice and the times it was decided by (for a layer that took
+    its group's decision, the measured layer's times, the reason naming it).
+    """
+    started = time.perf_counter()
+    check_causal_lm(model)
+    require_transformers()
+    tokens = check_tokens(tokens)
+    if policy not in ("measure", "sparse", "dense"):
+        raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
+    tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick, as everywhere
+    if dtype is not None:
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
+        model.to(dtype)
+    device = model_device(model)
+    on_gpu = device.type == "cuda"
+    if policy == "measure" and not on_gpu:
+        raise ValueError("policy='measure' times the kernels on a CUDA device: move the model there first "
+                         "(model.cuda()), or pass policy='sparse' (nothing timed) or 'dense'")
+    model.eval()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    chosen, skipped = select_layers(model, include, exclude)
+    names = []
+    for name, module in chosen:
+        if not _CANDIDATE.fullmatch(name):
+            skipped.append(Skipped(name, "not a Linear of the decoder layers or lm_head"))
+        elif not isinstance(module, nn.Linear):
+            skipped.append(Skipped(name, f"{type(module).__name__} is not nn.Linear"))
+        else:
+            names.append(name)
+    del chosen  # no reference to the dense layers beyond the model's own: each is freed as it is replaced
+    report = CausalLMReport(tokens=tokens, skipped=skipped, memory_before_bytes=model_bytes(model),
+                            linear_bytes_before=linear_bytes(model, names))
+    keys = {name: _group_key(model.get_submodule(name)) for name in names}
+    firsts = list({key: name for name, key in reversed(keys.items())}.values())[::-1]
+    # measuring, each group's first layer first: the others take its decision
+    order = sorted(names, key=lambda n: (n not in firsts, names.index(n))) if policy == "measure" else names
+    if policy == "measure":  # the measured layers' candidates compiled side by side (nn.convert.prebuild_layers)
+        prebuild_layers([(model.get_submodule(n), [(t, keys[n][0][1]) for t in tokens]) for n in firsts
+                         if keys[n][3] > 0], tune_budget)
+    decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths)
+    members_built = False
+    for index, name in enumerate(_progress(order, progress)):
+        if policy == "measure" and not members_built and name not in firsts:
+            _prebuild_members(model, [n for n in order[index:]], keys, decided, tune_budget)
+            members_built = True
+        if callable(progress) and not isinstance(progress, bool):
+            progress(name, index, len(order))
+        layer, replacement = _convert_layer(model.get_submodule(name), name, keys[name], tokens, policy,
+                                            tune_budget, decided)
+        report.layers.append(layer)
+        if replacement is not None:
+            _replace(model, name, replacement)
+            report.replaced.append(name)
+    report.layers.sort(key=lambda layer: names.index(layer.name))
+    report.measured = len(decided)
+    report.memory_after_bytes = model_bytes(model) + prefill_workspace_bytes(model)
+    report.linear_bytes_after = linear_bytes(model, names)
+    if on_gpu:
+        report.peak_gpu_bytes = torch.cuda.max_memory_allocated(device)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model computes: its first parameter's device (a transformers model is on one device)."""
+    return next(model.parameters()).device
+
+
+def _group_key(linear: nn.Linear) -> tuple:
+    """(weight shape, bias, dtype, sparsity, sparsity bucket index): layers alike in all but the exact sparsity
+    share one measurement."""
+    weight = linear.weight.detach()
+    sparsity = 1.0 - float(torch.count_nonzero(weight)) / max(weight.numel(), 1)
+    return tuple(weight.shape), linear.bias is not None, weight.dtype, sparsity, round(sparsity / SPARSITY_BUCKET)
+
+
+def _progress(names: list[str], progress) -> Iterable[str]:
+    if progress is True:
+        from ..console import progress as bar
+
+        return bar(names, lambda name: name, "converting")
+    return names
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _prebuild_members(model, names, keys, decided, tune_budget) -> None:
+    """Compile side by side the kernels the remaining layers take from their group's decision."""
+    jobs = []
+    for name in names:
+        rep = decided.get(keys[name][:3] + keys[name][4:])
+        if rep is not None and rep[0].choice == UNSTRUCTURED and rep[1]:
+            jobs.append((model.get_submodule(name), [(n, keys[name][0][1]) for n in sorted(rep[1])]))
+    if jobs:
+        prebuild_layers(jobs, tune_budget)
+
+
+def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,
+                   decided: dict) -> tuple[LayerReport, nn.Module | None]:
+    shape, _, _, sparsity, _ = key
+    shapes = [[n, shape[1]] for n in tokens]
+    layer = LayerReport(name, "Linear", shape, sparsity, shapes, DENSE)
+    if policy == "dense":
+        layer.reason = "policy='dense'"
+        return layer, None
+    if sparsity == 0:
+        layer.reason = "nothing pruned: kept dense"
+        return layer, None
+    on_gpu = module.weight.is_cuda
+    if policy == "sparse":
+        inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
+        if on_gpu:
+            inner.prepare(tokens)
+        layer.choice, layer.reason = UNSTRUCTURED, "policy='sparse'"
+        return layer, DecodeLinear(inner, tokens)
+    group = key[:3] + key[4:]
+    if group not in decided:  # the group's first layer: timed
+        measured, replacement = measure_layer(name, module, [tuple(s) for s in shapes], "measure", tune_budget)
+        widths = set()
+        if replacement is not None:
+            widths = {d.n for d in replacement.decisions if d.path != DENSE and d.mode in ("graph", "any")}
+        decided[group] = (measured, widths)
+        if not widths:
+            if measured.choice != DENSE:
+                measured.choice, measured.reason = DENSE, f"{measured.reason}, but at no decode width: kept dense"
+            return measured, None
+        return measured, DecodeLinear(replacement, widths)
+    first, widths = decided[group]
+    layer.choice, layer.times_us, layer.kernel_us = first.choice, dict(first.times_us), dict(first.kernel_us)
+    layer.mapping = first.mapping
+    layer.reason = f"as {first.name} measured (same shape, sparsity within {SPARSITY_BUCKET:.0%}): {first.reason}"
+    if first.choice == DENSE or not widths:
+        return layer, None
+    if first.choice == SPARSE:
+        try:
+            check_weight(module.weight.detach())
+        except Sparse24Error as exc:  # its group is 2:4, this weight is not: kept dense, not guessed
+            layer.choice, layer.reason = DENSE, f"not 2:4 as {first.name} is ({exc}): kept dense"
+            return layer, None
+        inner = SparseLinear24.from_dense(module, policy="sparse")
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        for n in sorted(widths):
+            inner.runtime().prepare(torch.randn(n, shape[1], generator=generator).to(module.weight.device,
+                                                                                     module.weight.dtype))
+        return layer, DecodeLinear(inner, widths)
+    # Built as the measured layer was (policy "measure": the chooser's cached choice for this problem, where it
+    # holds one, decides without timing). Its own decisions stand where they differ: a width whose kernel
+    # lost here runs dense (from the shared workspace).
+    inner = SparseLinear.from_dense(module, policy="measure", tune_budget=tune_budget)
+    decisions = inner.prepare(sorted(widths))
+    own = {d.n for d in decisions if d.path != DENSE}
+    if all(d.sparse_us and d.dense_us for d in decisions):
+        layer.times_us = {"dense": sum(d.dense_us for d in decisions),
+                          UNSTRUCTURED: sum(d.sparse_us if d.path != DENSE else d.dense_us for d in decisions)}
+        layer.kernel_us = {UNSTRUCTURED: sum(d.sparse_us for d in decisions)}
+        layer.reason = f"as {first.name} decided (same shape, sparsity within {SPARSITY_BUCKET:.0%}); its kernels " \
+                       f"timed at widths {sorted(widths)}"
+    if own != widths:
+        layer.reason += f"; dense measured faster here at {sorted(widths - own)}"
+    if not own:
+        layer.choice = DENSE
+        return layer, None
+    return layer, DecodeLinear(inner, own)

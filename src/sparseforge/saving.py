@@ -1,0 +1,262 @@
+"""save(model, directory) / load(directory): a converted model on disk, loaded in a fresh process without
+measuring anything again.
+
+A directory holds:
+  model.safetensors      every tensor of the model: its state_dict, each tensor shared under several names
+                         (tied embeddings) once, and the buffers state_dict leaves out (rotary tables) under
+                         "nonpersistent/<name>"
+  config.json            (a transformers model) its config as save_pretrained writes it; generation_config.json
+                         beside it where the model has one
+  sparseforge.json       written last, so a directory without it is an unfinished save: the format, the package
+                         version, the model's class and how to rebuild it ("transformers": from config.json;
+                         "module": the caller passes a model of the same architecture), the names shared tensors
+                         go by, and per converted module its class, constructor arguments and decisions (the
+                         decode widths a DecodeLinear runs on its kernels: loaded as made, not measured again).
+
+load builds the model on the meta device (no memory, no random init), puts the converted modules back where
+they were, and assigns the saved tensors; the kernels come from the kernel cache at the first call, or at once
+loading onto a CUDA device (DecodeLinear.prepare). The cache holds each measured choice with its times, so
+nothing is timed again where it holds them (on another machine, or with the cache cleared, the first layer of
+each shape is measured again and the kernels compiled: the decode widths themselves stay as saved).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ._version import __version__
+
+FORMAT = 1
+MANIFEST, TENSORS = "sparseforge.json", "model.safetensors"
+NONPERSISTENT = "nonpersistent/"
+
+
+class SavedModelError(ValueError):
+    """A directory that is not a complete, readable sparseforge.save: what is wrong and the fix."""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _record(module: nn.Module) -> dict | None:
+    """How to rebuild `module` empty (its tensors come from the state dict), or None for a module the model's
+    own code builds."""
+    from .nn import DecodeLinear, SparseConv2d, SparseLinear, SparseLinear24
+
+    if isinstance(module, DecodeLinear):
+        return {"class": "DecodeLinear", "kernel_widths": sorted(module.kernel_widths), "inner": _record(module.inner)}
+    if isinstance(module, SparseLinear):
+        return {"class": "SparseLinear", "in_features": module.in_features, "out_features": module.out_features,
+                "bias": module.bias is not None, "dtype": _dtype_name(module.weight_values.dtype), "nnz": module.nnz,
+                "policy": module.policy, "tune_budget": module.tune_budget,
+                "decisions": [d.as_dict() for d in module.decisions]}
+    if isinstance(module, SparseLinear24):
+        return {"class": "SparseLinear24", "in_features": module.in_features, "out_features": module.out_features,
+                "bias": module.bias is not None, "dtype": _dtype_name(module.weight.dtype), "policy": module.policy,
+                "min_speedup": module.min_speedup, "decisions": [d.as_dict() for d in module.decisions]}
+    if isinstance(module, SparseConv2d):
+        return {"class": "SparseConv2d", "in_channels": module.in_channels, "out_channels": module.out_channels,
+                "kernel_size": list(module.kernel_size), "stride": list(module.stride),
+                "padding": list(module.padding), "dilation": list(module.dilation), "groups": module.groups,
+                "bias": module.bias is not None, "dtype": _dtype_name(module.weight_values.dtype), "nnz": module.nnz,
+                "policy": module.policy, "tune_budget": module.tune_budget, "relu": module.relu,
+                "residual": module.residual, "decisions": [d.as_dict() for d in module.decisions]}
+    return None
+
+
+def _build(record: dict, device) -> nn.Module:
+    """An empty module from its record (the tensors are assigned afterwards)."""
+    from .nn import DecodeLinear, SparseConv2d, SparseLinear, SparseLinear24
+
+    kind = record["class"]
+    if kind == "DecodeLinear":
+        # its decode widths were decided at conversion; the inner layer keeps its policy: the first layer of a
+        # shape was measured ("measure": the kernel cache holds that choice with its times, so it is looked up,
+        # not timed again), the others took its decision ("sparse": built without timing)
+        return DecodeLinear(_build(record["inner"], device), record["kernel_widths"])
+    dtype = getattr(torch, record["dtype"])
+    if kind == "SparseLinear":
+        return SparseLinear(record["in_features"], record["out_features"], record["bias"], record["nnz"], device,
+                            dtype, record["policy"], record["tune_budget"])
+    if kind == "SparseLinear24":
+        return SparseLinear24(record["in_features"], record["out_features"], record["bias"], device, dtype,
+                              record["policy"], record["min_speedup"])
+    if kind == "SparseConv2d":
+        return SparseConv2d(record["in_channels"], record["out_channels"], tuple(record["kernel_size"]),
+                            tuple(record["stride"]), tuple(record["padding"]), tuple(record["dilation"]),
+                            record["groups"], record["bias"], record["nnz"], device, dtype, record["policy"],
+                            record["tune_budget"], relu=record["relu"], residual=record["residual"])
+    raise SavedModelError(f"the saved module class {kind!r} is not one this sparseforge {__version__} knows: load "
+                          "with the version that saved it")
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """(the module holding tensor `name`, its attribute name there)."""
+    parent_name, _, leaf = name.rpartition(".")
+    return (model.get_submodule(parent_name) if parent_name else model), leaf
+
+
+def save(model: nn.Module, directory) -> Path:
+    """Write `model` (converted or not) to `directory` (made if missing; its parent must exist): the layout is
+    in the module docstring. A transformers model is rebuilt by load from its config; any other model needs a
+    model of the same architecture passed to load. Returns the directory."""
+    from safetensors.torch import save_file
+
+    from .nn.llm import is_transformers_model
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} is a file; give a directory to save the model in")
+    if not directory.parent.is_dir():
+        raise FileNotFoundError(f"{directory.parent} does not exist; create it first (mkdir -p) or save elsewhere")
+    parametrized = [name for name, m in model.named_modules() if getattr(m, "parametrizations", None)]
+    if parametrized:
+        raise ValueError(f"{parametrized[0]} (and {len(parametrized) - 1} more) still carry pruning masks as "
+                         "parametrizations; bake them in first: sparseforge.prune.remove_masks(model)")
+    records: dict[str, dict] = {}
+    for name, module in model.named_modules():
+        if any(name.startswith(done + ".") for done in records):
+            continue  # inside a recorded module: its record rebuilds it
+        record = _record(module)
+        if record is not None:
+            records[name] = record
+        elif type(module).__module__.split(".")[0] == "sparseforge" and name:
+            raise ValueError(f"{name} is a {type(module).__name__}, which save does not handle yet; convert it back "
+                             "with .to_dense() or leave it out of the conversion")
+    tensors, aliases, seen = {}, {}, {}
+    state = model.state_dict()
+    for key, tensor in state.items():
+        tensor = tensor.detach()
+        where = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                 tensor.stride(), tensor.dtype)
+        if tensor.numel() and where in seen:
+            aliases[key] = seen[where]  # tied: stored once
+            continue
+        seen[where] = key
+        tensors[key] = tensor.to("cpu").contiguous()
+    for name, buffer in model.named_buffers():
+        if name not in state and not name.endswith("_device_anchor"):  # an anchor follows the loaded tensors
+            tensors[NONPERSISTENT + name] = buffer.detach().to("cpu").contiguous()
+    directory.mkdir(exist_ok=True)
+    manifest_path = directory / MANIFEST
+    if manifest_path.exists():
+        manifest_path.unlink()  # no stale manifest vouches for a directory half rewritten
+    temp = directory / (TENSORS + ".tmp")
+    save_file(tensors, str(temp))
+    os.replace(temp, directory / TENSORS)
+    transformers_model = is_transformers_model(model) and hasattr(model, "config")
+    if transformers_model:
+        model.config.save_pretrained(directory)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(directory)
+    manifest = {"format": FORMAT, "sparseforge": __version__, "class": type(model).__name__,
+                "source": "transformers" if transformers_model else "module", "aliases": aliases,
+                "modules": records}
+    temp = directory / (MANIFEST + ".tmp")
+    temp.write_text(json.dumps(manifest, indent=1))
+    os.replace(temp, manifest_path)  # last: the "complete" marker
+    return directory
+
+
+def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
+    """The model sparseforge.save wrote to `directory`, in eval mode, on `device` (default: the CPU). A
+    transformers model is rebuilt from config.json (needs the llm extra); any other model is restored into
+    `model`, a module of the same architecture (its converted layers replaced by the saved ones). Nothing is
+    measured: a DecodeLinear runs its kernels on the widths decided at conversion. Raises FileNotFoundError for
+    a missing directory or manifest, SavedModelError for a corrupt or mismatched one."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .nn.llm import require_transformers
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not a directory; give the directory sparseforge.save(model, "
+                                "directory) wrote")
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{directory} has no {MANIFEST}: not a directory sparseforge.save wrote, or a save "
+                                "that did not finish; save the model again")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        source, records, aliases = manifest["source"], manifest["modules"], manifest["aliases"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise SavedModelError(f"{manifest_path} is corrupt ({type(err).__name__}: {err}); save the model again") \
+            from err
+    if manifest.get("format") != FORMAT:
+        raise SavedModelError(f"{manifest_path} is format {manifest.get('format')!r}; this sparseforge "
+                              f"{__version__} reads format {FORMAT}: load with the version that saved it")
+    try:  # straight onto the device: an 8B model need not pass through host memory
+        target = "cpu" if device is None else str(torch.device(device))
+        tensors = load_file(str(directory / TENSORS), device=target)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise SavedModelError(f"{directory / TENSORS} is missing or corrupt ({type(err).__name__}: {err}); save the "
+                              "model again") from err
+    if source == "transformers":
+        if model is not None:
+            raise TypeError(f"{directory} holds a transformers model, rebuilt from its config.json: call "
+                            "load(directory) without model")
+        transformers = require_transformers()
+        cls = getattr(transformers, manifest["class"], None)
+        if cls is None:
+            raise SavedModelError(f"transformers {transformers.__version__} has no class {manifest['class']!r}; "
+                                  "install the version the model was saved with")
+        config = transformers.AutoConfig.from_pretrained(directory)
+        with torch.device("meta"):
+            model = cls(config)
+        if (directory / "generation_config.json").is_file():
+            model.generation_config = transformers.GenerationConfig.from_pretrained(directory)
+    elif model is None:
+        raise TypeError(f"{directory} holds a {manifest['class']}, which load cannot build on its own: pass "
+                        f"model=<a {manifest['class']} of the same architecture>")
+    elif not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for name, record in records.items():
+        new = _build(record, "meta")
+        parent_name, _, child = name.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name) if parent_name else model
+        except AttributeError as err:
+            raise SavedModelError(f"the saved module {name} has no place in this {type(model).__name__}: pass a model "
+                                  "of the architecture that was saved") from err
+        setattr(parent, child, new)
+    extra = {key[len(NONPERSISTENT):]: tensors.pop(key) for key in list(tensors) if key.startswith(NONPERSISTENT)}
+    for alias, canonical in aliases.items():
+        if canonical not in tensors:
+            raise SavedModelError(f"{manifest_path} names {alias} a copy of {canonical}, which is not saved; save the "
+                                  "model again")
+        tensors[alias] = tensors[canonical]
+    try:
+        model.load_state_dict(tensors, strict=True, assign=True)
+    except RuntimeError as err:
+        raise SavedModelError(f"the saved tensors do not fit the model ({' '.join(str(err).split())[:400]}); pass a "
+                              "model of the architecture that was saved") from err
+    for name, buffer in extra.items():
+        owner, leaf = _owner(model, name)
+        owner._buffers[leaf] = buffer
+    for alias, canonical in aliases.items():  # assign made a Parameter per name: one object again, as saved
+        (owner, leaf), (source, source_leaf) = _owner(model, alias), _owner(model, canonical)
+        for table in ("_parameters", "_buffers"):
+            if leaf in getattr(owner, table) and source_leaf in getattr(source, table):
+                getattr(owner, table)[leaf] = getattr(source, table)[source_leaf]
+    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise SavedModelError(f"{left[0]} (and {len(left) - 1} more) were not saved; save the model again with this "
+                              "version")
+    if device is not None:
+        model.to(device)
+    model.eval()
+    if any(p.is_cuda for p in model.parameters()) or any(b.is_cuda for b in model.buffers()):
+        from .nn.llm import DecodeLinear
+
+        for module in model.modules():
+            if isinstance(module, DecodeLinear):
+                module.prepare()
+    return model

@@ -1,0 +1,307 @@
+"""Hugging Face causal LMs on the CPU path (nn/llm.py, saving.py): a tiny seeded LlamaForCausalLM pruned per row
+converted for decode widths (1, 8): the decoder Linears replaced and nothing else, logits and greedy tokens those
+of the dense pruned model, save / load in this process and in a fresh one, Mistral and Qwen2 alike, and the
+errors: the missing extra (transformers hidden), bad arguments, a missing or corrupt directory."""
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import sparseforge
+from sparseforge.nn import DecodeLinear, SparseLinear
+from sparseforge.nn.llm import decoder_linear_names, require_transformers
+from sparseforge.prune import prune_model
+from sparseforge.saving import SavedModelError
+
+SIZES = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=4, max_position_embeddings=256)
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
+def _pruned_lm(config_class: str = "LlamaConfig", model_class: str = "LlamaForCausalLM", **overrides):
+    """A seeded tiny causal LM, its attention projections pruned per row to 50%, its MLP to 70%."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**SIZES, **overrides})).eval()
+    prune_model(model, sparsity=0.5, scope="row", include=r"^model\.layers\.\d+\.self_attn\.", keep_masks=False)
+    prune_model(model, sparsity=0.7, scope="row", include=r"^model\.layers\.\d+\.mlp\.", keep_masks=False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def converted():
+    """(the dense pruned model, its converted copy, the conversion report)."""
+    dense = _pruned_lm()
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(8, 1), policy="sparse", progress=False)
+    return dense, model, report
+
+
+def _ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, SIZES["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _greedy(model, ids, new: int = 8) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+
+
+def test_every_decoder_linear_is_replaced_and_nothing_else(converted):
+    dense, model, report = converted
+    want = [f"model.layers.{i}.{p}" for i in range(2) for p in PROJECTIONS]
+    assert sorted(report.replaced) == sorted(want) and sorted(decoder_linear_names(model)) == sorted(want)
+    for name in want:
+        module = model.get_submodule(name)
+        assert isinstance(module, DecodeLinear) and isinstance(module.inner, SparseLinear)
+        assert module.kernel_widths == {1, 8}
+        assert torch.equal(module.inner.dense_weight_2d(), dense.get_submodule(name).weight)
+    assert type(model.lm_head) is nn.Linear  # a candidate, but nothing of it is pruned
+    assert {layer.name: layer.reason for layer in report.layers}["lm_head"] == "nothing pruned: kept dense"
+    assert len(report.layers) == 15 and report.tokens == (1, 8) and report.measured == 0
+    sparsities = {layer.name.rsplit(".", 1)[-1]: round(layer.sparsity, 2) for layer in report.layers}
+    assert sparsities["q_proj"] == 0.5 and sparsities["down_proj"] == 0.7
+    assert report.linear_bytes_before > 0 and report.seconds > 0
+
+
+def test_logits_equal_the_dense_pruned_models_at_prefill_and_decode_widths(converted):
+    dense, model, _ = converted
+    with torch.no_grad():
+        for ids in (_ids(2, 5), _ids(8, 1, seed=2), _ids(1, 1, seed=3)):  # prefill (10 tokens, dense), decode widths
+            got, want = model(ids).logits, dense(ids).logits
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+
+
+def test_greedy_generate_gives_the_dense_pruned_models_tokens(converted):
+    dense, model, _ = converted
+    for ids in (_ids(1, 6), _ids(8, 4, seed=4)):  # decoding at batch 1 and batch 8: both kernel widths
+        want = _greedy(dense, ids)
+        assert want.shape[1] == ids.shape[1] + 8
+        assert torch.equal(_greedy(model, ids), want)
+
+
+def test_save_and_load_round_trip(converted, tmp_path):
+    dense, model, _ = converted
+    sparseforge.save(model, tmp_path / "tiny")
+    manifest = json.loads((tmp_path / "tiny" / "sparseforge.json").read_text())
+    assert manifest["class"] == "LlamaForCausalLM" and manifest["source"] == "transformers"
+    record = manifest["modules"]["model.layers.1.mlp.down_proj"]
+    assert record["class"] == "DecodeLinear" and record["kernel_widths"] == [1, 8]
+    assert record["inner"]["nnz"] == model.model.layers[1].mlp.down_proj.inner.nnz
+    loaded = sparseforge.load(tmp_path / "tiny")
+    assert sorted(decoder_linear_names(loaded)) == sorted(decoder_linear_names(model))
+    assert all(isinstance(loaded.get_submodule(n), DecodeLinear) for n in decoder_linear_names(model))
+    assert not any(t.is_meta for t in (*loaded.parameters(), *loaded.buffers()))
+    ids = _ids(2, 5)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert torch.equal(_greedy(loaded, _ids(1, 6)), _greedy(dense, _ids(1, 6)))
+
+
+def test_a_fresh_process_loads_and_generates_the_same_tokens(converted, tmp_path):
+    dense, model, _ = converted
+    sparseforge.save(model, tmp_path / "tiny")
+    script = ("import sys, torch, sparseforge\n"
+              "from sparseforge.nn import convert as c\n"
+              "c.measure_layer = None  # loading measures nothing: a call would fail\n"
+              f"m = sparseforge.load(sys.argv[1])\n"
+              f"ids = torch.randint(0, {SIZES['vocab_size']}, (1, 6), generator=torch.Generator().manual_seed(1))\n"
+              "print(m.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)[0].tolist())\n")
+    src = str(Path(sparseforge.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "tiny")], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == _greedy(dense, _ids(1, 6))[0].tolist()
+
+
+def test_a_pruned_lm_head_is_converted_and_tied_embeddings_survive_saving(tmp_path):
+    tied = _pruned_lm(tie_word_embeddings=True)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    model = copy.deepcopy(tied)
+    sparseforge.convert(model, tokens=1, policy="sparse", progress=False)
+    assert type(model.lm_head) is nn.Linear
+    loaded = sparseforge.load(sparseforge.save(model, tmp_path / "tied"))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight  # stored once, tied again
+    head = _pruned_lm()
+    prune_model(head, sparsity=0.6, scope="row", include=r"^lm_head$", keep_masks=False)
+    model = copy.deepcopy(head)
+    report = sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False)
+    assert isinstance(model.lm_head, DecodeLinear) and "lm_head" in report.replaced
+    assert torch.equal(_greedy(model, _ids(1, 6)), _greedy(head, _ids(1, 6)))
+    excluded = copy.deepcopy(head)
+    report = sparseforge.convert(excluded, tokens=(1,), policy="sparse", exclude=r"lm_head", progress=False)
+    assert type(excluded.lm_head) is nn.Linear and len(report.replaced) == 14
+
+
+@pytest.mark.parametrize("family", [("MistralConfig", "MistralForCausalLM"), ("Qwen2Config", "Qwen2ForCausalLM")])
+def test_mistral_and_qwen2_convert_alike(family):
+    dense = _pruned_lm(*family)
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False)
+    assert len(report.replaced) == 14
+    if family[0] == "Qwen2Config":  # q/k/v carry biases there
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    ids = _ids(1, 6)
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(_greedy(model, ids, 4), _greedy(dense, ids, 4))
+
+
+def test_a_plain_module_saves_and_loads_into_a_model_of_its_architecture(tmp_path):
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))  # noqa: E731
+    model = make()
+    prune_model(model, sparsity=0.6, keep_masks=False)
+    x = torch.randn(3, 16)
+    sparseforge.convert(model, x, policy="sparse", time_model=False)
+    assert isinstance(model[0], SparseLinear)
+    with pytest.raises(TypeError, match="pass model="):
+        sparseforge.load(sparseforge.save(model, tmp_path / "mlp"))
+    loaded = sparseforge.load(tmp_path / "mlp", model=make())
+    assert isinstance(loaded[0], SparseLinear) and torch.equal(loaded(x), model(x))
+
+
+def test_progress_shows_each_layer_with_the_count(capsys):
+    calls = []
+    model = _pruned_lm()
+    sparseforge.convert(model, tokens=(1,), policy="dense", progress=lambda *a: calls.append(a))
+    assert len(calls) == 15 and calls[0] == ("model.layers.0.self_attn.q_proj", 0, 15)
+    sparseforge.convert(model, tokens=(1,), policy="dense")  # the default: a bar, or a line per layer when piped
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("converting")]
+    assert len(lines) == 15 and lines[-1].startswith("converting [15/15]")
+
+
+def test_bad_arguments_are_refused_with_the_fix():
+    model = _pruned_lm()
+    with pytest.raises(ValueError, match="CUDA device.*policy='sparse'"):
+        sparseforge.convert(model, tokens=(1,))
+    with pytest.raises(ValueError, match="positive integers"):
+        sparseforge.convert(model, tokens=(0, 8), policy="sparse")
+    with pytest.raises(TypeError, match="batch sizes"):
+        sparseforge.convert(model, tokens="8", policy="sparse")
+    with pytest.raises(TypeError, match="not both"):
+        sparseforge.convert(model, _ids(1, 4), tokens=(1,), policy="sparse")
+    with pytest.raises(TypeError, match="transformers causal LM"):
+        sparseforge.convert(nn.Sequential(nn.Linear(4, 4)), tokens=(1,), policy="sparse")
+    assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))  # left as it was
+
+
+def test_load_refuses_a_missing_unfinished_or_corrupt_directory(converted, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        sparseforge.load(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no sparseforge.json"):
+        sparseforge.load(tmp_path / "empty")
+    saved = sparseforge.save(converted[1], tmp_path / "tiny")
+    (saved / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(SavedModelError, match="model.safetensors is missing or corrupt"):
+        sparseforge.load(saved)
+    (saved / "sparseforge.json").write_text("{not json")
+    with pytest.raises(SavedModelError, match="sparseforge.json is corrupt"):
+        sparseforge.load(saved)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        sparseforge.save(converted[1], tmp_path / "no" / "such")
+
+
+def test_without_transformers_the_error_names_the_extra(monkeypatch, tmp_path):
+    from safetensors.torch import save_file
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'sparseforge\[llm\]'"):
+        require_transformers()
+    save_file({}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "sparseforge.json").write_text(json.dumps({"format": 1, "class": "LlamaForCausalLM",
+                                                           "source": "transformers", "aliases": {}, "modules": {}}))
+    with pytest.raises(ImportError, match=r"pip install 'sparseforge\[llm\]'"):
+        sparseforge.load(tmp_path)
+
+
+def test_converting_without_transformers_names_the_extra(monkeypatch):
+    model = _pruned_lm()
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'sparseforge\[llm\]'"):
+        sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False)
+    assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
+
+
+def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch):
+    """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
+    (shape, sparsity) is measured, here the kernel winning at 1 token and dense at 8; every other layer of the
+    group takes that decision, so each DecodeLinear runs its kernel at width 1 only."""
+    from sparseforge.nn import llm
+    from sparseforge.semi.decide import DENSE, UNSTRUCTURED, fixed
+
+    class Measured(SparseLinear):
+        decisions = property(lambda self: [fixed(1, UNSTRUCTURED, "stub: faster"), fixed(8, DENSE, "stub: slower")])
+
+    measured = []
+
+    def measure_layer(name, module, shapes, policy, tune_budget):
+        measured.append((name, [tuple(s) for s in shapes], policy))
+        layer = llm.LayerReport(name, "Linear", tuple(module.weight.shape), 0.5, shapes, UNSTRUCTURED,
+                                reason="stub: unstructured measured faster")
+        return layer, Measured.from_dense(module, policy="sparse")
+
+    monkeypatch.setattr(llm, "measure_layer", measure_layer)
+    monkeypatch.setattr(llm, "prebuild_layers", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(llm, "model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
+    # kernels: none on a CPU; the layers built from a group's decision find their choice cached (no times)
+    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [fixed(n, UNSTRUCTURED, "stub: cached")
+                                                                        for n in widths])
+    dense = _pruned_lm()
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1, 8), progress=False)
+    firsts = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"]
+    assert [m[0] for m in measured] == firsts and report.measured == 3 and report.peak_gpu_bytes == 123
+    assert measured[0][1:] == ([(1, 256), (8, 256)], "measure")
+    assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
+    assert all(model.get_submodule(n).kernel_widths == {1} for n in report.replaced)
+    reasons = {layer.name: layer.reason for layer in report.layers}
+    assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
+    assert reasons["model.layers.1.mlp.down_proj"].startswith("as model.layers.0.mlp.down_proj measured")
+    assert model.model.layers[1].mlp.up_proj.inner.policy == "measure"  # built as the measured layer was
+    with torch.no_grad():
+        for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
+            assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
+    from sparseforge.nn import SparseLinear24
+
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32)).half()  # noqa: E731
+    model = make()
+    prune_model(model, nm="2:4", keep_masks=False)
+    model[0] = SparseLinear24.from_dense(model[0], policy="sparse")
+    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [1, 4])
+    x = torch.randn(4, 32).half()
+    with torch.no_grad():
+        want = model(x)
+        loaded = sparseforge.load(sparseforge.save(model, tmp_path / "m"), model=make())
+        assert isinstance(loaded[0], SparseLinear24) and loaded[0].policy == "sparse"
+        assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {1, 4}
+        assert torch.equal(loaded(x), want)
+
+
+def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode():
+    torch.manual_seed(0)
+    linears = [nn.Linear(16, 8) for _ in range(2)]
+    prune_model(nn.ModuleList(linears), sparsity=0.5, keep_masks=False)
+    layers = [DecodeLinear(SparseLinear.from_dense(lin, policy="sparse"), [1]) for lin in linears]
+    x = torch.randn(3, 16)  # 3 tokens: not a decode width, so dense from the workspace both layers share
+    with torch.inference_mode():
+        assert torch.allclose(layers[0](x), linears[0](x), atol=1e-6)
+    with torch.no_grad():
+        for layer, lin in zip(layers, linears):
+            assert torch.allclose(layer(x), lin(x), atol=1e-6)
+    assert torch.allclose(layers[1](x), linears[1](x), atol=1e-6)
+    assert layers[0].dense_weight().data_ptr() == layers[1].dense_weight().data_ptr()  # one buffer per shape

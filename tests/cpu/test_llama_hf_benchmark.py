@@ -1,0 +1,41 @@
+"""benchmarks/llama_hf_decode.py --tiny on the CPU: the script runs end to end on a small Llama and writes the
+JSON a GPU run writes (provenance, summary rows with the usual keys, per-context cases)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "llama_hf_decode.py"
+
+
+def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("llama_hf_decode", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "tiny.json"
+    status = script.main(["--tiny", "--patterns", "0.6,2:4", "--batches", "1", "2", "--contexts", "4",
+                          "--generate", "3", "--generate-batches", "1", "2", "--no-warm", "--out", str(out)])
+    assert status == 0, capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert {"date", "commit", "command"} <= set(result["provenance"])
+    assert [(row["sparsity"], row["batch"]) for row in result["summary"]] == [(0.6, 1), (0.6, 2), ("2:4", 1),
+                                                                              ("2:4", 2)]
+    for row in result["summary"]:
+        assert {"model", "dtype", "layout", "n", "geomean_speedup_vs_cublas", "conversion_seconds_cold",
+                "decoder_linear_bytes_before", "decoder_linear_bytes_after"} <= set(row)
+        assert row["all_correct"] and row["geomean_speedup_vs_cublas"] > 0 and row["n"] == row["batch"]
+    assert len(result["cases"]) == 4 and all(case["generate_tokens_equal"] == 1.0 for case in result["cases"])
+    assert all(case["sparseforge_prefill_s"] > 0 and case["dense_tbps"] > 0 for case in result["cases"])
+    assert result["notes"] == []
+    assert all(p["conversion"]["replaced"] == 14 for p in result["patterns"])
+
+
+def test_bad_arguments_stop_before_any_work(capsys):
+    spec = importlib.util.spec_from_file_location("llama_hf_decode", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit):
+        script.parse_args(["--tiny", "--patterns", "1.5"])
+    assert "neither a sparsity" in capsys.readouterr().err

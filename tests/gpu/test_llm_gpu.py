@@ -1,0 +1,98 @@
+"""Hugging Face causal LMs on the GPU (nn/llm.py, saving.py): the tiny seeded Llama converted on the kernels
+(forced and measured) against the dense pruned model: logits, 32 greedy tokens in float32, generate with the
+static KV cache (which transformers compiles: CUDA graphs through the custom ops), save / load onto the GPU;
+and one decoder layer at Llama-3-8B widths measured, its logits within 1.5x of the dense fp16 model's error."""
+import copy
+
+import pytest
+import torch
+
+import sparseforge
+from sparseforge.nn import DecodeLinear
+from sparseforge.nn.llm import decoder_linear_names
+from sparseforge.prune import prune_model
+
+pytestmark = pytest.mark.gpu
+transformers = pytest.importorskip("transformers")
+TINY = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, max_position_embeddings=512)
+
+
+def _pruned(dtype, sparsity: float = 0.6, **sizes):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**TINY, **sizes})
+    model = transformers.LlamaForCausalLM(config).eval()
+    prune_model(model, sparsity=sparsity, scope="row", include=r"^model\.layers\.", keep_masks=False)
+    return model.to("cuda", dtype)
+
+
+def _ids(batch: int, length: int, vocab: int = TINY["vocab_size"], seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).cuda()
+
+
+def _greedy(model, ids, new: int, **options) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, **options)
+
+
+def test_forced_kernels_give_the_dense_models_logits_and_32_greedy_tokens_in_float32():
+    dense = _pruned(torch.float32)
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1, 8), policy="sparse", progress=False)
+    assert len(report.replaced) == 14
+    with torch.no_grad():
+        for ids in (_ids(2, 7), _ids(8, 1), _ids(1, 1)):  # prefill (dense workspace), both kernel widths
+            got, want = model(ids).logits, dense(ids).logits
+            assert ((got - want).norm() / want.norm()).item() < 1e-5
+    for ids in (_ids(1, 6), _ids(8, 6, seed=2)):
+        assert torch.equal(_greedy(model, ids, 32), _greedy(dense, ids, 32))
+
+
+def test_generate_with_the_static_cache_and_compilation_matches_dense():
+    dense = _pruned(torch.float32)
+    model = copy.deepcopy(dense)
+    sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False)
+    ids = _ids(1, 6)
+    want = _greedy(dense, ids, 16, cache_implementation="static")
+    assert torch.equal(_greedy(model, ids, 16, cache_implementation="static"), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_measured_conversion_keeps_the_logits_and_measures_each_shape_once(dtype, tmp_path):
+    dense = _pruned(dtype, sparsity=0.7)
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1, 8), tune_budget=1.0, progress=False)
+    assert report.measured == 3  # q/k/v/o, gate/up, down: 7 Linears x 2 layers, 3 shapes; lm_head is not pruned
+    assert report.peak_gpu_bytes and report.linear_bytes_after > 0
+    for layer in report.layers:
+        module = model.get_submodule(layer.name)
+        assert isinstance(module, DecodeLinear) == (layer.choice != "dense"), (layer.name, layer.choice, layer.reason)
+    ids = _ids(1, 5)
+    with torch.no_grad():
+        reference = copy.deepcopy(dense).double()
+        for batch in (_ids(1, 1), _ids(8, 1), ids):
+            want = reference(batch).logits
+            dense_error = ((dense(batch).logits.double() - want).norm() / want.norm()).item()
+            error = ((model(batch).logits.double() - want).norm() / want.norm()).item()
+            assert error <= 1.5 * dense_error + 1e-4, (error, dense_error)
+    loaded = sparseforge.load(sparseforge.save(model, tmp_path / "tiny"), device="cuda")
+    assert sorted(decoder_linear_names(loaded)) == sorted(decoder_linear_names(model))
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-3, atol=1e-3)
+
+
+def test_one_decoder_layer_at_llama3_8b_widths_within_the_dense_models_error():
+    sizes = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=1, num_attention_heads=32,
+                 num_key_value_heads=8, vocab_size=1024)
+    dense = _pruned(torch.float16, sparsity=0.7, **sizes)
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1,), tune_budget=1.0, progress=False)
+    assert report.measured == 4  # q/o (4096 x 4096), k/v (1024 x 4096), gate/up, down; lm_head is not pruned
+    reference = copy.deepcopy(dense).double()
+    ids = _ids(1, 4, vocab=1024)
+    with torch.no_grad():
+        want = reference(ids).logits
+        dense_error = ((dense(ids).logits.double() - want).norm() / want.norm()).item()
+        error = ((model(ids).logits.double() - want).norm() / want.norm()).item()
+    assert error <= 1.5 * dense_error + 1e-4, (error, dense_error)
+    assert _greedy(model, ids, 8).shape == (1, 12)
