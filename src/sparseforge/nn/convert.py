@@ -41,6 +41,7 @@ def to_sparse24(model: nn.Module, include: LayerFilter = None, exclude: LayerFil
     from ..semi.runtime import check_policy
 
     check_policy(policy)  # checked here too: with no 2:4 layer in the model, nothing else would look at it
+    check_not_a_bare_layer(model, "to_sparse24")
     chosen, skipped = select_layers(model, include, exclude)
     report = ConversionReport(skipped=list(skipped))
     for name, module in chosen:
@@ -56,6 +57,17 @@ def to_sparse24(model: nn.Module, include: LayerFilter = None, exclude: LayerFil
         _replace(model, name, SparseLinear24.from_dense(module, policy=policy, min_speedup=min_speedup))
         report.converted.append(name)
     return report
+
+
+def check_not_a_bare_layer(model, function: str) -> None:
+    """Refuse a model that is itself a Linear / Conv2d: the conversions replace layers inside a model, in place,
+    and no function can replace the object its caller holds (the layer would be measured, then kept)."""
+    if isinstance(model, (nn.Linear, nn.Conv2d)):
+        kind = type(model).__name__
+        raise ValueError(f"the model is itself an nn.{kind}: {function}() replaces layers inside a model in place "
+                         f"and cannot replace the object you hold; pass nn.Sequential(layer) and take [0] from it "
+                         f"afterwards, or build the module directly (Sparse{'Linear' if kind == 'Linear' else 'Conv2d'}"
+                         ".from_dense(layer))")
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -243,6 +255,7 @@ def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tun
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_not_a_bare_layer(model, "convert")
     if example_inputs is None:
         raise TypeError("example_inputs is required: a tensor, or a tuple of the model's positional inputs")
     if isinstance(example_inputs, list):  # a list is one input to some models, several to others: say which

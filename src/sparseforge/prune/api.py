@@ -35,7 +35,7 @@ class LayerPruned:
 
     @property
     def sparsity(self) -> float:
-        return 1.0 - self.nonzero_after / self.numel
+        return 1.0 - self.nonzero_after / self.numel if self.numel else 0.0
 
 
 @dataclass
@@ -113,7 +113,7 @@ def _method(sparsity, nm, scope, importance: Importance = None) -> str:
     if importance is not None and not callable(importance):
         raise TypeError("importance must be a callable (name, module, weight) -> scores, "
                         f"got {type(importance).__name__}")
-    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity:g} ({scope})"
+    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity + 0.0:g} ({scope})"  # + 0.0: -0.0 as 0
     if importance is not None:
         method += f" by {getattr(importance, '__name__', type(importance).__name__)} importance"
     return method
