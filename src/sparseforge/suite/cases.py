@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..formats import SparseMatrix, read_smtx
+from ..formats.exact import INDEX_LIMIT
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "data" / "dlmc_sample"
 BATCHSIZES_FILE = "rn50_batchsizes.txt"
@@ -63,6 +64,15 @@ def read_batchsizes(path: Path) -> dict[str, int]:
     return table
 
 
+def check_width(n: int | None, what: str = "N") -> None:
+    """Refuse an input width N (columns of the dense operand) the kernels cannot index: N < 2**31, like M and
+    K, since indices are 32-bit; a larger one failed deep in code generation (a MemoryError) or, in CPU mode,
+    was shown as N while the reference checked N <= 64."""
+    if n is not None and n >= INDEX_LIMIT:
+        raise ValueError(f"{what} = {n}: N must be < 2**31 = {INDEX_LIMIT}, as M and K are (sparseforge's kernels "
+                         "index with 32-bit integers); give a smaller n, tokens or batch (--n, --tokens, --batch)")
+
+
 def _find_batchsizes(start: Path) -> dict[str, int]:
     for folder in [start, *start.parents]:
         candidate = folder / BATCHSIZES_FILE
@@ -89,6 +99,7 @@ def _case(path: Path, batch: int, tokens: int, n: int | None, batchsizes: dict[s
         n = batchsizes[path.stem] * batch
     elif n is None and model == "transformer":
         n = tokens
+    check_width(n, f"N of {path.stem}")
     return Case(path, model, method, sparsity, path.stem, m, k, int(indptr[-1]), n)
 
 
@@ -103,6 +114,8 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
     """
     if batch < 1 or (tokens is not None and tokens < 1) or (n is not None and n < 1):
         raise ValueError(f"batch, tokens and n must be >= 1, got batch={batch}, tokens={tokens}, n={n}")
+    for what, value in (("n", n), ("tokens", tokens)):
+        check_width(value, what)
     from .llm import discover_llm, is_llm_spec  # llm builds on Case: imported here, not at the top
 
     if is_llm_spec(root):
@@ -118,6 +131,9 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
         files = sorted(root.rglob("*.smtx"))
         if not files:
             raise FileNotFoundError(f"no .smtx files under {root}; expected <model>/<method>/<sparsity>/<layer>.smtx")
+    elif root.exists():  # /dev/null, a FIFO: "does not exist" would be wrong
+        raise ValueError(f"{root} is neither a file nor a directory (a device, FIFO or socket); give a .smtx file, "
+                         "a DLMC-style directory, or llm[:sparsities[:shapes]] for the LLM cases")
     else:
         raise FileNotFoundError(f"{root} does not exist; give a .smtx file, a DLMC-style directory, "
                                 "or llm[:sparsities[:shapes]] for the LLM cases")
