@@ -113,7 +113,8 @@ def _method(sparsity, nm, scope, importance: Importance = None) -> str:
     if importance is not None and not callable(importance):
         raise TypeError("importance must be a callable (name, module, weight) -> scores, "
                         f"got {type(importance).__name__}")
-    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity + 0.0:g} ({scope})"  # + 0.0: -0.0 as 0
+    # sparsity + 0.0: -0.0 is labelled 0
+    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity + 0.0:g} ({scope})"
     if importance is not None:
         method += f" by {getattr(importance, '__name__', type(importance).__name__)} importance"
     return method
