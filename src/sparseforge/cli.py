@@ -3,18 +3,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-import zipfile
 from pathlib import Path
 
 import torch
 from rich.progress import track
 from rich.table import Table
 
+from .checkpoint import load_state, save_state
 from .console import check_output_path, console, print_error
 from .formats import SparseFormatError
-from .prune import NMError, PruneReport, find_state_dict, prune_state_dict
+from .prune import NMError, PruneReport, parse_nm, prune_state_dict
 from .suite import discover
 
 
@@ -33,69 +32,6 @@ def _info(args) -> int:
                       str(s.row_nnz_max), str(s.empty_rows), f"{s.column_reuse:.2f}")
     console.print(table)
     return 0
-
-
-def _load_state(path: Path) -> dict:
-    """The checkpoint at path (.safetensors, or what torch.save writes), refused with the reason when it
-    cannot be read or holds no state dict, before any pruning."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    state = _read_safetensors(path) if path.suffix == ".safetensors" else _read_torch(path)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path}: holds a {type(state).__name__}, expected a state dict (name -> tensor); "
-                         "save model.state_dict(), not the model")
-    try:
-        find_state_dict(state)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-    return state
-
-
-def _read_safetensors(path: Path) -> dict:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except SafetensorError as err:
-        raise ValueError(f"{path}: not a readable .safetensors file ({err}); it is truncated or damaged: "
-                         "copy or save it again") from None
-
-
-def _read_torch(path: Path) -> dict:
-    with open(path, "rb") as handle:
-        head = handle.read(2)
-    # torch.save writes a zip archive (legacy: a pickle, opcode 0x80 first). Anything else is not a checkpoint,
-    # and torch's own message for it ("re-run with weights_only=False") would send the user the wrong way.
-    if head != b"PK" and head[:1] != b"\x80":
-        raise ValueError(f"{path}: not a torch checkpoint: neither the zip archive torch.save writes nor a pickle; "
-                         "the file is damaged or in another format (a .safetensors file needs that suffix)")
-    if head == b"PK" and not zipfile.is_zipfile(path):
-        raise ValueError(f"{path}: truncated or damaged: the zip archive torch.save writes is incomplete; "
-                         "copy or save it again")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a bad file
-        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        if unsafe:
-            raise ValueError(f"{path}: holds a Python object of class {unsafe.group(1)}; sparseforge loads only "
-                             "tensors and plain containers, since unpickling other classes can run arbitrary code. "
-                             "Save model.state_dict() instead, or convert the file to .safetensors") from None
-        raise ValueError(f"{path}: a damaged torch checkpoint ({type(err).__name__} while reading it); "
-                         "copy or save it again") from None
-
-
-def _save_state(state: dict, path: Path) -> None:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
-        others = [key for key, value in state.items() if not isinstance(value, torch.Tensor)]
-        if others:
-            raise ValueError(f"{path}: a .safetensors file holds only tensors, but the checkpoint also keeps "
-                             f"{', '.join(map(repr, others[:4]))}; write a .pt file to keep them")
-        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-    else:
-        torch.save(state, path)
 
 
 def print_prune_report(report: PruneReport) -> None:
@@ -128,14 +64,20 @@ def _prune(args) -> int:
     if target.exists() and source.exists() and os.path.samefile(source, target) and not args.force:
         raise ValueError(f"output {target} is the input file: pruning would overwrite the original weights; give "
                          "another output path, or --force to overwrite it")
-    state = _load_state(source)
+    if args.sparsity is not None and args.sparsity == 0:
+        raise ValueError(f"--sparsity {args.sparsity:g} removes no weight, so the output would be a copy of the input; "
+                         "give the fraction of weights to remove, e.g. --sparsity 0.5")
+    if args.nm is not None and len(set(parse_nm(args.nm))) == 1:
+        raise ValueError(f"--nm {args.nm} keeps every weight (N = M), so the output would be a copy of the input; "
+                         "give N < M, e.g. --nm 2:4")
+    state = load_state(source)
     pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
                                       include=args.include, exclude=args.exclude)
     print_prune_report(report)
     if not report.layers:
         raise ValueError(f"{source}: nothing was pruned, so nothing was written: no tensor is a 2-D or 4-D "
                          "floating-point weight that can be pruned as asked (the skipped table gives each reason)")
-    _save_state(pruned, target)
+    save_state(pruned, target)
     console.print(f"wrote {target}")
     return 0
 
@@ -152,6 +94,8 @@ examples:
   sparseforge prune model.pt model_24.pt --nm 2:4 --exclude lm_head
   sparseforge bench dlmc/rn50/magnitude_pruning/0.9 --out results.json --plot speedup.png
   sparseforge convert model.pt model_sparse.pt --example-shape 1,3,224,224 --dtype fp16
+  sparseforge convert model_90.pt model_sparse.pt --model resnet50 --example-shape 1,3,224,224
+                                                        (a state dict, as prune writes, and the model it belongs to)
   sparseforge profile model.pt --example-shape 1,128,384 --plot layers.png
 
 `sparseforge COMMAND --help` lists the options of a command."""

@@ -145,7 +145,7 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
     w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
                                                    layout, kernel_size)
-    index, arch = device_index(device)
+    index, arch = device_index(device, "compile_conv2d", "sparseforge.plan.conv.execute_conv()")
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
     if config is not None:
         return build_conv_kernel(make(config), index)

@@ -61,7 +61,7 @@ def _run(args) -> int:
 
     from .console import check_output_path, console
     from .nn import convert, fuse_epilogues
-    from .nn.convert import ExampleInputError, _one_line
+    from .nn.convert import ExampleInputError, one_line
     from .tune.choose import check_tune_budget
 
     for option, path in (("--report", args.report), ("--plot", getattr(args, "plot", None)),
@@ -99,7 +99,7 @@ def _run(args) -> int:
                              fold_bn=not args.no_fold_bn, time_model=device == "cuda", progress=progress)
         except ExampleInputError as err:  # convert's own trial forward: said here in the CLI's terms
             raise ValueError(f"the model fails on a random {dtype} input of shape {tuple(shape)} "
-                             f"({_one_line(err.__cause__)}); give --example-shape the shape of the model's one "
+                             f"({one_line(err.__cause__)}); give --example-shape the shape of the model's one "
                              "input (a model that takes token ids or several inputs needs the Python API: "
                              "sparseforge.nn.convert(model, example_inputs))") from None
     table = Table(title=f"sparseforge {args.command}: {args.input.name}")

@@ -144,9 +144,6 @@ class SparseMatrix:
         Masked entries of a numpy masked array count as zeros (even a masked NaN), as np.ma.filled(0).
         """
         array, name = _dense_to_numpy(dense)
-        if array.ndim != 2:
-            raise SparseFormatError(f"expected a 2-D weight, got shape {array.shape}; "
-                                    "view a Conv2d weight as weight.flatten(1) first")
         if not np.isfinite(array).all():
             r, c = np.argwhere(~np.isfinite(array))[0]
             raise SparseFormatError(f"weight[{r}, {c}] = {array[r, c]} is not finite; fix NaN/inf weights first")
@@ -329,7 +326,21 @@ def _rounded_values(values, dtype: Any) -> tuple[np.ndarray, str]:
     return rounded, name
 
 
+def _check_dense_shape(shape: tuple[int, ...]) -> None:
+    """The shape rules of validate_csr, applied before a dense weight is converted or scanned: a (1, 2**31)
+    weight was refused only after 20 s and 2 GB of copying and finding its nonzeros."""
+    if len(shape) != 2:
+        raise SparseFormatError(f"expected a 2-D weight, got shape {shape}; "
+                                "view a Conv2d weight as weight.flatten(1) first")
+    if min(shape) < 1:
+        raise SparseFormatError(f"shape {shape}: both dimensions must be >= 1")
+    if max(shape) >= INDEX_LIMIT:
+        raise SparseFormatError(f"shape {shape}: M and K must be < 2**31 = {INDEX_LIMIT}; indices are int32 "
+                                "in every kernel. Split the weight into blocks first")
+
+
 def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
+    """The weight as a 2-D numpy array of its float dtype (bfloat16 held in float32), its shape checked first."""
     if type(dense).__module__.startswith("torch"):
         import torch
 
@@ -341,10 +352,13 @@ def _dense_to_numpy(dense) -> tuple[np.ndarray, str]:
                                     "weights first (e.g. model.to_empty(device='cpu') and load_state_dict)")
         if not torch.is_floating_point(dense):
             raise SparseFormatError(f"expected a floating-point weight, got {dense.dtype}")
+        _check_dense_shape(tuple(dense.shape))
         name = _dtype_name(dense.dtype)
         tensor = dense.detach().cpu()
         return (tensor.float() if name == "bfloat16" else tensor).numpy(), name
-    array = np.ma.filled(dense, 0) if np.ma.isMaskedArray(dense) else np.asarray(dense)
+    # as_array: a ragged nested list is named here, not in numpy's words
+    array = np.ma.filled(dense, 0) if np.ma.isMaskedArray(dense) else as_array(dense, "the dense weight")
     if not np.issubdtype(array.dtype, np.floating):
         raise SparseFormatError(f"expected a floating-point weight, got {array.dtype}")
+    _check_dense_shape(array.shape)
     return array, _dtype_name(array.dtype)

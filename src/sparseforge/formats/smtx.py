@@ -9,7 +9,9 @@ Only the pattern is stored; values come from elsewhere (a seeded normal, see Spa
 What the reader accepts, exactly: a field is ASCII digits with an optional leading '-' (so a negative
 offset or index is reported for what it means, not as a typo); '+3', '1e3', '0x10', '1_000' and
 non-ASCII digits such as '٣' are refused. Fields are separated by spaces, tabs or commas; lines end in
-\\n or \\r\\n (a UTF-8 byte-order mark is skipped); blank lines may follow line 3, not come between.
+\\n or \\r\\n, the last one may end in neither (a UTF-8 byte-order mark is skipped); a carriage return
+anywhere else, as in a file with old Mac '\\r' endings, is refused naming its line; blank lines may follow
+line 3, not come between.
 1 <= M, K < 2**31, because column indices are int32.
 """
 from __future__ import annotations
@@ -53,6 +55,14 @@ def _parse_ints(line: str, where: str, expected: int, dtype: type[np.signedinteg
     return exact_int_array(ints, where, dtype, hint)
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of `text`, each without its \\n or \\r\\n ending. split("\\n"), not splitlines(): that
+    would also break lines at \\r, \\x0b, \\x1c, \\x85, \\u2028, ... (and so would open()'s universal
+    newlines at \\r); a \\r is part of an ending only right before a \\n."""
+    pieces = text.split("\n")
+    return [piece.removesuffix("\r") for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+
+
 def read_smtx(path: str | Path) -> tuple[tuple[int, int], np.ndarray, np.ndarray]:
     """Read a `.smtx` file; returns ((M, K), indptr int64[M+1], indices int32[nnz]).
 
@@ -61,13 +71,19 @@ def read_smtx(path: str | Path) -> tuple[tuple[int, int], np.ndarray, np.ndarray
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": every \r as it is in the file
+            text = f.read()
     except UnicodeDecodeError:
         raise SparseFormatError(f"{path}: not a text file; a .smtx file holds three lines of integers") from None
-    # split("\n"), not splitlines(): that would also break lines at \x0b, \x1c, \x85, \u2028, ...
-    lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
+    except OSError as err:  # /proc/self/mem says only "[Errno 5] Input/output error", without the path
+        raise SparseFormatError(f"{path}: cannot be read ({err.strerror or err}); give a .smtx file") from None
+    lines = _lines(text)
     if not text.strip():
         raise SparseFormatError(f"{path}: line 1: expected 'M, K, nnz', found an empty file")
+    lone = next((n for n, line in enumerate(lines, start=1) if "\r" in line), None)
+    if lone is not None:
+        raise SparseFormatError(f"{path}: line {lone}: a carriage return (\\r) that does not end a line; .smtx lines "
+                                "end in \\n or \\r\\n (convert old Mac line endings, e.g. tr '\\r' '\\n')")
     m, k, nnz = _parse_ints(lines[0], f"{path}: line 1 ('M, K, nnz')", 3, np.int64,
                             hint="; M and K must be < 2**31").tolist()
     if m < 1 or k < 1 or nnz < 0:

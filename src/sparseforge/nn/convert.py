@@ -41,6 +41,7 @@ def to_sparse24(model: nn.Module, include: LayerFilter = None, exclude: LayerFil
     from ..semi.runtime import check_policy
 
     check_policy(policy)  # checked here too: with no 2:4 layer in the model, nothing else would look at it
+    check_not_a_bare_layer(model, "to_sparse24")
     chosen, skipped = select_layers(model, include, exclude)
     report = ConversionReport(skipped=list(skipped))
     for name, module in chosen:
@@ -56,6 +57,17 @@ def to_sparse24(model: nn.Module, include: LayerFilter = None, exclude: LayerFil
         _replace(model, name, SparseLinear24.from_dense(module, policy=policy, min_speedup=min_speedup))
         report.converted.append(name)
     return report
+
+
+def check_not_a_bare_layer(model, function: str) -> None:
+    """Refuse a model that is itself a Linear / Conv2d: the conversions replace layers inside a model, in place,
+    and no function can replace the object its caller holds (the layer would be measured, then kept)."""
+    if isinstance(model, (nn.Linear, nn.Conv2d)):
+        kind = type(model).__name__
+        raise ValueError(f"the model is itself an nn.{kind}: {function}() replaces layers inside a model in place "
+                         f"and cannot replace the object you hold; pass nn.Sequential(layer) and take [0] from it "
+                         f"afterwards, or build the module directly (Sparse{'Linear' if kind == 'Linear' else 'Conv2d'}"
+                         ".from_dense(layer))")
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -252,10 +264,11 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
 def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tune_budget) -> None:
     """convert()'s arguments checked before the model is cast, timed or changed: a mistake found after the
     whole-model timing or BatchNorm folding would surface from deep inside, or leave the model half done."""
-    from ..prune.targets import _name_filter
+    from ..prune.targets import name_filter
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_not_a_bare_layer(model, "convert")
     if example_inputs is None:
         raise TypeError("example_inputs is required: a tensor, or a tuple of the model's positional inputs")
     if isinstance(example_inputs, list):  # a list is one input to some models, several to others: say which
@@ -267,8 +280,8 @@ def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tun
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
     check_tune_budget(tune_budget)
-    _name_filter(include, "include")
-    _name_filter(exclude, "exclude")
+    name_filter(include, "include")
+    name_filter(exclude, "exclude")
 
 
 class ExampleInputError(ValueError):
@@ -283,11 +296,11 @@ def _check_model_runs(model: nn.Module, inputs: tuple) -> None:
             model(*inputs)
     except Exception as err:
         shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
-        raise ExampleInputError(f"the model fails on example_inputs {shapes} ({_one_line(err)}); pass inputs the "
+        raise ExampleInputError(f"the model fails on example_inputs {shapes} ({one_line(err)}); pass inputs the "
                                 "model takes (a tuple of its positional inputs)") from err
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 

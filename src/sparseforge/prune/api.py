@@ -8,7 +8,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .magnitude import _check_sparsity, global_magnitude_masks, magnitude_mask, row_magnitude_mask
+from .magnitude import check_sparsity, global_magnitude_masks, magnitude_mask, row_magnitude_mask
 from .masking import apply_mask
 from .nm import NMError, nm_mask
 from .targets import LayerFilter, Skipped, select_layers, select_state_dict, weight_matrix_view
@@ -35,7 +35,7 @@ class LayerPruned:
 
     @property
     def sparsity(self) -> float:
-        return 1.0 - self.nonzero_after / self.numel
+        return 1.0 - self.nonzero_after / self.numel if self.numel else 0.0
 
 
 @dataclass
@@ -103,17 +103,18 @@ def parse_nm(nm) -> tuple[int, int]:
     return n, m
 
 
-def _method(sparsity, nm, scope, importance: Importance = None) -> str:
+def importance_method(sparsity, nm, scope, importance: Importance = None) -> str:
     if (sparsity is None) == (nm is None):
         raise ValueError("give exactly one of sparsity=... (magnitude pruning) or nm='2:4' (N:M pruning)")
     if sparsity is not None:
-        _check_sparsity(sparsity)
+        check_sparsity(sparsity)
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, got {scope!r}")
     if importance is not None and not callable(importance):
         raise TypeError("importance must be a callable (name, module, weight) -> scores, "
                         f"got {type(importance).__name__}")
-    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity:g} ({scope})"
+    # sparsity + 0.0: -0.0 is labelled 0
+    method = f"{parse_nm(nm)[0]}:{parse_nm(nm)[1]}" if nm is not None else f"magnitude {sparsity + 0.0:g} ({scope})"
     if importance is not None:
         method += f" by {getattr(importance, '__name__', type(importance).__name__)} importance"
     return method
@@ -175,7 +176,7 @@ def prune_model(model: nn.Module, sparsity: float | None = None, nm=None, scope:
     parametrizations so fine-tuning cannot revive pruned weights (remove_masks() bakes them in). Returns a
     report listing every pruned layer and every skipped one with the reason.
     """
-    report = PruneReport(_method(sparsity, nm, scope, importance))
+    report = PruneReport(importance_method(sparsity, nm, scope, importance))
     layers, report.skipped = select_layers(model, include, exclude)
     modules = dict(layers)
     weights = {name: module.weight.detach() for name, module in layers}
@@ -200,7 +201,7 @@ def prune_state_dict(state: dict[str, torch.Tensor], sparsity: float | None = No
     A checkpoint that nests its state dict (`{"state_dict": ..., "epoch": ...}`, see find_state_dict) is
     pruned there and returned whole, its other keys unchanged; report.state_key names where. importance as in
     prune_model, called with module None."""
-    report = PruneReport(_method(sparsity, nm, scope, importance))
+    report = PruneReport(importance_method(sparsity, nm, scope, importance))
     if not isinstance(state, dict):
         raise TypeError(f"state must be a state dict (name -> tensor), got {type(state).__name__}; "
                         "pass model.state_dict(), or use prune_model for a module")

@@ -8,7 +8,7 @@ import numbers
 import torch
 
 
-def _check_sparsity(sparsity: float) -> None:
+def check_sparsity(sparsity: float) -> None:
     # a str or a tensor would fail later inside round() or a format string, far from the argument
     if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
         raise TypeError(f"sparsity must be a number in [0, 1), got {type(sparsity).__name__} {sparsity!r}"
@@ -31,7 +31,7 @@ def _check_finite(weight: torch.Tensor, name: str = "weight") -> None:
 def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Boolean mask (same shape as weight) keeping the largest-|w| entries so that exactly
     round(sparsity * numel) entries are pruned. Ties are broken by position (stable sort)."""
-    _check_sparsity(sparsity)
+    check_sparsity(sparsity)
     _check_finite(weight)
     flat = weight.detach().abs().flatten().float()
     n_prune = int(round(sparsity * flat.numel()))
@@ -46,7 +46,7 @@ def row_magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Boolean mask pruning, in every output row of the 2-D view (Linear: out x in; Conv2d: Cout x
     Cin*kh*kw), exactly round(sparsity * row length) of its smallest-|w| entries: every output keeps the
     same number of inputs (Wanda's comparison group). Ties broken by position (stable sort)."""
-    _check_sparsity(sparsity)
+    check_sparsity(sparsity)
     _check_finite(weight)
     if weight.ndim < 2:  # a 1-D tensor is rows of one entry each: nothing would ever be pruned
         raise ValueError(f"row pruning needs a weight with output rows (2-D Linear or 4-D Conv2d), got "
@@ -63,7 +63,7 @@ def row_magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
 def global_magnitude_masks(weights: dict[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
     """Masks for several tensors under one magnitude threshold, pruning round(sparsity * total) entries
     in all: layers with many small weights lose more than layers with few."""
-    _check_sparsity(sparsity)
+    check_sparsity(sparsity)
     if not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of name -> tensor, got {type(weights).__name__}")
     for name, w in weights.items():

@@ -11,7 +11,7 @@ import numbers
 
 from torch import nn
 
-from .api import Importance, PruneReport, _method, prune_model
+from .api import Importance, PruneReport, importance_method, prune_model
 from .targets import LayerFilter, select_layers
 
 
@@ -60,7 +60,7 @@ class GradualPruner:
         cubic_sparsity(begin_step, final_sparsity, begin_step, end_step, initial_sparsity)  # validates
         # scope, importance and the include / exclude patterns are checked now, not at the first update
         # thousands of training steps later
-        _method(final_sparsity, None, scope, importance)
+        importance_method(final_sparsity, None, scope, importance)
         select_layers(model, include, exclude)
         self.model, self.scope, self.include, self.exclude = model, scope, include, exclude
         self.importance = importance

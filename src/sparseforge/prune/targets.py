@@ -19,7 +19,7 @@ class Skipped:
     reason: str
 
 
-def _name_filter(spec: LayerFilter, argument: str) -> Callable[[str, nn.Module | None], bool] | None:
+def name_filter(spec: LayerFilter, argument: str) -> Callable[[str, nn.Module | None], bool] | None:
     """The filter as a callable; a pattern is compiled here, so a bad one is named before any work is done."""
     if spec is None or callable(spec):
         return spec
@@ -42,18 +42,35 @@ def weight_matrix_view(weight: torch.Tensor) -> torch.Tensor:
     return weight.reshape(weight.shape[0], math.prod(weight.shape[1:]))
 
 
+# The dtypes pruning ranks and the kernels take; float8 weights (a quantised checkpoint) are left as they are.
+PRUNABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _weight_skip_reason(weight: torch.Tensor) -> str | None:
+    """Why a Linear / Conv2d weight cannot be pruned (None: it can)."""
+    if not torch.is_floating_point(weight):
+        return f"weight dtype {weight.dtype} is not floating point"
+    if weight.dtype not in PRUNABLE_DTYPES:
+        return (f"weight dtype {weight.dtype} is not one pruning ranks (float16, bfloat16, float32, float64); "
+                "upcast it first (.to(torch.bfloat16)) to prune it")
+    if weight.numel() == 0:
+        return f"the weight holds no values (shape {'x'.join(map(str, weight.shape))}): nothing to prune"
+    return None
+
+
 def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerFilter = None
                   ) -> tuple[list[tuple[str, nn.Module]], list[Skipped]]:
-    """Split the model's weighted modules into (prunable Linear/Conv2d layers, skipped with reasons)."""
+    """Split the model's weighted modules into (prunable Linear/Conv2d layers, skipped with reasons). A model
+    that is itself a Linear or Conv2d is its own one layer, under the qualified name "" (torch's name for it)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}"
                         + ("; for a state dict use prune_state_dict" if isinstance(model, dict) else ""))
-    include, exclude = _name_filter(include, "include"), _name_filter(exclude, "exclude")
+    include, exclude = name_filter(include, "include"), name_filter(exclude, "exclude")
     chosen: list[tuple[str, nn.Module]] = []
     skipped: list[Skipped] = []
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor) or name == "":
+        if not isinstance(weight, torch.Tensor):
             continue
         if not isinstance(module, (nn.Linear, nn.Conv2d)):
             skipped.append(Skipped(name, f"{type(module).__name__} is not nn.Linear or nn.Conv2d"))
@@ -61,8 +78,8 @@ def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerF
             skipped.append(Skipped(name, "not matched by include"))
         elif exclude is not None and exclude(name, module):
             skipped.append(Skipped(name, "matched by exclude"))
-        elif not torch.is_floating_point(weight):
-            skipped.append(Skipped(name, f"weight dtype {weight.dtype} is not floating point"))
+        elif reason := _weight_skip_reason(weight):
+            skipped.append(Skipped(name, reason))
         else:
             chosen.append((name, module))
     return chosen, skipped
@@ -74,7 +91,7 @@ def select_state_dict(state: dict[str, torch.Tensor], include: LayerFilter = Non
     if not isinstance(state, dict):
         raise TypeError(f"a state dict is a dict of name -> tensor, got {type(state).__name__}; "
                         "pass model.state_dict(), or prune_model(model) for a module")
-    include, exclude = _name_filter(include, "include"), _name_filter(exclude, "exclude")
+    include, exclude = name_filter(include, "include"), name_filter(exclude, "exclude")
     chosen: list[str] = []
     skipped: list[Skipped] = []
     for name, tensor in state.items():
@@ -97,8 +114,8 @@ def _state_skip_reason(name: str, tensor, include, exclude) -> str | None:
         return "not a weight (bias, buffer or statistic)"
     if tensor.ndim not in (2, 4):
         return f"{tensor.ndim}-D tensor: only 2-D (Linear) and 4-D (Conv2d) weights are pruned"
-    if not torch.is_floating_point(tensor):
-        return f"dtype {tensor.dtype} is not floating point"
+    if reason := _weight_skip_reason(tensor):
+        return reason
     if include is not None and not include(name, None):
         return "not matched by include"
     if exclude is not None and exclude(name, None):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..formats import SparseMatrix, read_smtx
+from ..formats.exact import INDEX_LIMIT
 
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "data" / "dlmc_sample"
 BATCHSIZES_FILE = "rn50_batchsizes.txt"
@@ -63,7 +64,16 @@ def read_batchsizes(path: Path) -> dict[str, int]:
     return table
 
 
-def _find_batchsizes(start: Path) -> dict[str, int]:
+def check_width(n: int | None, what: str = "N") -> None:
+    """Refuse an input width N (columns of the dense operand) the kernels cannot index: N < 2**31, like M and
+    K, since indices are 32-bit; a larger one failed deep in code generation (a MemoryError) or, in CPU mode,
+    was shown as N while the reference checked N <= 64."""
+    if n is not None and n >= INDEX_LIMIT:
+        raise ValueError(f"{what} = {n}: N must be < 2**31 = {INDEX_LIMIT}, as M and K are (sparseforge's kernels "
+                         "index with 32-bit integers); give a smaller n, tokens or batch (--n, --tokens, --batch)")
+
+
+def find_batchsizes(start: Path) -> dict[str, int]:
     for folder in [start, *start.parents]:
         candidate = folder / BATCHSIZES_FILE
         if candidate.is_file():
@@ -71,7 +81,7 @@ def _find_batchsizes(start: Path) -> dict[str, int]:
     return read_batchsizes(SAMPLE_DIR / BATCHSIZES_FILE)
 
 
-def _parse_sparsity(text: str) -> float | None:
+def parse_sparsity(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
@@ -82,13 +92,14 @@ def _parse_sparsity(text: str) -> float | None:
 def _case(path: Path, batch: int, tokens: int, n: int | None, batchsizes: dict[str, int]) -> Case:
     (m, k), indptr, _ = read_smtx(path)
     folder = path.absolute().parent  # "w.smtx" given in its own folder: its parent "." names no model
-    sparsity = _parse_sparsity(folder.name)
+    sparsity = parse_sparsity(folder.name)
     model = folder.parent.parent.name if sparsity is not None else folder.name
     method = folder.parent.name if sparsity is not None else ""
     if n is None and model == "rn50" and path.stem in batchsizes:
         n = batchsizes[path.stem] * batch
     elif n is None and model == "transformer":
         n = tokens
+    check_width(n, f"N of {path.stem}")
     return Case(path, model, method, sparsity, path.stem, m, k, int(indptr[-1]), n)
 
 
@@ -103,6 +114,8 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
     """
     if batch < 1 or (tokens is not None and tokens < 1) or (n is not None and n < 1):
         raise ValueError(f"batch, tokens and n must be >= 1, got batch={batch}, tokens={tokens}, n={n}")
+    for what, value in (("n", n), ("tokens", tokens)):
+        check_width(value, what)
     from .llm import discover_llm, is_llm_spec  # llm builds on Case: imported here, not at the top
 
     if is_llm_spec(root):
@@ -118,9 +131,12 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
         files = sorted(root.rglob("*.smtx"))
         if not files:
             raise FileNotFoundError(f"no .smtx files under {root}; expected <model>/<method>/<sparsity>/<layer>.smtx")
+    elif root.exists():  # /dev/null, a FIFO: "does not exist" would be wrong
+        raise ValueError(f"{root} is neither a file nor a directory (a device, FIFO or socket); give a .smtx file, "
+                         "a DLMC-style directory, or llm[:sparsities[:shapes]] for the LLM cases")
     else:
         raise FileNotFoundError(f"{root} does not exist; give a .smtx file, a DLMC-style directory, "
                                 "or llm[:sparsities[:shapes]] for the LLM cases")
-    batchsizes = _find_batchsizes(root if root.is_dir() else root.parent)
+    batchsizes = find_batchsizes(root if root.is_dir() else root.parent)
     iterate = progress(files) if progress else files
     return [_case(path, batch, tokens, n, batchsizes) for path in iterate]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..formats import SparseMatrix, read_smtx
 from ..plan.conv import ConvGeometry
-from .cases import BATCHSIZES_FILE, _find_batchsizes, _parse_sparsity
+from .cases import BATCHSIZES_FILE, find_batchsizes, parse_sparsity
 from .llm import magnitude_prune
 
 CONV_PREFIX = "conv"
@@ -111,8 +111,8 @@ def textcnn_cases(sparsities=CONV_SPARSITIES, batch: int = 1) -> list[ConvCase]:
 def rn50_cases(directory: Path, batch: int = 1) -> list[ConvCase]:
     """The 3x3 (bottleneck_2_*) and 7x7 (initial_conv) layers of a DLMC rn50 directory."""
     directory = Path(directory)
-    sizes = _find_batchsizes(directory)  # rn50_batchsizes.txt above it (or the bundled sample's)
-    sparsity = _parse_sparsity(directory.name)
+    sizes = find_batchsizes(directory)  # rn50_batchsizes.txt above it (or the bundled sample's)
+    sparsity = parse_sparsity(directory.name)
     if sparsity is None:  # a name such as 1.5 is no sparsity either
         raise ValueError(f"{directory}: expected a DLMC rn50 sparsity directory such as .../rn50/magnitude_pruning/0.9 "
                          "(its name the sparsity, a number in [0, 1))")

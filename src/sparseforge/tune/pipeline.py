@@ -18,7 +18,8 @@ from .choose import Choice, rank, to_compile
 from .cost import estimate
 
 
-def device_index(device) -> tuple[int, int]:
+def device_index(device, caller: str = "compile_spmm", reference: str = "sparseforge.plan.execute()"
+                 ) -> tuple[int, int]:
     """(ordinal, arch) of a CUDA device, with clear errors for no GPU or a GPU older than sm_80."""
     import torch
 
@@ -26,8 +27,8 @@ def device_index(device) -> tuple[int, int]:
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}; sparseforge kernels run on NVIDIA GPUs")
     if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA GPU is available: compile_spmm needs an NVIDIA GPU (sm_80 or newer); "
-                           "on a CPU use sparseforge.plan.execute() as the reference")
+        raise RuntimeError(f"no CUDA GPU is available: {caller} needs an NVIDIA GPU (sm_80 or newer); "
+                           f"on a CPU use {reference} as the reference")
     index = device.index if device.index is not None else torch.cuda.current_device()
     count = torch.cuda.device_count()
     if index >= count:

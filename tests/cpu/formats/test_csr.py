@@ -115,6 +115,28 @@ def test_from_dense_rejects_bad_input(bad, message):
         SparseMatrix.from_dense(bad)
 
 
+def test_from_dense_names_a_ragged_list():
+    with pytest.raises(SparseFormatError, match="the dense weight is not a flat sequence of numbers"):
+        SparseMatrix.from_dense([[1.0, 2.0], [3.0]])  # was numpy's ValueError about an inhomogeneous shape
+
+
+@pytest.mark.parametrize("make", [lambda shape: torch.zeros(1).expand(*shape),  # views: no memory behind them
+                                  lambda shape: np.broadcast_to(np.float32(0), shape)])
+@pytest.mark.parametrize("shape, message", [((1, 2**31), "M and K must be < 2\\*\\*31"),
+                                            ((2**31, 1), "M and K must be < 2\\*\\*31"),
+                                            ((0, 8), "both dimensions must be >= 1")])
+def test_from_dense_checks_the_shape_before_scanning_the_values(monkeypatch, make, shape, message):
+    def scanned(*args, **kwargs):
+        raise AssertionError("the values were scanned before the shape was checked")
+
+    dense = make(shape)
+    # a (1, 2**31) weight was refused only after 20 s and 2 GB of scanning for non-finite values and nonzeros
+    monkeypatch.setattr(np, "isfinite", scanned)
+    monkeypatch.setattr(np, "nonzero", scanned)
+    with pytest.raises(SparseFormatError, match=message):
+        SparseMatrix.from_dense(dense)
+
+
 def _npz(path, **changes):
     w = SparseMatrix.from_dense(np.eye(3, dtype=np.float32))
     fields = dict(format_version=1, indptr=w.indptr, indices=w.indices, values=w.values, shape=np.array(w.shape),

@@ -238,3 +238,18 @@ def test_example_inputs_the_model_does_not_take_are_named_before_anything_is_tim
         convert(model, torch.randn(1, 5, 6, 6), policy="sparse")
     after = model.state_dict()
     assert isinstance(model[1], nn.BatchNorm2d) and all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("layer, example", [(nn.Linear(16, 8), torch.randn(2, 16)),
+                                            (nn.Conv2d(4, 8, 3), torch.randn(1, 4, 6, 6))])
+def test_a_model_that_is_itself_a_layer_is_refused_with_the_fix(layer, example):
+    from sparseforge.nn import to_sparse24
+
+    # was: silently skipped (the module named ""), an empty report; it cannot be replaced in place
+    with pytest.raises(ValueError, match=r"itself an nn\.(Linear|Conv2d).*nn\.Sequential\(layer\)"):
+        convert(layer, example, policy="sparse")
+    with pytest.raises(ValueError, match="to_sparse24"):
+        to_sparse24(layer)
+    wrapped = nn.Sequential(layer)
+    report = convert(wrapped, example, policy="sparse")
+    assert [r.name for r in report.layers] == ["0"] and isinstance(wrapped[0], (SparseLinear, SparseConv2d))

@@ -140,7 +140,44 @@ def test_state_dict_entries_that_cannot_be_pruned_are_skipped_with_the_reason():
     assert pruned[1] is state[1]
 
 
-def test_weights_without_rows_prune_to_nothing_rather_than_crash():
-    for kwargs in ({"sparsity": 0.5}, {"nm": "2:4"}):
+def test_weights_without_rows_are_skipped_rather_than_crash():
+    for kwargs in ({"sparsity": 0.5}, {"nm": "2:4"}, {"sparsity": 0.5, "scope": "global"}):
         _, report = prune_state_dict({"a.weight": torch.zeros(0, 8)}, **kwargs)
-        assert report.layers[0].shape == (0, 8) and report.layers[0].nonzero_after == 0
+        assert not report.layers and "holds no values (shape 0x8)" in report.skipped[0].reason
+
+
+@pytest.mark.parametrize("layer", [nn.Linear(16, 8), nn.Conv2d(4, 8, 3)])
+def test_a_model_that_is_itself_a_layer_is_pruned(layer):
+    report = prune_model(layer, sparsity=0.5)  # was: skipped as the module named "", an empty report
+    assert [p.name for p in report.layers] == [""] and not report.skipped
+    assert int((layer.weight == 0).sum()) == layer.weight.numel() // 2
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (8, 0), (0, 0, 3, 3)])
+def test_a_weight_with_no_values_is_skipped_with_the_reason(shape):
+    state = {"empty.weight": torch.randn(shape), "fc.weight": torch.randn(4, 8)}
+    _, report = prune_state_dict(state, sparsity=0.5)  # was: ZeroDivisionError in LayerPruned.sparsity
+    assert [p.name for p in report.layers] == ["fc.weight"]
+    assert "holds no values" in {s.name: s.reason for s in report.skipped}["empty.weight"]
+    model = nn.Sequential(nn.Linear(8, 0), nn.Linear(8, 4))
+    report = prune_model(model, sparsity=0.5)
+    assert [p.name for p in report.layers] == ["1"] and "holds no values" in report.skipped[0].reason
+
+
+def test_an_empty_layer_reports_zero_sparsity():
+    from sparseforge.prune import LayerPruned
+
+    assert LayerPruned("w", (0, 8), 0, 0).sparsity == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_weights_are_skipped_with_the_reason(dtype):
+    state = {"q.weight": torch.randn(4, 8).to(dtype), "fc.weight": torch.randn(4, 8)}
+    _, report = prune_state_dict(state, sparsity=0.5)  # was: '"isfinite" not implemented for Float8_e4m3fn'
+    assert [p.name for p in report.layers] == ["fc.weight"]
+    assert f"{dtype} is not one pruning ranks" in report.skipped[0].reason and "upcast" in report.skipped[0].reason
+
+
+def test_minus_zero_sparsity_is_labelled_zero():
+    _, report = prune_state_dict({"fc.weight": torch.randn(4, 8)}, sparsity=-0.0)
+    assert report.method == "magnitude 0 (layer)"

@@ -57,3 +57,12 @@ def test_bad_pruner_arguments_are_refused_at_construction(kwargs, error, message
 def test_nan_step_is_refused():
     with pytest.raises(ValueError, match="step is NaN"):
         cubic_sparsity(float("nan"), 0.9, 0, 10)
+
+
+def test_a_model_that_is_itself_a_layer_is_pruned_gradually():
+    layer = nn.Linear(16, 8)
+    pruner = GradualPruner(layer, final_sparsity=0.5, begin_step=0, end_step=2, frequency=1)
+    for _ in range(3):
+        pruner.step()
+    assert [p.name for p in pruner.last_report.layers] == [""]  # was: an empty report, nothing pruned
+    assert int((layer.weight == 0).sum()) == 64
