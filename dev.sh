@@ -11,10 +11,10 @@ setup() {
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
     # Install torch on its own first, pinned: an open range on a fresh CPU machine pulls a multi-GB CUDA build.
     "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q torch==2.13.0
-    # sparseforge itself, editable, with the test extras; skipped where the environment already has them (a
+    # sparseforge itself, editable, with the test extras and the Hugging Face extra (its CPU tests); skipped where the environment already has them (a
     # shared venv with PYTHONPATH=src, or a second run)
-    "$VENV/bin/python" -c "import sparseforge, safetensors, rich, pytest, hypothesis" 2>/dev/null \
-        || "$VENV/bin/pip" install -q -e ".[test]"
+    "$VENV/bin/python" -c "import sparseforge, safetensors, rich, pytest, hypothesis, transformers" 2>/dev/null \
+        || "$VENV/bin/pip" install -q -e ".[test,llm]"
 }
 
 demo() {
