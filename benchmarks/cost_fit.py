@@ -22,9 +22,9 @@ from scipy.stats import spearmanr
 
 from sparseforge import SparseMatrix
 from sparseforge.plan import TileConfig, make_plan
-from sparseforge.plan.bitmap import BitmapConfig
-from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
-from sparseforge.plan.tc_scatter import TcScatterConfig
+from sparseforge.mappings.bitmap.plan import BitmapConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
+from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
 from sparseforge.spmm import _make_plan
 from sparseforge.tune.choose import TOP, shortlist
 from sparseforge.tune.cost import H200, estimate

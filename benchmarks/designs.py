@@ -25,13 +25,14 @@ from sparseforge.bench.report import provenance
 from sparseforge.runtime.compiler import CompileError
 from sparseforge.runtime.driver import CudaError
 from sparseforge.runtime.timing import graph_time_us
-from sparseforge.spmm import _describe, _make_plan, _plans, compile_candidate, load_candidate
+from sparseforge.spmm import _make_plan, load_candidate
+from sparseforge.tune.pipeline import compile_candidate, describe as _describe, plans_of as _plans
 from sparseforge.tune.choose import TOP, choose, shortlist
-from sparseforge.plan.bitmap import BitmapConfig
-from sparseforge.plan.csr import CsrColumnsConfig, CsrConfig
-from sparseforge.plan.relayout import Split24Config
+from sparseforge.mappings.bitmap.plan import BitmapConfig
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
+from sparseforge.mappings.split24.plan import Split24Config
 from sparseforge.semi.cusparselt import Sparse24Error
-from sparseforge.plan.tc_scatter import TcScatterConfig
+from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
 from sparseforge.tune.space import search_space
 
 # the mappings each config family can give: --mappings drops a family before its plans are made (sketching

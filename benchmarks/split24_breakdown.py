@@ -16,9 +16,9 @@ import torch
 
 from sparseforge.bench.gpu import TOLERANCE, relative_error
 from sparseforge.bench.report import provenance
-from sparseforge.plan.relayout import Split24Config
+from sparseforge.mappings.split24.plan import Split24Config
 from sparseforge.runtime.timing import graph_time_us
-from sparseforge.semi.runtime import _padded_input
+from sparseforge.semi.runtime import padded_input
 from sparseforge.semi.transpose import transpose_columns
 from sparseforge.spmm import compile_spmm
 from sparseforge.suite.llm import discover_llm
@@ -38,12 +38,12 @@ def breakdown(name: str, w, n: int, dtype: str) -> dict:
     error = relative_error(check, inputs[0].double() @ dense.double().T)
     cublas = graph_time_us(lambda x: torch.mm(x, dense.t(), out=out), inputs)
     whole = graph_time_us(lambda x: k(x, out=out), inputs)
-    padded = [_padded_input(k.matmul, x) for x in inputs]
+    padded = [padded_input(k.matmul, x) for x in inputs]
     d = torch.empty(w.shape[0], k.matmul.padded_n, device="cuda", dtype=tdt)
     parts = {"tensor_2to4": graph_time_us(lambda x: k.matmul.run(x, d), padded),
              "d_to_y_copy": graph_time_us(lambda _: transpose_columns(d, n), [None])}
     if k.matmul.padded_n != n:  # the composite pads X to a width cuSPARSELt takes: one more copy a call
-        parts["x_padding_copy"] = graph_time_us(lambda x: _padded_input(k.matmul, x), inputs)
+        parts["x_padding_copy"] = graph_time_us(lambda x: padded_input(k.matmul, x), inputs)
     r = k.residual_kernel
     if r is not None:
         xts = [transpose_columns(x, w.shape[1]) for x in padded]

@@ -1,2 +1,0 @@
-"""Moved to mappings/tc_scatter/render.py (its kernel family's folder); this path stays for scripts that import it."""
-from ..mappings.tc_scatter.render import *  # noqa: F401,F403
