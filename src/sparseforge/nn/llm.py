@@ -333,7 +333,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     order = sorted(names, key=lambda n: (n not in firsts, names.index(n))) if policy == "measure" else names
     if policy == "measure":  # the measured layers' candidates compiled side by side (nn.convert.prebuild_layers)
         prebuild_layers([(model.get_submodule(n), [(t, keys[n][0][1]) for t in tokens]) for n in firsts
-                         if keys[n][3] > 0], tune_budget)
+                         if keys[n][4] > 0], tune_budget)
     decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths)
     members_built = False
     for index, name in enumerate(_progress(order, progress)):
@@ -403,8 +403,9 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
     if policy == "dense":
         layer.reason = "policy='dense'"
         return layer, None
-    if sparsity == 0:
-        layer.reason = "nothing pruned: kept dense"
+    if key[4] == 0:  # the lowest bucket: unpruned, or zeros a 16-bit cast made (no sparse path pays there)
+        layer.reason = "nothing pruned: kept dense" if sparsity == 0 else \
+            f"{sparsity:.2%} zeros, under {SPARSITY_BUCKET / 2:.1%}: not pruned, kept dense"
         return layer, None
     on_gpu = module.weight.is_cuda
     if policy == "sparse":

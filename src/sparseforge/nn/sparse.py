@@ -31,6 +31,7 @@ from torch import nn
 
 from ..formats import SparseFormatError, SparseMatrix
 from ..ops import conv_memory_format, register
+from ..runtime.streams import ready_dense_fallback
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
 from ..tune.choose import TUNE_BUDGET_S, fastest_with_margin, tuning_budget
 
@@ -178,7 +179,7 @@ class _SparseWeight(nn.Module):
 
     def _make_dense_for(self, example: torch.Tensor) -> None:
         """Make the dense W a dense call on inputs like `example` reads, now (a later call may be a capture)."""
-        self.dense_weight_2d()
+        ready_dense_fallback(self.dense_weight_2d(), self.bias)
 
     def _build_dense(self) -> torch.Tensor:
         rows, cols = self._shape2d

@@ -10,3 +10,17 @@ def current_stream_handle(device_index: int) -> int:
     if raw is not None:
         return raw(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def ready_dense_fallback(weight, bias=None) -> None:
+    """Run one tiny dense call like `F.linear(x, weight, bias)` now, outside any CUDA graph capture.
+
+    A layer's dense fallback may first run inside a capture, where cuBLAS cannot create its handles
+    (CUBLAS_STATUS_NOT_INITIALIZED, and the capture is lost): one call here creates them for the device."""
+    import torch
+    import torch.nn.functional as F
+
+    if not weight.is_cuda or torch.cuda.is_current_stream_capturing():
+        return
+    with torch.no_grad(), torch.cuda.device(weight.device):
+        F.linear(weight.new_zeros(1, weight.shape[-1]), weight[:1], None if bias is None else bias[:1])

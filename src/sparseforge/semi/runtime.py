@@ -9,6 +9,7 @@ from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
 from . import gemv as gemv_module
 from .decide import DENSE, GEMV, MIN_SPEEDUP, SPARSE, Decision, WidthChoice, decide_modes, fixed
 from .transpose import transpose_columns
+from ..runtime.streams import ready_dense_fallback
 
 POLICIES = ("measure", "sparse", "dense")
 
@@ -35,6 +36,7 @@ class Linear24Runtime:
         # capture query where both modes chose the same path (host time is what small eager layers pay)
         self._calls: dict[int, tuple] = {}
         self.gemv: gemv_module.Gemv24 | None = None  # built when a decode width first considers it
+        ready_dense_fallback(weight, bias)  # a width first seen in a capture runs dense there
 
     @property
     def decisions(self) -> list[Decision]:

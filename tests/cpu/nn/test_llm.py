@@ -70,6 +70,16 @@ def test_every_decoder_linear_is_replaced_and_nothing_else(converted):
     assert report.linear_bytes_before > 0 and report.seconds > 0
 
 
+def test_a_weight_with_a_few_stray_zeros_counts_as_unpruned():
+    # a 16-bit cast rounds some random weights to exactly zero: no sparse path pays there, so none is tried
+    model = _pruned_lm()
+    with torch.no_grad():
+        model.lm_head.weight[0, :3] = 0
+    report = sparseforge.convert(model, tokens=(1,), policy="sparse", include="lm_head", progress=False)
+    assert type(model.lm_head) is nn.Linear and report.replaced == []
+    assert report.layers[0].reason.endswith("not pruned, kept dense") and "zeros, under 2.5%" in report.layers[0].reason
+
+
 def test_logits_equal_the_dense_pruned_models_at_prefill_and_decode_widths(converted):
     dense, model, _ = converted
     with torch.no_grad():
