@@ -10,7 +10,7 @@ import numpy as np
 from .dtypes import dtype_name, kernel_dtype_name
 from .formats import SparseMatrix
 from .mappings.registry import SPMM, families, family, family_of
-from .plan import LAYOUTS, TileConfig
+from .plan import DEFAULT_LAYOUT, LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
 from .mappings.bitmap.plan import BitmapConfig
 from .mappings.csr.plan import CsrColumnsConfig, CsrConfig
@@ -53,7 +53,7 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     return make(w, n, dtype, layout, config, bias, relu, arch, **({"residual": True} if residual else {}))
 
 
-def compile_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
+def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                  device="cuda",
                  config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | Split24Config
                  | None = None,
@@ -143,9 +143,9 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
     return space
 
 
-def prebuild_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False, arch: int = 90,
-                  tune_budget: float | None = TUNE_BUDGET_S, deterministic: bool = False, residual: bool = False,
-                  time_dense: bool = True) -> int:
+def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
+                  arch: int = 90, tune_budget: float | None = TUNE_BUDGET_S, deterministic: bool = False,
+                  residual: bool = False, time_dense: bool = True) -> int:
     """Compile into the disk cache the kernels that compile_spmm with the same arguments, on a GPU of compute
     capability `arch` (90: sm_90), would compile (the shortlist its tune_budget allows; the cost model's pick
     where None), without a GPU: no timing, nothing loaded; nothing where compile_spmm would find its choice
@@ -204,7 +204,7 @@ class _Problem:
                                              + (["residual"] if self.residual else [])), self.arch, compiler.version)
 
 
-def plan_spmm(W, n: int, dtype="float32", layout: str = "kn", bias=None, relu: bool = False,
+def plan_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
               deterministic: bool = False, arch: int = 90):
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate predicted).
     What compile_spmm(..., tune_budget=None) builds; the CPU mode of `sparseforge bench` checks it."""
@@ -273,7 +273,7 @@ def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
     return build_kernel(real, index, built=built)
 
 
-def spmm(W, B, layout: str = "kn", bias=None, relu: bool = False, out=None, tune_budget: float | None = None,
+def spmm(W, B, layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False, out=None, tune_budget: float | None = None,
          deterministic: bool = False):
     """C = W @ B (layout "kn", B: [batch,] K x N) or Y = B @ W^T (layout "nk", B: [batch,] N x K) in one
     call; the kernel for (W, N, dtype, layout, epilogue, device) is compiled once and kept in-process.

@@ -82,3 +82,20 @@ def test_no_module_imports_a_private_name_of_another():
                 reached += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module} {a.name}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")]
     assert not reached
+
+
+def test_layout_defaults_refer_to_the_one_default():
+    """A left-out layout means plan.DEFAULT_LAYOUT everywhere: a function that wrote "kn" (or "nk") as its own
+    default would drift from the rest the day the default changes. Naming a specific layout in a comparison
+    or a fixed attribute (split-24 runs "nk" only) is not a default and stays."""
+    from sparseforge.plan import DEFAULT_LAYOUT, LAYOUTS
+
+    assert DEFAULT_LAYOUT in LAYOUTS
+    literal = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                defaults = node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+                literal += [f"{path.relative_to(ROOT)}:{d.lineno} {getattr(node, 'name', 'lambda')}={d.value!r}"
+                            for d in defaults if isinstance(d, ast.Constant) and d.value in LAYOUTS]
+    assert not literal, f"write layout: str = DEFAULT_LAYOUT instead of a literal: {literal}"

@@ -17,7 +17,8 @@ from ..dtypes import KERNEL_DTYPES
 from ..formats import SparseMatrix
 from .config import TileConfig, epilogue_tag
 
-LAYOUTS = ("kn", "nk")
+LAYOUTS = ("kn", "nk")  # "kn": C[M,N] = W @ B[K,N]; "nk": Y[N,M] = X[N,K] @ W^T (a linear layer's tokens)
+DEFAULT_LAYOUT = "kn"  # what every layout argument means when left out
 DTYPES = KERNEL_DTYPES  # the one table lives in dtypes.py
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -411,7 +412,7 @@ def _checked(w: SparseMatrix, n: int, dtype: str, layout: str, config: TileConfi
     return config, bias_values, rows
 
 
-def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = DEFAULT_LAYOUT,
               config: TileConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> Plan:
     """Inspect W's pattern and build the plan for C = W @ B (kn) or Y = X @ W^T (nk), N columns/tokens."""
     config, bias_values, rows = _checked(w, n, dtype, layout, config, bias, relu, arch)
@@ -432,7 +433,7 @@ def check_launch(grid: tuple[int, int]) -> None:
                          "rows per group or more groups per block")
 
 
-def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = DEFAULT_LAYOUT,
                 config: TileConfig | None = None, bias=None, relu: bool = False, arch: int = 90) -> Plan:
     """The plan make_plan would build, as counts per group (nonzeros, distinct k; split groups cut into
     near-equal pieces): numpy only, ~50x faster, so the chooser can rank every candidate of a large layer."""

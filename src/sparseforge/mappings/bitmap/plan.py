@@ -36,7 +36,7 @@ import numpy as np
 
 from ...formats import SparseMatrix
 from ...plan.config import WARP, require_ints
-from ...plan.plan import WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
 
 WORD_BITS = 32                    # bits of a lane's mask word
 WORD_COLUMNS = WORD_BITS * WARP   # columns one word of every lane covers (1024)
@@ -137,7 +137,7 @@ class BitmapPlan(WeightAsData):
                 f"rows a warp, {c.unroll} set bits a lane per iteration; grid {self.grid} x batch, {self.threads} threads")
 
 
-def make_bitmap_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = "kn",
+def make_bitmap_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
                      config: BitmapConfig | None = None, bias=None, relu: bool = False, arch: int = 90,
                      residual: bool = False) -> BitmapPlan:
     check_problem(n, dtype, layout)

@@ -37,7 +37,7 @@ import numpy as np
 
 from ...formats import SparseMatrix
 from ...plan.config import WARP, require_ints
-from ...plan.plan import ELEMENT_BYTES, WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.plan import DEFAULT_LAYOUT, ELEMENT_BYTES, WeightAsData, check_launch, check_problem, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
 MAX_SHORT_INDEX = 65535  # the small-N kernel stores column indices in 16 bits up to this one
@@ -211,7 +211,7 @@ class CsrPlan(WeightAsData):
                 f"  values and indices as data; {how}; grid {self.grid} x batch, {self.threads} threads")
 
 
-def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = "kn",
+def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = DEFAULT_LAYOUT,
                   config: CsrConfig | CsrColumnsConfig | None = None, bias=None, relu: bool = False,
                   arch: int = 90, residual: bool = False) -> CsrPlan:
     check_problem(n, dtype, layout)

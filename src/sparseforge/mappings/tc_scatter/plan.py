@@ -52,7 +52,7 @@ import numpy as np
 
 from ...formats import SparseMatrix
 from ...plan.config import WARP, require_ints
-from ...plan.plan import WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
 
 TILE = 16                          # rows and (logical) columns of one mma A tile
 TILES_PER_CHUNK = 4                # tiles a warp's buffer holds at once: one chunk of 64 columns
@@ -301,7 +301,7 @@ class TcScatterPlan(WeightAsData):
                 f"{self.grid} x batch, {self.threads} threads")
 
 
-def make_tc_scatter_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = "kn",
+def make_tc_scatter_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
                          config: TcScatterConfig | None = None, bias=None, relu: bool = False, arch: int = 90,
                          residual: bool = False) -> TcScatterPlan:
     check_problem(n, dtype, layout)
