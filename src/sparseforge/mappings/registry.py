@@ -18,6 +18,8 @@ Hook signatures (every family alike; None where the family has no such part):
 - operand_bytes(plan) -> {"fetched_bytes", "floor_bytes"}: what the kernel moves and the floor;
 - compile_seconds(config, nnz) -> predicted cold compile (None: it does not grow with W);
 - check(config): ValueError naming what this family refuses in the config (conv families).
+- verify(plan, w): AssertionError unless the plan covers W's nonzeros exactly once (families whose code
+  holds W's values; None where W is data the kernel reads as given).
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ class Family:
     compile_seconds: str | None = None  # predicted cold compile, where it grows with W's nonzeros
     check: str | None = None  # refuses configs this family cannot take
     record_name: str = ""  # the name a cached choice records the config under ("" : name)
+    weight_in_code: bool = False  # W's values are immediates of the code (False: data the runtime passes)
+    verify: str | None = None  # checks a plan covers W's nonzeros exactly once (where the code holds them)
 
     @property
     def choice_name(self) -> str:
@@ -79,7 +83,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("tile", SPMM, _P + "plan.config:TileConfig", _P + "plan.plan:Plan", _P + "plan.plan:make_plan",
            _P + "codegen.ptx:render", _TILE + "cost:groups_estimate", _TILE + "space:tile_candidates",
            _P + "plan.reference:execute", _P + "plan.traffic:tile_traffic", sketch=_P + "plan.plan:sketch_plan",
-           compile_seconds=_TILE + "cost:tile_config_compile_seconds"),
+           compile_seconds=_TILE + "cost:tile_config_compile_seconds", weight_in_code=True,
+           verify=_P + "plan.reference:check_plan"),
     Family("csr-columns", SPMM, _CSR + "plan:CsrColumnsConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
            _CSR + "render:render_csr_columns", _CSR + "cost:csr_columns_estimate", _CSR + "space:csr_columns_candidates",
            _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True),
@@ -104,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("conv-tile", CONV, _P + "plan.config:TileConfig", _P + "plan.conv:ConvTilePlan",
            _P + "plan.conv:make_conv_tile_plan", _P + "codegen.ptx:render", _TILE + "cost:groups_estimate",
            _TILE + "space:conv_tile_candidates", _P + "plan.conv:execute_conv", None, residual=True,
-           compile_seconds=_TILE + "cost:tile_config_compile_seconds", record_name="tile"),
+           compile_seconds=_TILE + "cost:tile_config_compile_seconds", record_name="tile", weight_in_code=True),
 )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._version import __version__
 from ..codegen import KernelSource, render
+from ..mappings.registry import plan_family
 from .cache import KernelCache, cache_key
 from .compiler import default_compiler
 from .streams import current_stream_handle
@@ -377,7 +378,7 @@ def plan_spec(plan) -> str:
     problem (a convolution's geometry too), the tiling, the epilogue. The small-N kernel: only the shape and
     options (W is data). Keying on these rather than on the rendered text lets a cache hit skip rendering
     altogether."""
-    if plan.family != "tile":  # W is data: the binary depends on the shape and options only
+    if not plan_family(plan).weight_in_code:  # W is data: the binary depends on the shape and options only
         return plan.source_key
     bias = "none" if plan.bias is None else cache_key(repr(plan.bias))
     # the name carries the rest of what fixes the source: a convolution's geometry and residual

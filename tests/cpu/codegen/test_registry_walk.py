@@ -27,7 +27,7 @@ RUNNERS = {"tile": run_plan, "csr": run_data_kernel, "csr-columns": run_data_ker
 PROBLEMS = [(8, "float16", "kn"), (1, "float16", "nk"), (4, "bfloat16", "kn"), (24, "float32", "kn"),
             (128, "float16", "nk")]
 HOOKS = ("config", "plan_class", "plan", "render", "estimate", "candidates", "execute", "operand_bytes", "sketch",
-         "compile_seconds", "check")
+         "compile_seconds", "check", "verify")
 
 
 def _weight(m: int, k: int, seed: int) -> SparseMatrix:
@@ -102,6 +102,12 @@ def test_each_spmm_family_end_to_end(family):
             render(plan)
         return
     source = render(plan)
+    if family.verify is not None:
+        family.hook("verify")(plan, w.astype(plan.dtype))
+    # weight_in_code says whether the binary (so the kernel's cache key) depends on W's values
+    doubled = family.hook("plan")(SparseMatrix.from_dense(2 * w.to_dense()).astype(plan.dtype), plan.N, plan.dtype,
+                                  plan.layout, plan.config, bias, False, plan.arch)
+    assert (render(doubled).text != source.text) == family.weight_in_code
     compiler = PtxasCompiler.available()
     if compiler is not None:
         for arch in (90, 80):
@@ -125,6 +131,9 @@ def test_each_convolution_family_end_to_end(family):
     assert registry.plan_family(plan) is family
     assert estimate(plan).us > 0
     g = plan.geometry
+    doubled = family.hook("plan")(SparseMatrix.from_dense(2 * w.to_dense()), g, plan.dtype, plan.config, bias, True,
+                                  True, plan.arch, False)
+    assert (render(doubled).text != render(plan).text) == family.weight_in_code
     compiler = PtxasCompiler.available()
     if compiler is not None:
         for arch in (90, 80):

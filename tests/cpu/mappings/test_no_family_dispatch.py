@@ -1,6 +1,6 @@
 """Kernel families are dispatched by the registry only: outside mappings/ no module of src/ tests whether an
-object is of a family's config or plan class (isinstance / issubclass / `type(x) is`), so a new family needs
-no edit there."""
+object is of a family's config or plan class (isinstance / issubclass / `type(x) is`) or compares its family
+or mapping name with a string (`plan.family == "tile"`), so a new family needs no edit there."""
 from __future__ import annotations
 
 import ast
@@ -46,6 +46,30 @@ def _class_tests(path: Path, names: set[str], root: Path = ROOT) -> list[str]:
     return found
 
 
+NAMED = ("family", "mapping")  # the attributes that name a plan's family or kernel mapping
+
+
+def _name_tests(path: Path, root: Path = ROOT) -> list[str]:
+    """`file:line` of every comparison (==, !=, in, not in) of a `.family` / `.mapping` attribute with a string
+    or a collection of strings: a family told by its name instead of asked of its registry record."""
+    def strings(node) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(strings(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    def named(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in NAMED
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and \
+                any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+            sides = [node.left, *node.comparators]
+            if any(named(n) for n in sides) and any(strings(n) for n in sides):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
 def test_the_class_names_cover_every_family():
     names = _family_class_names()
     assert {"TileConfig", "CsrConfig", "CsrColumnsConfig", "BitmapConfig", "TcScatterConfig", "Split24Config",
@@ -58,6 +82,19 @@ def test_the_walk_finds_a_class_test(tmp_path):
     probe.write_text("isinstance(c, TileConfig)\nisinstance(p, (int, plan.CsrPlan))\ntype(c) is BitmapConfig\n"
                      "isinstance(c, int)\n")
     assert _class_tests(probe, _family_class_names(), tmp_path) == ["probe.py:1", "probe.py:2", "probe.py:3"]
+
+
+def test_the_walk_finds_a_name_test(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('plan.family == "tile"\n"csr" != p.family\nplan.mapping in ("csr", "bitmap")\n'
+                     'plan.family == other.family\nname == "tile"\n')
+    assert _name_tests(probe, tmp_path) == ["probe.py:1", "probe.py:2", "probe.py:3"]
+
+
+def test_no_family_name_test_outside_mappings():
+    outside = [p for p in sorted(ROOT.rglob("*.py")) if "mappings" not in p.relative_to(ROOT).parts]
+    found = [hit for p in outside for hit in _name_tests(p)]
+    assert not found, f"a family told by its name outside mappings/ (ask mappings.registry's record): {found}"
 
 
 def test_no_family_class_test_outside_mappings():
