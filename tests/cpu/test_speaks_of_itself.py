@@ -4,6 +4,7 @@ entries by commit (docs/history.md) carry the history."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,6 +15,16 @@ SKIPPED_PARTS = {"__pycache__", ".hypothesis", ".pytest_cache"}
 
 
 def _files():
+    """The repository's files under SCANNED: git's list where this is a clone (build outputs such as
+    *.egg-info are not the project's words), else every file but caches."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", *[str(p.relative_to(REPO)) for p in SCANNED]],
+                                cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        listed = None
+    if listed:
+        yield from (REPO / name for name in listed if name and (REPO / name).is_file())
+        return
     for top in SCANNED:
         for path in [top] if top.is_file() else sorted(top.rglob("*")):
             if path.is_file() and not SKIPPED_PARTS & set(path.relative_to(REPO).parts):
