@@ -47,6 +47,7 @@ def _record(module: nn.Module) -> dict | None:
     """How to rebuild `module` empty (its tensors come from the state dict), or None for a module the model's
     own code builds."""
     from .nn import DecodeLinear, SparseConv2d, SparseLinear, SparseLinear24
+    from .tune.pipeline import config_record
 
     if isinstance(module, DecodeLinear):
         return {"class": "DecodeLinear", "kernel_widths": sorted(module.kernel_widths), "inner": _record(module.inner)}
@@ -54,6 +55,7 @@ def _record(module: nn.Module) -> dict | None:
         return {"class": "SparseLinear", "in_features": module.in_features, "out_features": module.out_features,
                 "bias": module.bias is not None, "dtype": _dtype_name(module.weight_values.dtype), "nnz": module.nnz,
                 "policy": module.policy, "tune_budget": module.tune_budget,
+                "pinned": {str(n): config_record(c) for n, c in sorted(module.pinned.items())},
                 "decisions": [d.as_dict() for d in module.decisions]}
     if isinstance(module, SparseLinear24):
         return {"class": "SparseLinear24", "in_features": module.in_features, "out_features": module.out_features,
@@ -72,17 +74,24 @@ def _record(module: nn.Module) -> dict | None:
 def _build(record: dict, device) -> nn.Module:
     """An empty module from its record (the tensors are assigned afterwards)."""
     from .nn import DecodeLinear, SparseConv2d, SparseLinear, SparseLinear24
+    from .tune.pipeline import config_from_record
 
     kind = record["class"]
     if kind == "DecodeLinear":
         # its decode widths were decided at conversion; the inner layer keeps its policy: the first layer of a
         # shape was measured ("measure": the kernel cache holds that choice with its times, so it is looked up,
-        # not timed again), the others took its decision ("sparse": built without timing)
+        # not timed again), the others run its kernel configs (pinned: compiled, never timed)
         return DecodeLinear(_build(record["inner"], device), record["kernel_widths"])
     dtype = getattr(torch, record["dtype"])
     if kind == "SparseLinear":
-        return SparseLinear(record["in_features"], record["out_features"], record["bias"], record["nnz"], device,
-                            dtype, record["policy"], record["tune_budget"])
+        layer = SparseLinear(record["in_features"], record["out_features"], record["bias"], record["nnz"], device,
+                             dtype, record["policy"], record["tune_budget"])
+        pinned = {int(n): config_from_record(c) for n, c in record.get("pinned", {}).items()}
+        if None in pinned.values():
+            raise SavedModelError("a saved kernel config is not one this sparseforge version can rebuild: load with "
+                                  "the version that saved it")
+        layer.pin(pinned)
+        return layer
     if kind == "SparseLinear24":
         return SparseLinear24(record["in_features"], record["out_features"], record["bias"], device, dtype,
                               record["policy"], record["min_speedup"])

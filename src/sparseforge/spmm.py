@@ -145,16 +145,19 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
 
 def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                   arch: int = 90, tune_budget: float | None = TUNE_BUDGET_S, deterministic: bool = False,
-                  residual: bool = False, time_dense: bool = True) -> int:
+                  residual: bool = False, time_dense: bool = True, config=None) -> int:
     """Compile into the disk cache the kernels that compile_spmm with the same arguments, on a GPU of compute
     capability `arch` (90: sm_90), would compile (the shortlist its tune_budget allows; the cost model's pick
     where None), without a GPU: no timing, nothing loaded; nothing where compile_spmm would find its choice
     cached. nn.convert prebuilds all of a model's layers side by side before it measures them one by one, so the
     compiles spread over every core (one layer's shortlist keeps a few busy). Returns how many candidates were
     compiled now (0 where the toolkit's ptxas is missing: the driver's JIT compiles on the GPU, one kernel at a
-    time). Refusals are compile_spmm's."""
+    time). config: that one kernel, as compile_spmm(config=...) builds it. Refusals are compile_spmm's."""
     tune_budget = tuning_budget(tune_budget)
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch)
+    if config is not None:  # the one kernel compile_spmm(config=...) builds
+        family_of(config)
+        return prebuild_plans(problem.make, plans_of(problem.make, [config]), None)
     if KernelCache().get_tuned(problem.choice_key(tune_budget, time_dense, default_compiler()), arch) is not None:
         return 0  # compile_spmm loads the cached winner without ranking or compiling candidates
     return prebuild_plans(problem.make, plans_of(problem.make, problem.space()), tune_budget)

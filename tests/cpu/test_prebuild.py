@@ -53,6 +53,23 @@ def test_prebuild_spmm_compiles_what_the_chooser_would_and_nothing_else(cache, b
     assert _cubins(cache) == built
 
 
+def test_a_pinned_config_prebuilds_that_one_kernel(cache):
+    from sparseforge.mappings.csr.plan import CsrConfig
+
+    w = _weight(48, 96, 0.2).astype("float16")
+    config = CsrConfig(warps_per_block=2)
+    assert prebuild_spmm(w, 1, "float16", "nk", arch=90, config=config) == 1 == _cubins(cache)
+    make = lambda cfg, sketch=False: _make_plan(w, 1, "float16", "nk", cfg, None, False, 90, sketch)  # noqa: E731
+    assert _all_hit(make, [make(config)], [0])  # compile_spmm(config=...) finds it built
+    assert prebuild_spmm(w, 1, "float16", "nk", arch=90, config=config) == 0
+    linear = nn.Linear(96, 48).half()
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(w.to_dense()))
+    layer = SparseLinear.from_dense(linear, policy="sparse")
+    layer.pin({1: config})
+    assert layer.prebuild([1], arch=90) == 1 == _cubins(cache) - 1  # its own bias: one more kernel, no shortlist
+
+
 def test_prebuild_conv2d_in_either_layout(cache):
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((8, 4, 3, 3)) * (rng.random((8, 4, 3, 3)) < 0.3)

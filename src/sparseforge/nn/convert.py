@@ -428,10 +428,10 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                 channels_last = tagged and shape[1] > 1 and shape[2] * shape[3] > 1  # else it runs NCHW
                 if (shape[2], shape[3], channels_last) not in seen:
                     seen.add((shape[2], shape[3], channels_last))
-                    arguments = sparse._kernel_args(shape, channels_last)
+                    arguments = sparse.kernel_args(shape, channels_last)
                     jobs.append((f"{kind} {shape}", partial(prebuild_conv2d, **arguments, arch=target)))
         else:
-            jobs += [(f"{kind} n={n}", partial(prebuild_spmm, **sparse._kernel_args(n), arch=target))
+            jobs += [(f"{kind} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=target))
                      for n in sorted({math.prod(s[:-1]) for s in entries})]
         del sparse  # its device buffers: the jobs hold W on the host (the module's SparseMatrix)
     return run_prebuilds(jobs, workers, what="layer shapes").built

@@ -9,10 +9,9 @@ shape, so no layer keeps a dense W of its own.
 
 Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket): the first layer of such a
 group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
-is 2:4, dense); the other layers of the group take its decision and build its kernels only at the widths
-where it won (a Llama has 4 shapes over its 32 layers). They are built as the measured layer was, so where
-the chooser's cache holds the choice for their problem nothing is timed again; where it keys choices by the
-weight itself, each layer's kernels are tuned and its own decision stands at widths where dense wins there.
+is 2:4, dense); the other layers of the group take its decision and compile its kernel configs (pinned:
+SparseLinear.pin) for their own weights at the widths where it won, side by side, nothing ranked or timed
+(a Llama has 4 shapes over its 32 layers, so 4 measurements).
 Each layer's dense weight is dropped as it is replaced (peak GPU memory in the report).
 On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, the CPU path
 of SparseLinear), for tests and for saving.
@@ -338,7 +337,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     members_built = False
     for index, name in enumerate(_progress(order, progress)):
         if policy == "measure" and not members_built and name not in firsts:
-            _prebuild_members(model, [n for n in order[index:]], keys, decided, tune_budget)
+            _prebuild_members(model, [n for n in order[index:]], keys, decided)
             members_built = True
         if callable(progress) and not isinstance(progress, bool):
             progress(name, index, len(order))
@@ -384,15 +383,30 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _prebuild_members(model, names, keys, decided, tune_budget) -> None:
-    """Compile side by side the kernels the remaining layers take from their group's decision."""
+def _prebuild_members(model, names, keys, decided) -> None:
+    """Compile side by side, for the remaining layers, the kernels their group's measured layer runs (its
+    configs, pinned: one compile a layer and width, nothing ranked or timed)."""
+    from functools import partial
+
+    from ..runtime.prebuild import prebuild_useful, run_prebuilds
+    from ..spmm import prebuild_spmm
+
+    if not prebuild_useful():
+        return
     jobs = []
     for name in names:
         rep = decided.get(keys[name][:3] + keys[name][4:])
-        if rep is not None and rep[0].choice == UNSTRUCTURED and rep[1]:
-            jobs.append((model.get_submodule(name), [(n, keys[name][0][1]) for n in sorted(rep[1])]))
+        module = model.get_submodule(name)
+        if rep is None or rep[0].choice != UNSTRUCTURED or not rep[2] or not module.weight.is_cuda:
+            continue
+        major, minor = torch.cuda.get_device_capability(module.weight.device)
+        sparse = SparseLinear.from_dense(module, policy="sparse")
+        sparse.pin(rep[2])
+        jobs += [(f"{name} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=10 * major + minor))
+                 for n in sorted(rep[2])]
+        del sparse  # its device buffers: the jobs hold W on the host
     if jobs:
-        prebuild_layers(jobs, tune_budget)
+        run_prebuilds(jobs, what="layers")
 
 
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,
@@ -420,13 +434,14 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         widths = set()
         if replacement is not None:
             widths = {d.n for d in replacement.decisions if d.path != DENSE and d.mode in ("graph", "any")}
-        decided[group] = (measured, widths)
+        configs = replacement.kernel_configs() if isinstance(replacement, SparseLinear) else {}
+        decided[group] = (measured, widths, {n: c for n, c in configs.items() if n in widths})
         if not widths:
             if measured.choice != DENSE:
                 measured.choice, measured.reason = DENSE, f"{measured.reason}, but at no decode width: kept dense"
             return measured, None
         return measured, DecodeLinear(replacement, widths)
-    first, widths = decided[group]
+    first, widths, configs = decided[group]
     layer.choice, layer.times_us, layer.kernel_us = first.choice, dict(first.times_us), dict(first.kernel_us)
     layer.mapping = first.mapping
     layer.reason = f"as {first.name} measured (same shape, sparsity within {SPARSITY_BUCKET:.0%}): {first.reason}"
@@ -444,21 +459,14 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
             inner.runtime().prepare(torch.randn(n, shape[1], generator=generator).to(module.weight.device,
                                                                                      module.weight.dtype))
         return layer, DecodeLinear(inner, widths)
-    # Built as the measured layer was (policy "measure": the chooser's cached choice for this problem, where it
-    # holds one, decides without timing). Its own decisions stand where they differ: a width whose kernel
-    # lost here runs dense (from the shared workspace).
-    inner = SparseLinear.from_dense(module, policy="measure", tune_budget=tune_budget)
-    decisions = inner.prepare(sorted(widths))
-    own = {d.n for d in decisions if d.path != DENSE}
-    if all(d.sparse_us and d.dense_us for d in decisions):
-        layer.times_us = {"dense": sum(d.dense_us for d in decisions),
-                          UNSTRUCTURED: sum(d.sparse_us if d.path != DENSE else d.dense_us for d in decisions)}
-        layer.kernel_us = {UNSTRUCTURED: sum(d.sparse_us for d in decisions)}
-        layer.reason = f"as {first.name} decided (same shape, sparsity within {SPARSITY_BUCKET:.0%}); its kernels " \
-                       f"timed at widths {sorted(widths)}"
-    if own != widths:
-        layer.reason += f"; dense measured faster here at {sorted(widths - own)}"
-    if not own:
-        layer.choice = DENSE
+    # The measured layer's kernel configs, compiled for this layer's W: one measurement a group, nothing timed
+    # here (the same shape and sparsity run alike whatever the pattern).
+    if not configs:  # the group's winner ran no kernel of its own here (nothing to pin): dense, not guessed
+        layer.choice, layer.reason = DENSE, f"{first.name} decided {first.choice} without a kernel config: kept dense"
         return layer, None
-    return layer, DecodeLinear(inner, own)
+    inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
+    inner.pin(configs)
+    inner.prepare(sorted(configs))
+    layer.reason = f"as {first.name} measured (same shape, sparsity within {SPARSITY_BUCKET:.0%}): its " \
+                   f"{first.mapping or 'kernel'} configs at widths {sorted(configs)}, compiled here, not timed"
+    return layer, DecodeLinear(inner, set(configs))

@@ -291,7 +291,9 @@ class _SparseWeight(nn.Module):
                 kernel, decision = None, fixed(n, DENSE, f"the sparse kernels refuse it ({exc}): dense")
             else:
                 choice = kernel.choice
-                if self.policy == "sparse" or choice is None or choice.dense_us is None or choice.sparse_us is None:
+                if n in self.__dict__.get("_pinned", ()) and key == n:
+                    decision = fixed(n, UNSTRUCTURED, f"the pinned {kernel.mapping} config, compiled and not timed")
+                elif self.policy == "sparse" or choice is None or choice.dense_us is None or choice.sparse_us is None:
                     decision = fixed(n, UNSTRUCTURED, f"policy={self.policy!r}: {kernel.mapping} kernel")
                 else:
                     decision = decide(n, choice.sparse_us, choice.dense_us, MIN_SPEEDUP, path=UNSTRUCTURED,
@@ -420,6 +422,7 @@ class SparseLinear(_SparseWeight):
                  keep_dense: bool = False):
         self.in_features, self.out_features = in_features, out_features
         super().__init__(out_features, in_features, nnz, bias, device, dtype, policy, tune_budget, keep_dense)
+        self._pinned: dict = {}  # token count -> kernel config taken as given (pin)
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S,
@@ -516,16 +519,40 @@ class SparseLinear(_SparseWeight):
             self._path(n, x)
         return self.decisions
 
-    def _kernel_args(self, n: int) -> dict:
+    def pin(self, configs: dict) -> None:
+        """Run these kernel configs, one per token count ({n: config}, e.g. what a layer of the same shape and
+        sparsity measured: kernel_configs()), compiled for this layer's W without choosing or timing; the
+        token counts not given are decided as the policy says."""
+        from ..mappings.registry import family_of
+
+        for n, config in configs.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"pin takes {{token count: config}}; got the key {n!r}")
+            family_of(config)  # TypeError naming the config classes
+        self.__dict__.setdefault("_pinned", {}).update(configs)
+        for n in configs:  # decided again, from the pinned config, at the next call or prepare
+            self._paths.pop(n, None)
+            self._decided.pop(n, None)
+
+    @property
+    def pinned(self) -> dict:
+        """{token count: config} given to pin."""
+        return dict(self.__dict__.get("_pinned", {}))
+
+    def kernel_configs(self) -> dict:
+        """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
+        return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
+
+    def kernel_args(self, n: int) -> dict:
         """What compile_spmm and prebuild_spmm take for `n` tokens, alike."""
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return {"W": self.sparse_matrix(), "n": n, "dtype": self.weight_values.dtype, "layout": "nk", "bias": bias,
-                "tune_budget": self.tune_budget}
+                "tune_budget": self.tune_budget, "config": self.pinned.get(n)}
 
     def _compile(self, rows: torch.Tensor):
         from ..spmm import compile_spmm
 
-        return compile_spmm(**self._kernel_args(rows.shape[0]), device=self.device,
+        return compile_spmm(**self.kernel_args(rows.shape[0]), device=self.device,
                             time_dense=self.policy == "measure")
 
     def prebuild(self, widths, arch: int) -> int:
@@ -533,7 +560,7 @@ class SparseLinear(_SparseWeight):
         compile on an sm_`arch` GPU (spmm.prebuild_spmm); how many."""
         from ..spmm import prebuild_spmm
 
-        return sum(prebuild_spmm(**self._kernel_args(n), arch=arch) for n in sorted({int(n) for n in widths}))
+        return sum(prebuild_spmm(**self.kernel_args(n), arch=arch) for n in sorted({int(n) for n in widths}))
 
 
 class SparseConv2d(_SparseWeight):
@@ -768,7 +795,7 @@ class SparseConv2d(_SparseWeight):
             self._path(_shape_key(int(shape[2]), int(shape[3]), layout), x)
         return self.decisions
 
-    def _kernel_args(self, shape: tuple, channels_last: bool) -> dict:
+    def kernel_args(self, shape: tuple, channels_last: bool) -> dict:
         """What compile_conv2d and prebuild_conv2d take for inputs of `shape` in that layout, alike."""
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         return {"W": self.sparse_matrix(), "input_shape": tuple(shape), "stride": self.stride, "padding": self.padding,
@@ -779,7 +806,7 @@ class SparseConv2d(_SparseWeight):
     def _compile(self, x: torch.Tensor):
         from ..conv import compile_conv2d
 
-        return compile_conv2d(**self._kernel_args(x.shape, conv_memory_format(x) == torch.channels_last),
+        return compile_conv2d(**self.kernel_args(x.shape, conv_memory_format(x) == torch.channels_last),
                               device=self.device, time_dense=self.policy == "measure")
 
     def prebuild(self, input_shapes, arch: int, channels_last: bool = False) -> int:
@@ -790,7 +817,7 @@ class SparseConv2d(_SparseWeight):
         # one per image size (the layer keys its kernels so, whatever the batch: the first shape decides, as in
         # prepare); a tensor both NCHW- and channels_last-contiguous (C = 1, or H = W = 1) runs NCHW
         first = {(int(s[2]), int(s[3])): tuple(s) for s in reversed(list(input_shapes))}
-        return sum(prebuild_conv2d(**self._kernel_args(shape, channels_last and shape[1] > 1 and
+        return sum(prebuild_conv2d(**self.kernel_args(shape, channels_last and shape[1] > 1 and
                                                        shape[2] * shape[3] > 1), arch=arch)
                    for shape in first.values())
 

@@ -248,8 +248,15 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     from sparseforge.nn import llm
     from sparseforge.semi.decide import DENSE, UNSTRUCTURED, fixed
 
+    from sparseforge.mappings.csr.plan import CsrConfig
+
+    picked = CsrConfig(warps_per_block=4)
+
     class Measured(SparseLinear):
         decisions = property(lambda self: [fixed(1, UNSTRUCTURED, "stub: faster"), fixed(8, DENSE, "stub: slower")])
+
+        def kernel_configs(self):  # what the measured kernel ran: the others compile the same config
+            return {1: picked}
 
     measured = []
 
@@ -264,8 +271,8 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(llm, "model_device", lambda model: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
-    # kernels: none on a CPU; the layers built from a group's decision find their choice cached (no times)
-    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [fixed(n, UNSTRUCTURED, "stub: cached")
+    # kernels: none on a CPU; the layers built from a group's decision compile its config (nothing timed)
+    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [fixed(n, UNSTRUCTURED, "stub: pinned")
                                                                         for n in widths])
     dense = _pruned_lm()
     model = copy.deepcopy(dense)
@@ -278,7 +285,9 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     reasons = {layer.name: layer.reason for layer in report.layers}
     assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
     assert reasons["model.layers.1.mlp.down_proj"].startswith("as model.layers.0.mlp.down_proj measured")
-    assert model.model.layers[1].mlp.up_proj.inner.policy == "measure"  # built as the measured layer was
+    member = model.model.layers[1].mlp.up_proj.inner
+    assert member.policy == "sparse" and member.pinned == {1: picked}  # the measured layer's config, not timed
+    assert "compiled here, not timed" in reasons["model.layers.1.mlp.up_proj"]
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
@@ -300,6 +309,39 @@ def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
         assert isinstance(loaded[0], SparseLinear24) and loaded[0].policy == "sparse"
         assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {1, 4}
         assert torch.equal(loaded(x), want)
+
+
+def test_pinned_configs_save_and_load(tmp_path):
+    from sparseforge.mappings.csr.plan import CsrConfig
+    from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
+
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32)).half()  # noqa: E731
+    model = make()
+    prune_model(model, sparsity=0.7, keep_masks=False)
+    pinned = {1: CsrConfig(warps_per_block=2), 8: TcScatterConfig()}
+    inner = SparseLinear.from_dense(model[1], policy="sparse")
+    inner.pin(pinned)
+    model[1] = DecodeLinear(inner, [1, 8])
+    loaded = sparseforge.load(sparseforge.save(model, tmp_path / "m"), model=make())
+    assert loaded[1].inner.pinned == pinned and loaded[1].inner.policy == "sparse"
+    manifest = json.loads((tmp_path / "m" / "sparseforge.json").read_text())
+    manifest["modules"] = json.loads(json.dumps(manifest["modules"]).replace('"csr"', '"no-such-family"'))
+    (tmp_path / "m" / "sparseforge.json").write_text(json.dumps(manifest))
+    with pytest.raises(SavedModelError, match="kernel config is not one this sparseforge version can rebuild"):
+        sparseforge.load(tmp_path / "m", model=make())
+
+
+def test_pin_refuses_what_is_not_a_token_count_and_a_config():
+    from sparseforge.mappings.csr.plan import CsrConfig
+
+    layer = SparseLinear.from_dense(nn.Linear(16, 8), policy="sparse")
+    with pytest.raises(ValueError, match="token count"):
+        layer.pin({0: CsrConfig()})
+    with pytest.raises(TypeError):
+        layer.pin({1: "csr"})
+    layer.pin({2: CsrConfig(unroll=2)})
+    assert layer.kernel_args(2)["config"] == CsrConfig(unroll=2) and layer.kernel_args(1)["config"] is None
 
 
 def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode():
