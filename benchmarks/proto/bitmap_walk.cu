@@ -9,9 +9,11 @@
 //               [l (qc - 1) + min(l, e), ...) of the row's nonzeros in column order (qc = ceil(nch / 32),
 //               e = nch - 32 (qc - 1) lanes own qc, the rest qc - 1), so a warp's loads are coalesced, each
 //               lane walks one contiguous run of nonzeros, and the only padding is the last chunk's tail.
-// A warp takes a row (one row a warp, no loop: rows are many): its lanes count the bitmap's bits (a warp scan), each finds where its run starts by a
-// binary search over the lanes' counts, then walks its bits: one clz, one mask and one shared-memory x load
-// per nonzero, x staged once per block in shared memory as fp32 (or fp16) [column][NT].
+// A warp takes a row (one row a warp: rows are many). Its lanes count the bitmap's bits (a warp scan), each
+// finds where its run starts by a binary search over the lanes' counts, then walks its bits: one clz, one mask
+// and one shared-memory x load per nonzero. x is staged once per block in shared memory, fp32 (or fp16), NT
+// tokens an entry, lane-block-transposed so that lanes walking their own stretches of a row read different
+// banks. Segments are multiples of 128 columns (a warp reads its bitmap four words at a time).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -91,7 +93,7 @@ __device__ __forceinline__ chunk_t load_chunk(const chunk_t* p) { return __ldg(p
 // One row (of one segment) a warp. Every load the row needs is issued before the block waits for x:
 // the row's chunk offsets first, then its bitmap words and its first PF value chunks side by side, so a
 // row costs two memory round trips, not one per chunk.
-extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
+extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
     const unsigned* __restrict__ bm, const chunk_t* __restrict__ vals, const int* __restrict__ coff,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ y, float* __restrict__ ws,
     int rows, int cols, int n, int seg, int nseg, int W) {
@@ -103,10 +105,10 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
   const int row = (blockIdx.x / nseg) * warps + warp;
   const bool live = row < rows;
   const int v = s * rows + (live ? row : 0);
-  const int base = __ldg(coff + v), nch = live ? __ldg(coff + v + 1) - base : 0;
-  const int qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
-  const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
-  const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
+  // Loads in the order they can be issued: the row's chunk offsets and bitmap words (addressed by the row
+  // alone), x for the block, then the value chunks (addressed by the offsets), so the offsets' round trip
+  // overlaps the staging and the chunks' the search.
+  const int base = __ldg(coff + v), next = __ldg(coff + v + 1);
   const int P = (W + 31) >> 5;
   const unsigned* rb = bm + (size_t)v * W;
   unsigned words[PMAX];
@@ -115,11 +117,6 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
     const int wi = lane * P + k;
     words[k] = (live && k < P && wi < W) ? __ldg(rb + wi) : 0u;
   }
-  const chunk_t* vp = vals + (size_t)base + lane;
-  chunk_t buf[PF];
-#pragma unroll
-  for (int i = 0; i < PF; ++i)
-    if (i < cl) buf[i] = load_chunk(vp + i * 32);
   // x staged lane-block-transposed: column c at entry (c % B) * 32 + c / B (B = 32 P columns, the columns
   // of P words), so lanes walking their own stretches of a row read different banks; a warp's stores here
   // go to 32 banks, one a lane.
@@ -134,6 +131,15 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
       xs[i * NT + t] = to_xs(xv);
     }
   }
+  const int nch = live ? next - base : 0;
+  const int qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
+  const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
+  const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
+  const chunk_t* vp = vals + (size_t)base + lane;
+  chunk_t buf[PF];
+#pragma unroll
+  for (int i = 0; i < PF; ++i)
+    if (i < cl) buf[i] = load_chunk(vp + i * 32);
   unsigned* mybm = bms + warp * W;
   int cnt = 0;
 #pragma unroll

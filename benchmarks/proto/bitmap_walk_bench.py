@@ -209,9 +209,9 @@ def main():
                     rows = []
                     options = []  # (segment, x in fp16): x staged whole where it fits, else in segments
                     if nt * 4 * (k + 32) <= 100 * 1024:
-                        options.append((32 * -(-k // 32), False))
+                        options.append((128 * -(-k // 128), False))
                     if nt > 1 and nt * 2 * (k + 32) <= 100 * 1024:
-                        options.append((32 * -(-k // 32), True))
+                        options.append((128 * -(-k // 128), True))
                     if not options:
                         options.append((4096, nt > 1))
                     for seg, xh in options:
@@ -221,9 +221,9 @@ def main():
                         reps = [p] + [{q: (v.clone() if torch.is_tensor(v) else v) for q, v in p.items()}
                                       for _ in range(math.ceil(256e6 / sb) - 1)]
                         ws = torch.zeros(n * m, device="cuda", dtype=torch.float32)
-                        for pf in (4, 8):
+                        for pf in [int(a) for a in os.environ.get("PFS", "4 8").split()]:
                             fns = kernels(nt, c, pf, bf16, xh)
-                            for warps in (4, 8, 16):
+                            for warps in [int(a) for a in os.environ.get("WARPS", "4 8 16").split()]:
                                 if smem_bytes(p, nt, warps, xh) > 227 * 1024:
                                     continue
                                 grid = -(-m // warps) * p["nseg"]
