@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -58,25 +59,50 @@ def test_convert_with_no_fuse_keeps_the_model_class(tmp_path):
     assert torch.allclose(converted(x), model(x), atol=1e-5)
 
 
-def test_profile_writes_a_plot_and_leaves_the_model_file_alone(tmp_path):
+def test_profile_on_a_cpu_is_refused_and_writes_nothing(tmp_path, capsys):
     _, path = _saved_model(tmp_path)
-    before = path.read_bytes()
-    plot = tmp_path / "layers.png"
-    assert main(["profile", str(path), "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense",
-                 "--plot", str(plot)]) == 0
-    assert plot.stat().st_size > 1000 and path.read_bytes() == before
+    plot, report = tmp_path / "layers.png", tmp_path / "r.json"
+    # was: nothing measured, a table of "-", an empty plot, exit 0
+    message = _cli_error(capsys, "profile", path, "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense",
+                         "--plot", plot, "--report", report)
+    assert "profile measures" in message and "NVIDIA GPU" in message and "--cpu" in message
+    assert not plot.exists() and not report.exists()
+    assert "--cpu" not in _help("profile")  # not offered where it cannot work
+
+
+def _help(command: str) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return out.getvalue()
+
+
+def test_plot_layers_draws_the_measured_times(tmp_path):
+    from sparseforge.model_cli import plot_layers
+    from sparseforge.nn import LayerReport, ModelReport
+
+    layers = [LayerReport(f"layer{i}", "Linear", (8, 8), 0.9, [[1, 8]], "unstructured",
+                          {"dense": 10.0 + i, "unstructured": 4.0 + i}) for i in range(3)]
+    plot_layers(tmp_path / "layers.png", ModelReport(layers=layers))
+    assert (tmp_path / "layers.png").stat().st_size > 1000
 
 
 def test_bad_input_is_named(tmp_path, capsys):
     _, path = _saved_model(tmp_path)
     state = tmp_path / "state.pt"
     torch.save(torch.load(path, weights_only=False).state_dict(), state)
-    assert main(["profile", str(state), "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense"]) == 2
-    assert "not a model" in capsys.readouterr().err
-    assert main(["profile", str(path), "--example-shape", "1,x", "--cpu", "--policy", "dense"]) == 2
+    assert main(["convert", str(state), str(tmp_path / "o.pt"), "--example-shape", "1,3,6,6", "--cpu", "--policy",
+                 "dense"]) == 2
+    assert "not a model: give --model NAME" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "o.pt"), "--example-shape", "1,x", "--cpu", "--policy",
+                 "dense"]) == 2
     assert "positive integers" in capsys.readouterr().err
     assert main(["convert", str(path), str(tmp_path / "o.pt"), "--example-shape", "1,3,6,6", "--cpu"]) == 2
-    assert "CUDA device" in capsys.readouterr().err
+    err = capsys.readouterr().err  # was Python's words: model.cuda(), policy='sparse'
+    assert "--policy sparse" in err and "model.cuda()" not in err and "policy='" not in err
 
 
 def _cli_error(capsys, *argv) -> str:
@@ -91,15 +117,16 @@ def test_a_file_that_is_not_a_torch_model_is_named(tmp_path, capsys):
     text.write_text("hello\n")  # was an UnpicklingError traceback, exit code 1
     _, path = _saved_model(tmp_path)
     truncated.write_bytes(path.read_bytes()[:300])
-    for bad in (text, truncated):
-        message = _cli_error(capsys, "profile", bad, "--example-shape", "1,3,6,6", "--cpu", "--policy", "dense")
-        assert f"{bad}: not a readable model file" in message and "torch.save(model, path)" in message
+    for bad, words in ((text, "not a torch checkpoint"), (truncated, "truncated or damaged")):
+        message = _cli_error(capsys, "convert", bad, tmp_path / "o.pt", "--example-shape", "1,3,6,6", "--cpu",
+                             "--policy", "dense")
+        assert f"{bad}: {words}" in message
     from safetensors.torch import save_file
 
     save_file({"w": torch.randn(2, 2)}, str(tmp_path / "w.safetensors"))
-    message = _cli_error(capsys, "profile", tmp_path / "w.safetensors", "--example-shape", "1,3,6,6", "--cpu",
-                         "--policy", "dense")
-    assert "holds tensors only, not a model" in message
+    message = _cli_error(capsys, "convert", tmp_path / "w.safetensors", tmp_path / "o.pt", "--example-shape",
+                         "1,3,6,6", "--cpu", "--policy", "dense")
+    assert "holds tensors only, not a model; give --model NAME" in message
 
 
 def test_an_example_shape_the_model_does_not_take_is_named(tmp_path, capsys):
@@ -109,15 +136,15 @@ def test_an_example_shape_the_model_does_not_take_is_named(tmp_path, capsys):
     assert "the model fails on a random torch.float32 input of shape (1, 5, 6, 6)" in message
     assert "give --example-shape the shape of the model's one input" in message
     assert not (tmp_path / "o.pt").exists()
-    message = _cli_error(capsys, "profile", path, "--example-shape", "100000,100000,100000", "--cpu", "--policy",
-                         "dense")
+    message = _cli_error(capsys, "convert", path, tmp_path / "o.pt", "--example-shape", "100000,100000,100000",
+                         "--cpu", "--policy", "dense")
     assert "the example input needs 3725290.3 GiB" in message
 
 
 def test_a_model_without_parameters_is_named(tmp_path, capsys):
     torch.save(nn.Sequential(nn.ReLU()), tmp_path / "relu.pt")  # was a StopIteration traceback
-    message = _cli_error(capsys, "profile", tmp_path / "relu.pt", "--example-shape", "1,4", "--cpu", "--policy",
-                         "dense")
+    message = _cli_error(capsys, "convert", tmp_path / "relu.pt", tmp_path / "o.pt", "--example-shape", "1,4",
+                         "--cpu", "--policy", "dense")
     assert "the model has no parameters" in message
 
 
@@ -127,6 +154,29 @@ def test_convert_refuses_to_overwrite_its_input_and_a_negative_budget(tmp_path, 
     message = _cli_error(capsys, "convert", path, tmp_path / "." / path.name, "--example-shape", "1,3,6,6", "--cpu",
                          "--policy", "dense")
     assert "is the input file" in message and path.read_bytes() == before
-    message = _cli_error(capsys, "profile", path, "--example-shape", "1,3,6,6", "--cpu", "--policy", "sparse",
-                         "--tune-budget", "-1")
+    message = _cli_error(capsys, "convert", path, tmp_path / "o.pt", "--example-shape", "1,3,6,6", "--cpu",
+                         "--policy", "sparse", "--tune-budget", "-1")
     assert "--tune-budget -1.0: give seconds >= 0" in message
+
+
+@pytest.mark.parametrize("layer, shape, kind", [(nn.Linear(16, 8), (2, 16), SparseLinear),
+                                                (nn.Conv2d(4, 8, 3, padding=1), (1, 4, 6, 6), SparseConv2d)])
+def test_convert_a_model_that_is_itself_a_layer(tmp_path, layer, shape, kind):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        layer.weight.mul_((torch.rand_like(layer.weight) < 0.3).float())
+    path, out, report = tmp_path / "layer.pt", tmp_path / "sparse.pt", tmp_path / "report.json"
+    torch.save(layer, path)
+    example = ",".join(map(str, shape))
+    # was: skipped (the module named ""), an empty report, the layer saved as it was, exit 0
+    assert main(["convert", str(path), str(out), "--example-shape", example, "--cpu", "--policy", "sparse",
+                 "--report", str(report)]) == 0
+    converted = torch.load(out, weights_only=False)
+    assert isinstance(converted, kind)
+    x = torch.randn(shape)
+    assert torch.allclose(converted(x), layer(x), atol=1e-5)
+    assert [entry["name"] for entry in json.loads(report.read_text())["layers"]] == [""]
+    # --include / --exclude see the model's own name "", as the Python API does
+    assert main(["convert", str(path), str(out), "--example-shape", example, "--cpu", "--policy", "sparse",
+                 "--include", "conv|fc"]) == 0
+    assert type(torch.load(out, weights_only=False)) is type(layer)
