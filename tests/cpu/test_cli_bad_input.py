@@ -215,6 +215,16 @@ def test_bench_bounds_n_and_checks_its_outputs(folder, args, message):
     assert message in refused(folder, "bench", SAMPLE, *args)[0]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--n", "99999999999999999999"], "--n 99999999999999999999: N must be < 2**31"),  # was a MemoryError on a GPU
+    (["--shapes", "4096x2147483648"], "shape '4096x2147483648': OUT and IN must be < 2**31"),
+    (["--out", "/proc/b.json"], "--out /proc/b.json cannot be written"),  # was found after every case ran
+    (["--plot", "/dev/full"], "--plot /dev/full is a character device"),
+])
+def test_bench24_bounds_its_sizes_and_checks_its_outputs_before_looking_for_a_gpu(folder, args, message):
+    assert message in refused(folder, "bench24", *args)[0]
+
+
 @pytest.mark.parametrize("command", ["info", "bench"])
 @pytest.mark.parametrize("path, message", [
     ("/dev/null", "/dev/null is neither a file nor a directory"),  # was "does not exist"

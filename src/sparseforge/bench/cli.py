@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..dtypes import SHORT_NAMES
+from ..formats.exact import INDEX_LIMIT
 from ..tune.choose import TUNE_BUDGET_S, tuning_budget
 
 DTYPES = SHORT_NAMES  # the one table lives in dtypes.py
@@ -373,6 +374,8 @@ def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
             raise ValueError(f"shape {item!r}: give a group ({', '.join(SHAPES)}) or OUTxIN such as 4096x11008") from None
         if m < 1 or k < 1:
             raise ValueError(f"shape {item!r}: OUT and IN must be >= 1, e.g. 4096x11008")
+        if max(m, k) >= INDEX_LIMIT:  # the kernels index with 32-bit integers; a larger one failed allocating
+            raise ValueError(f"shape {item!r}: OUT and IN must be < 2**31 = {INDEX_LIMIT}, e.g. 4096x11008")
         shapes.append(("custom", m, k))
     if not shapes:
         raise ValueError("no shapes given")
@@ -387,6 +390,9 @@ def parse_widths(spec: str) -> list[int]:
         widths = []
     if not widths or min(widths) < 1:
         raise ValueError(f"--n needs comma-separated positive widths such as 1,16,2048; got {spec!r}")
+    if max(widths) >= INDEX_LIMIT:  # as for bench: 32-bit indices; a larger N failed allocating (a MemoryError)
+        raise ValueError(f"--n {max(widths)}: N must be < 2**31 = {INDEX_LIMIT}, as M and K are (the kernels "
+                         "index with 32-bit integers); give smaller widths such as 1,16,2048")
     return widths
 
 
@@ -397,6 +403,7 @@ def run_bench24(args) -> int:
     from .semi_report import plot24, print24, summarize24
 
     shapes, widths = parse_shapes(args.shapes), parse_widths(args.n)
+    _check_outputs(args)  # before the work: a bad --out or --plot path was found only after every case ran
     if not _gpu_present():
         raise RuntimeError("bench24 times Sparse Tensor Cores and needs an NVIDIA GPU (sm_80+); none is visible")
     dtypes = ["float16", "bfloat16"] if args.dtype == "all" else [DTYPES[args.dtype]]
