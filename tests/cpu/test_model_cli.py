@@ -180,3 +180,21 @@ def test_convert_a_model_that_is_itself_a_layer(tmp_path, layer, shape, kind):
     assert main(["convert", str(path), str(out), "--example-shape", example, "--cpu", "--policy", "sparse",
                  "--include", "conv|fc"]) == 0
     assert type(torch.load(out, weights_only=False)) is type(layer)
+
+
+def test_the_readmes_main_job_chains_prune_into_convert():
+    """The README's command-line main job: convert reads the file prune wrote, with --model naming the model (a
+    state dict alone is refused), and both lines parse."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from sparseforge.cli import build_parser
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    job = readme.split("## The main job", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", job, re.S).group(1).replace("\\\n", " ")
+    lines = {words[1]: words[1:] for words in (shlex.split(line, comments=True) for line in block.splitlines())
+             if words and words[0] == "sparseforge"}
+    prune, convert = build_parser().parse_args(lines["prune"]), build_parser().parse_args(lines["convert"])
+    assert str(convert.input) == prune.output and convert.model
