@@ -278,3 +278,27 @@ def test_convert_takes_a_torchvision_name(tmp_path):
                    pythonpath=(tmp_path / "fake",))
     assert done.returncode == 2 and "--model bignet: not a torchvision model" in done.stderr
     assert not (tmp_path / "o2.pt").exists()
+
+
+def test_convert_takes_a_timm_name(tmp_path):
+    """--model NAME asks timm where torchvision has no such model (stand-ins for both here)."""
+    fake = tmp_path / "fake"
+    (fake / "torchvision").mkdir(parents=True)
+    (fake / "torchvision" / "__init__.py").write_text("")
+    (fake / "torchvision" / "models.py").write_text("def list_models():\n    return []\n")
+    (fake / "timm.py").write_text(
+        "from torch import nn\n"
+        "def is_model(name):\n    return name == 'tinyvit'\n"
+        "def create_model(name, pretrained=True):\n"
+        "    assert name == 'tinyvit' and not pretrained\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(12, 4))\n")
+    torch.save(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)).state_dict(), tmp_path / "w.pt")
+    done = run_cli(["convert", "w.pt", "o.pt", "--model", "tinyvit", "--example-shape", "1,12", *CPU], tmp_path,
+                   pythonpath=(fake,))
+    assert done.returncode == 0 and (tmp_path / "o.pt").is_file(), done.stderr[-3000:]
+    before = _files(tmp_path)
+    done = run_cli(["convert", "w.pt", "o2.pt", "--model", "bignet", "--example-shape", "1,12", *CPU], tmp_path,
+                   pythonpath=(fake,))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--model bignet: not a torchvision model, not a timm model" \
+        in lines[0] and _files(tmp_path) == before
