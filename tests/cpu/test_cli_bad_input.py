@@ -55,8 +55,9 @@ def run_cli(args, cwd: Path, pythonpath: tuple = ()) -> subprocess.CompletedProc
 
 
 def _files(folder: Path) -> dict:
+    """What the folder holds, Python's bytecode caches aside (an import of a stand-in package there may write them)."""
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in folder.rglob("*") if p.is_file()}
+            for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def refused(folder: Path, *args) -> tuple[str, str]:
