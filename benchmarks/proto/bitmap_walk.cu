@@ -14,6 +14,8 @@
 // and one shared-memory x load per nonzero. x is staged once per block in shared memory, fp32 (or fp16), NT
 // tokens an entry, lane-block-transposed so that lanes walking their own stretches of a row read different
 // banks. Segments are multiples of 128 columns (a warp reads its bitmap four words at a time).
+// This file holds the lane-block-transposed variant; the first design (x staged by column, the bitmap read a
+// word at a time: git show 6ba74d6:benchmarks/proto/bitmap_walk.cu) measured faster (docs/history.md).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
