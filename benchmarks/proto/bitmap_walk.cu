@@ -11,11 +11,10 @@
 //               lane walks one contiguous run of nonzeros, and the only padding is the last chunk's tail.
 // A warp takes a row (one row a warp: rows are many). Its lanes count the bitmap's bits (a warp scan), each
 // finds where its run starts by a binary search over the lanes' counts, then walks its bits: one clz, one mask
-// and one shared-memory x load per nonzero. x is staged once per block in shared memory, fp32 (or fp16), NT
-// tokens an entry, lane-block-transposed so that lanes walking their own stretches of a row read different
-// banks. Segments are multiples of 128 columns (a warp reads its bitmap four words at a time).
-// This file holds the lane-block-transposed variant; the first design (x staged by column, the bitmap read a
-// word at a time: git show 6ba74d6:benchmarks/proto/bitmap_walk.cu) measured faster (docs/history.md).
+// and one shared-memory x load per nonzero. x is staged once per block in shared memory as fp32 (or fp16)
+// [column][NT], with 32 zero columns past the segment (where a last chunk's padding walks).
+// bitmap_walk_transposed.cu is a variant (x lane-block-transposed, the bitmap read four words at a time) that
+// measured slower (docs/history.md).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -95,22 +94,23 @@ __device__ __forceinline__ chunk_t load_chunk(const chunk_t* p) { return __ldg(p
 // One row (of one segment) a warp. Every load the row needs is issued before the block waits for x:
 // the row's chunk offsets first, then its bitmap words and its first PF value chunks side by side, so a
 // row costs two memory round trips, not one per chunk.
-extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
+extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
     const unsigned* __restrict__ bm, const chunk_t* __restrict__ vals, const int* __restrict__ coff,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ y, float* __restrict__ ws,
     int rows, int cols, int n, int seg, int nseg, int W) {
   extern __shared__ __align__(16) unsigned char smem[];
+  const int xs_cols = seg + 32;  // 32 zero columns past the segment: where a last chunk's padding walks
   xs_t* xs = reinterpret_cast<xs_t*>(smem);
-  unsigned* bms = reinterpret_cast<unsigned*>(smem + ((32 * 32 * ((W + 31) >> 5) * NT * sizeof(xs_t) + 15) / 16) * 16);
+  unsigned* bms = reinterpret_cast<unsigned*>(smem + ((xs_cols * NT * sizeof(xs_t) + 15) / 16) * 16);
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = blockIdx.x % nseg, c0 = s * seg;
   const int row = (blockIdx.x / nseg) * warps + warp;
   const bool live = row < rows;
   const int v = s * rows + (live ? row : 0);
-  // Loads in the order they can be issued: the row's chunk offsets and bitmap words (addressed by the row
-  // alone), x for the block, then the value chunks (addressed by the offsets), so the offsets' round trip
-  // overlaps the staging and the chunks' the search.
-  const int base = __ldg(coff + v), next = __ldg(coff + v + 1);
+  const int base = __ldg(coff + v), nch = live ? __ldg(coff + v + 1) - base : 0;
+  const int qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
+  const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
+  const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
   const int P = (W + 31) >> 5;
   const unsigned* rb = bm + (size_t)v * W;
   unsigned words[PMAX];
@@ -119,29 +119,17 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
     const int wi = lane * P + k;
     words[k] = (live && k < P && wi < W) ? __ldg(rb + wi) : 0u;
   }
-  // x staged lane-block-transposed: column c at entry (c % B) * 32 + c / B (B = 32 P columns, the columns
-  // of P words), so lanes walking their own stretches of a row read different banks; a warp's stores here
-  // go to 32 banks, one a lane.
-  const int B = 32 * P;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < B * 32; i += blockDim.x) {
-    const int col = (i & 31) * B + (i >> 5);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float xv = 0.f;
-      if (t < n && col < seg && c0 + col < cols) xv = in_float(x[(size_t)t * cols + c0 + col]);
-      xs[i * NT + t] = to_xs(xv);
-    }
-  }
-  const int nch = live ? next - base : 0;
-  const int qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
-  const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
-  const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
   const chunk_t* vp = vals + (size_t)base + lane;
   chunk_t buf[PF];
 #pragma unroll
   for (int i = 0; i < PF; ++i)
     if (i < cl) buf[i] = load_chunk(vp + i * 32);
+  for (int i = threadIdx.x; i < xs_cols * NT; i += blockDim.x) {
+    const int col = i / NT, t = i % NT;
+    float xv = 0.f;
+    if (t < n && col < seg && c0 + col < cols) xv = in_float(x[(size_t)t * cols + c0 + col]);
+    xs[i] = to_xs(xv);
+  }
   unsigned* mybm = bms + warp * W;
   int cnt = 0;
 #pragma unroll
@@ -179,8 +167,6 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
       pc = __popc(w);
     }
     for (; rem > 0; --rem) w &= 0x7fffffffu >> __clz(w);
-    int blk = wi / P, off = wi - blk * P;  // the word's lane block and place in it: x's entry, kept by increments
-    uint4 win = *reinterpret_cast<const uint4*>(mybm + (wi & ~3));  // the next words, four at a time
     for (int r = 0; r < cl; r += PF) {
 #pragma unroll
       for (int i = 0; i < PF; ++i) {
@@ -191,32 +177,25 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
           for (int j = 0; j < C; ++j) {
             while (w == 0) {
               ++wi;
-              if (++off == P) {
-                off = 0;
-                ++blk;
-              }
-              const int q = wi & 3;
-              if (q == 0) win = wi < W ? *reinterpret_cast<const uint4*>(mybm + wi) : make_uint4(FULL, FULL, FULL, FULL);
-              w = q == 0 ? win.x : q == 1 ? win.y : q == 2 ? win.z : win.w;
+              w = wi < W ? mybm[wi] : FULL;
             }
             const int z = __clz(w);
+            const int col = wi * 32 + z;
             w &= 0x7fffffffu >> z;
-            const int xi = (off * 32 + z) * 32 + blk;
-            const bool real = wi < W;  // a last chunk's padding walks past the row: x is zero there
             const float a = value_of(pair_of(cv, j >> 1), j & 1);
 #if NT == 1
-            acc[0] = fmaf(a, real ? xs_float(xs[xi]) : 0.f, acc[0]);
+            acc[0] = fmaf(a, xs_float(xs[col]), acc[0]);
 #elif defined(XHALF) && (NT % 2 == 0)
 #pragma unroll
             for (int t = 0; t < NT; t += 2) {
-              const float2 xv = real ? __half22float2(*reinterpret_cast<const __half2*>(xs + xi * NT + t)) : make_float2(0.f, 0.f);
+              const float2 xv = __half22float2(*reinterpret_cast<const __half2*>(xs + col * NT + t));
               acc[t] = fmaf(a, xv.x, acc[t]);
               acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
             }
 #elif !defined(XHALF) && (NT % 4 == 0)
 #pragma unroll
             for (int t = 0; t < NT; t += 4) {
-              const float4 xv = real ? *reinterpret_cast<const float4*>(xs + xi * NT + t) : make_float4(0.f, 0.f, 0.f, 0.f);
+              const float4 xv = *reinterpret_cast<const float4*>(xs + col * NT + t);
               acc[t] = fmaf(a, xv.x, acc[t]);
               acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
               acc[t + 2] = fmaf(a, xv.z, acc[t + 2]);
@@ -224,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
             }
 #else
 #pragma unroll
-            for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, real ? xs_float(xs[xi * NT + t]) : 0.f, acc[t]);
+            for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, xs_float(xs[col * NT + t]), acc[t]);
 #endif
           }
         }

@@ -6,7 +6,8 @@ import json, math, os, statistics, sys, time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = open(os.path.join(HERE, "bitmap_walk.cu")).read()
+SRC = open(os.path.join(HERE, "bitmap_walk_transposed.cu" if os.environ.get("VARIANT") == "transposed"
+                        else "bitmap_walk.cu")).read()
 
 
 def chunk_values(density: float) -> int:

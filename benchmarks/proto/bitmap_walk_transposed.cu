@@ -1,0 +1,257 @@
+// Nonzero-driven decode of a row bitmap on CUDA cores, for N = 1..8 tokens: cost per nonzero, not per
+// position.
+//
+// Format (benchmarks/proto/bitmap_walk_bench.py packs it on the GPU), per virtual row v (a row's columns cut
+// into segments of SEG; v = segment * rows + row):
+//   bm[v][W]    W = SEG / 32 words, column j of a word at bit 31 - j (a walk finds the next column by clz)
+//   coff[v]     the row's first chunk; coff[v + 1] - coff[v] = nch = ceil(nnz / C) chunks of C values
+//   vals        chunk (r, lane) of row v at coff[v] + 32 r + lane: lane l owns the chunks
+//               [l (qc - 1) + min(l, e), ...) of the row's nonzeros in column order (qc = ceil(nch / 32),
+//               e = nch - 32 (qc - 1) lanes own qc, the rest qc - 1), so a warp's loads are coalesced, each
+//               lane walks one contiguous run of nonzeros, and the only padding is the last chunk's tail.
+// A warp takes a row (one row a warp: rows are many). Its lanes count the bitmap's bits (a warp scan), each
+// finds where its run starts by a binary search over the lanes' counts, then walks its bits: one clz, one mask
+// and one shared-memory x load per nonzero. x is staged once per block in shared memory, fp32 (or fp16), NT
+// tokens an entry, lane-block-transposed so that lanes walking their own stretches of a row read different
+// banks. Segments are multiples of 128 columns (a warp reads its bitmap four words at a time).
+// A variant of bitmap_walk.cu (x staged by column, the bitmap read a word at a time), which measured faster
+// (docs/history.md); run by `VARIANT=transposed python3 benchmarks/proto/bitmap_walk_bench.py`.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef NT
+#define NT 1
+#endif
+#ifndef C
+#define C 8
+#endif
+#ifndef PF
+#define PF 2
+#endif
+#ifndef MAXT
+#define MAXT 512
+#endif
+#define FULL 0xffffffffu
+
+#if C == 8
+typedef uint4 chunk_t;
+#elif C == 4
+typedef uint2 chunk_t;
+#else
+typedef unsigned int chunk_t;
+#endif
+
+#ifdef XHALF
+typedef __half xs_t;
+__device__ __forceinline__ float xs_float(xs_t v) { return __half2float(v); }
+__device__ __forceinline__ xs_t to_xs(float v) { return __float2half(v); }
+#else
+typedef float xs_t;
+__device__ __forceinline__ float xs_float(xs_t v) { return v; }
+__device__ __forceinline__ xs_t to_xs(float v) { return v; }
+#endif
+
+__device__ __forceinline__ unsigned pair_of(const chunk_t& v, int i) {
+#if C == 8
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+#elif C == 4
+  return i == 0 ? v.x : v.y;
+#else
+  return v;
+#endif
+}
+
+__device__ __forceinline__ float value_of(unsigned pair, int hi) {
+#ifdef BF16
+  return __uint_as_float(hi ? (pair & 0xffff0000u) : (pair << 16));
+#else
+  __half2 h = *reinterpret_cast<__half2*>(&pair);
+  return hi ? __high2float(h) : __low2float(h);
+#endif
+}
+
+__device__ __forceinline__ float in_float(unsigned short raw) {
+#ifdef BF16
+  return __uint_as_float(((unsigned)raw) << 16);
+#else
+  return __half2float(__ushort_as_half(raw));
+#endif
+}
+
+__device__ __forceinline__ unsigned short out_raw(float v) {
+#ifdef BF16
+  return __bfloat16_as_ushort(__float2bfloat16(v));
+#else
+  return __half_as_ushort(__float2half(v));
+#endif
+}
+
+__device__ __forceinline__ chunk_t load_chunk(const chunk_t* p) { return __ldg(p); }
+
+#ifndef PMAX
+#define PMAX 16
+#endif
+
+// One row (of one segment) a warp. Every load the row needs is issued before the block waits for x:
+// the row's chunk offsets first, then its bitmap words and its first PF value chunks side by side, so a
+// row costs two memory round trips, not one per chunk.
+extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
+    const unsigned* __restrict__ bm, const chunk_t* __restrict__ vals, const int* __restrict__ coff,
+    const unsigned short* __restrict__ x, unsigned short* __restrict__ y, float* __restrict__ ws,
+    int rows, int cols, int n, int seg, int nseg, int W) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  xs_t* xs = reinterpret_cast<xs_t*>(smem);
+  unsigned* bms = reinterpret_cast<unsigned*>(smem + ((32 * 32 * ((W + 31) >> 5) * NT * sizeof(xs_t) + 15) / 16) * 16);
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int s = blockIdx.x % nseg, c0 = s * seg;
+  const int row = (blockIdx.x / nseg) * warps + warp;
+  const bool live = row < rows;
+  const int v = s * rows + (live ? row : 0);
+  // Loads in the order they can be issued: the row's chunk offsets and bitmap words (addressed by the row
+  // alone), x for the block, then the value chunks (addressed by the offsets), so the offsets' round trip
+  // overlaps the staging and the chunks' the search.
+  const int base = __ldg(coff + v), next = __ldg(coff + v + 1);
+  const int P = (W + 31) >> 5;
+  const unsigned* rb = bm + (size_t)v * W;
+  unsigned words[PMAX];
+#pragma unroll
+  for (int k = 0; k < PMAX; ++k) {
+    const int wi = lane * P + k;
+    words[k] = (live && k < P && wi < W) ? __ldg(rb + wi) : 0u;
+  }
+  // x staged lane-block-transposed: column c at entry (c % B) * 32 + c / B (B = 32 P columns, the columns
+  // of P words), so lanes walking their own stretches of a row read different banks; a warp's stores here
+  // go to 32 banks, one a lane.
+  const int B = 32 * P;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < B * 32; i += blockDim.x) {
+    const int col = (i & 31) * B + (i >> 5);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float xv = 0.f;
+      if (t < n && col < seg && c0 + col < cols) xv = in_float(x[(size_t)t * cols + c0 + col]);
+      xs[i * NT + t] = to_xs(xv);
+    }
+  }
+  const int nch = live ? next - base : 0;
+  const int qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
+  const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
+  const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
+  const chunk_t* vp = vals + (size_t)base + lane;
+  chunk_t buf[PF];
+#pragma unroll
+  for (int i = 0; i < PF; ++i)
+    if (i < cl) buf[i] = load_chunk(vp + i * 32);
+  unsigned* mybm = bms + warp * W;
+  int cnt = 0;
+#pragma unroll
+  for (int k = 0; k < PMAX; ++k) {
+    const int wi = lane * P + k;
+    if (k < P && wi < W) mybm[wi] = words[k];
+    cnt += __popc(words[k]);
+  }
+  __syncthreads();
+  if (!live) return;
+  int incl = cnt;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int o = __shfl_up_sync(FULL, incl, d);
+    if (lane >= d) incl += o;
+  }
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  int o = 0;  // the first lane whose inclusive count passes t0: the lane of words holding nonzero t0
+#pragma unroll
+  for (int step = 16; step >= 1; step >>= 1) {
+    const int iv = __shfl_sync(FULL, incl, o + step - 1);
+    if (iv <= t0) o += step;
+  }
+  o = min(o, 31);
+  const int ex = __shfl_sync(FULL, incl - cnt, o);
+  if (cl > 0) {
+    int rem = t0 - ex, wi = o * P;
+    unsigned w = mybm[wi];
+    int pc = __popc(w);
+    while (rem >= pc) {
+      rem -= pc;
+      w = mybm[++wi];
+      pc = __popc(w);
+    }
+    for (; rem > 0; --rem) w &= 0x7fffffffu >> __clz(w);
+    int blk = wi / P, off = wi - blk * P;  // the word's lane block and place in it: x's entry, kept by increments
+    uint4 win = *reinterpret_cast<const uint4*>(mybm + (wi & ~3));  // the next words, four at a time
+    for (int r = 0; r < cl; r += PF) {
+#pragma unroll
+      for (int i = 0; i < PF; ++i) {
+        if (r + i < cl) {
+          const chunk_t cv = buf[i];
+          if (r + i + PF < cl) buf[i] = load_chunk(vp + (r + i + PF) * 32);
+#pragma unroll
+          for (int j = 0; j < C; ++j) {
+            while (w == 0) {
+              ++wi;
+              if (++off == P) {
+                off = 0;
+                ++blk;
+              }
+              const int q = wi & 3;
+              if (q == 0) win = wi < W ? *reinterpret_cast<const uint4*>(mybm + wi) : make_uint4(FULL, FULL, FULL, FULL);
+              w = q == 0 ? win.x : q == 1 ? win.y : q == 2 ? win.z : win.w;
+            }
+            const int z = __clz(w);
+            w &= 0x7fffffffu >> z;
+            const int xi = (off * 32 + z) * 32 + blk;
+            const bool real = wi < W;  // a last chunk's padding walks past the row: x is zero there
+            const float a = value_of(pair_of(cv, j >> 1), j & 1);
+#if NT == 1
+            acc[0] = fmaf(a, real ? xs_float(xs[xi]) : 0.f, acc[0]);
+#elif defined(XHALF) && (NT % 2 == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t += 2) {
+              const float2 xv = real ? __half22float2(*reinterpret_cast<const __half2*>(xs + xi * NT + t)) : make_float2(0.f, 0.f);
+              acc[t] = fmaf(a, xv.x, acc[t]);
+              acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
+            }
+#elif !defined(XHALF) && (NT % 4 == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t += 4) {
+              const float4 xv = real ? *reinterpret_cast<const float4*>(xs + xi * NT + t) : make_float4(0.f, 0.f, 0.f, 0.f);
+              acc[t] = fmaf(a, xv.x, acc[t]);
+              acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
+              acc[t + 2] = fmaf(a, xv.z, acc[t + 2]);
+              acc[t + 3] = fmaf(a, xv.w, acc[t + 3]);
+            }
+#else
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, real ? xs_float(xs[xi * NT + t]) : 0.f, acc[t]);
+#endif
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) acc[t] += __shfl_xor_sync(FULL, acc[t], d);
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (lane == t && t < n) {
+      if (nseg == 1)
+        y[(size_t)t * rows + row] = out_raw(acc[t]);
+      else
+        atomicAdd(ws + (size_t)t * rows + row, acc[t]);
+    }
+  }
+}
+
+// Segments summed by atomics into an fp32 workspace: written out here, and the workspace zeroed for the next call.
+extern "C" __global__ void bitmap_walk_finish(float* __restrict__ ws, unsigned short* __restrict__ y, int count) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < count) {
+    y[i] = out_raw(ws[i]);
+    ws[i] = 0.f;
+  }
+}
