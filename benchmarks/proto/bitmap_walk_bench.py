@@ -1,7 +1,13 @@
 """The nonzero-driven bitmap decode (bitmap_walk.cu) against cuBLAS for N = 1..8 tokens: weights rotated
 through HBM, outputs NaN-poisoned and checked against float64, a small sweep of warps / prefetch depth /
 resident blocks per case. `--check` runs a CPU emulation of the kernel's lane arithmetic against the dense
-matrix (no GPU needed)."""
+matrix (no GPU needed).
+
+Knobs (environment): NS, SHAPES ("4096x4096 ..."), SPS, PFS, WARPS, VARIANT=transposed
+(bitmap_walk_transposed.cu), DEFINES (extra -D flags), PROFILE=1 (the first case and config: one checked launch
+and three more, then exit), e.g.
+    PROFILE=1 NS=1 SHAPES=4096x4096 SPS=0.5 PFS=4 WARPS=16 ncu --kernel-name bitmap_walk --launch-skip 1 \
+        --launch-count 1 --set full python3 benchmarks/proto/bitmap_walk_bench.py /tmp/unused.json"""
 import json, math, os, statistics, sys, time
 import torch
 
@@ -156,6 +162,7 @@ def kernels(nt, c, pf, bf16, xhalf):
         t0 = time.perf_counter()
         opts = ("-std=c++17", "-arch=sm_90", f"-DNT={nt}", f"-DC={c}", f"-DPF={pf}", "-DMAXT=512")
         opts += (("-DBF16",) if bf16 else ()) + (("-DXHALF",) if xhalf else ())
+        opts += tuple(os.environ.get("DEFINES", "").split())  # e.g. DEFINES=-DSTAGE16
         mod = cp.RawModule(code=SRC, options=opts)
         fn = mod.get_function("bitmap_walk")
         fn.max_dynamic_shared_size_bytes = 227 * 1024
@@ -232,6 +239,12 @@ def main():
                                 launch(fns, p, x, y, ws, n, nt, warps, grid, xh); torch.cuda.synchronize()
                                 err = ((y.double() - ref).norm() / ref.norm()).item()
                                 ok = bool(torch.isfinite(y).all()) and err < 4e-3
+                                if os.environ.get("PROFILE"):  # one checked launch, then three for a profiler
+                                    for _ in range(3):
+                                        launch(fns, p, x, y, ws, n, nt, warps, grid, xh)
+                                    torch.cuda.synchronize()
+                                    print(f"profiled {m}x{k} {s:.0%} N={n} pf={pf} warps={warps} ok={ok} err={err:.1e}")
+                                    return
                                 us = graph_us([lambda q=q: launch(fns, q, x, y, ws, n, nt, warps, grid, xh)
                                                for q in reps])
                                 rows.append(dict(seg=seg, pf=pf, warps=warps, grid=grid, xhalf=xh, us=us, ok=ok,

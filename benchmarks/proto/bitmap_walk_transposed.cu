@@ -15,7 +15,9 @@
 // tokens an entry, lane-block-transposed so that lanes walking their own stretches of a row read different
 // banks. Segments are multiples of 128 columns (a warp reads its bitmap four words at a time).
 // A variant of bitmap_walk.cu (x staged by column, the bitmap read a word at a time), which measured faster
-// (docs/history.md); run by `VARIANT=transposed python3 benchmarks/proto/bitmap_walk_bench.py`.
+// (docs/history.md); run by `VARIANT=transposed python3 benchmarks/proto/bitmap_walk_bench.py`. -DSTAGE16 (N = 1,
+// not yet measured): x staged by 16-byte loads, lane l taking lane block l (its strided loads made x's staging
+// uncoalesced).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -123,6 +125,27 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
   // of P words), so lanes walking their own stretches of a row read different banks; a warp's stores here
   // go to 32 banks, one a lane.
   const int B = 32 * P;
+#if defined(STAGE16) && NT == 1
+  // 16-byte loads: lane l reads 8 columns of lane block l (entries (off .. off + 7) * 32 + l: its stores hit
+  // 32 banks), so a warp's loads touch 32 lines once per 8 columns, not once per column
+  for (int i = threadIdx.x; i < B * 4; i += blockDim.x) {
+    const int blk = i & 31, off = (i >> 5) * 8, col = blk * B + off;
+    const size_t at = (size_t)c0 + col;
+    float xv[8];
+    if (n > 0 && col + 8 <= seg && at + 8 <= (size_t)cols && at % 8 == 0) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + at));
+      const unsigned pairs[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) xv[k] = in_float((unsigned short)(pairs[k >> 1] >> (16 * (k & 1))));
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        xv[k] = (n > 0 && col + k < seg && at + k < (size_t)cols) ? in_float(x[at + k]) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xs[(off + k) * 32 + blk] = to_xs(xv[k]);
+  }
+#else
 #pragma unroll 4
   for (int i = threadIdx.x; i < B * 32; i += blockDim.x) {
     const int col = (i & 31) * B + (i >> 5);
@@ -133,6 +156,7 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
       xs[i * NT + t] = to_xs(xv);
     }
   }
+#endif
   const int nch = live ? next - base : 0;
   const int qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
   const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
