@@ -238,11 +238,15 @@ def _model_from_spec(spec: str):
             sys.path.insert(0, os.getcwd())
         try:
             factory = importlib.import_module(module_name)
-            for part in attribute.split("."):
-                factory = getattr(factory, part)
         except ImportError as err:
             raise ValueError(f"--model {spec}: cannot import {module_name} ({one_line(err)}); give a module "
                              "importable from the current directory or PYTHONPATH") from None
+        except Exception as err:  # the module's own code failed (a syntax error, an exception at import)
+            raise ValueError(f"--model {spec}: importing {module_name} failed ({type(err).__name__}: "
+                             f"{one_line(err)}); fix the module") from None
+        try:
+            for part in attribute.split("."):
+                factory = getattr(factory, part)
         except AttributeError:
             raise ValueError(f"--model {spec}: {module_name} has no {attribute}") from None
         if not callable(factory):

@@ -73,9 +73,11 @@ def refused(folder: Path, *args) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """The inputs: a model and state dicts good and bad, a FIFO, a directory, the factory module netdefs.py."""
+    """The inputs: a model and state dicts good and bad, a FIFO, a directory, the factory module netdefs.py (and
+    badsyntax.py, one that does not parse)."""
     folder = tmp_path_factory.mktemp("inputs")
     (folder / "netdefs.py").write_text(NETDEFS)
+    (folder / "badsyntax.py").write_text("def net(:\n")  # a factory module that does not even parse
     sys.path.insert(0, str(folder))
     try:
         import netdefs
@@ -172,6 +174,7 @@ def test_convert_names_an_input_that_is_not_a_model_file(folder, source, message
     ("state.pt", "no_such_net", "--model no_such_net: "),
     ("state.pt", "nosuchmodule:net", "--model nosuchmodule:net: cannot import nosuchmodule"),
     ("state.pt", "netdefs:nothing", "--model netdefs:nothing: netdefs has no nothing"),
+    ("state.pt", "badsyntax:net", "--model badsyntax:net: importing badsyntax failed (SyntaxError"),
     ("state.pt", "netdefs:broken", "broken() failed (RuntimeError: no weights here)"),
     ("state.pt", "netdefs:not_a_model", "not_a_model() returned a dict, not a torch.nn.Module"),
     ("state.pt", ":net", "give module:factory"),
