@@ -36,18 +36,6 @@ def _as_sparse(w) -> SparseMatrix:
 RESIDUAL_CONFIGS = tuple(f.config_class for f in families(SPMM) if f.residual)
 
 
-def _check_config(config, residual: bool, deterministic: bool) -> None:
-    """A fixed config's refusals, alike for compile_spmm and prebuild_spmm."""
-    if config is None:
-        return
-    family_of(config)  # TypeError naming the config classes
-    if residual:
-        _refuse_residual(config)
-    if deterministic and getattr(config, "segment_nnz", 0):
-        raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
-                         "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
-
-
 def _refuse_residual(config) -> None:
     if not family_of(config).residual:
         takes = ", ".join(f.config_class.__name__ for f in families(SPMM) if f.residual)
@@ -95,7 +83,13 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
     candidate predicted and measured; k.choice.explain()), k.dense_faster (True when cuBLAS measured faster
     than the fastest sparse kernel; both times in k.choice).
     """
-    _check_config(config, residual, deterministic)
+    if config is not None:
+        family_of(config)  # TypeError naming the config classes
+    if residual and config is not None:
+        _refuse_residual(config)
+    if deterministic and getattr(config, "segment_nnz", 0):
+        raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
+                         "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
     tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch=0)  # refusals first
     index, arch = device_index(device)
@@ -162,7 +156,7 @@ def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias
     tune_budget = tuning_budget(tune_budget)
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch)
     if config is not None:  # the one kernel compile_spmm(config=...) builds
-        _check_config(config, residual, deterministic)
+        family_of(config)
         return prebuild_plans(problem.make, plans_of(problem.make, [config]), None)
     if KernelCache().get_tuned(problem.choice_key(tune_budget, time_dense, default_compiler()), arch) is not None:
         return 0  # compile_spmm loads the cached winner without ranking or compiling candidates
@@ -266,7 +260,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
         extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
         if not rotated:
             return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
-        copies = weight_copies(kernel.weight_bytes + getattr(kernel, "code_bytes", 0) + in_bytes, l2)
+        copies = weight_copies(kernel.weight_bytes + in_bytes, l2)
         kernels = [kernel] + [kernel.with_own_weights() for _ in range(copies - 1)]
         return kernel, rotating_graph_time_us(lambda p: p[0](p[1], out=out, **extra), operands(kernels))
 
