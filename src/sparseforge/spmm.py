@@ -231,7 +231,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 
     from .runtime.compiler import CompileError, PtxasCompiler
     from .runtime.driver import CudaError
-    from .runtime.timing import ROTATED_MAX_N, graph_time_us, l2_bytes, rotating_graph_time_us, weight_copies
+    from .runtime.timing import graph_time_us
     from .semi.cusparselt import Sparse24Error
 
     plans = plans_of(make, space)
@@ -247,34 +247,17 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 
     residual = torch.randn(out_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
 
-    # decode widths: every side timed with its weights rotated through HBM (runtime.timing.ROTATED_MAX_N)
-    rotated = n <= ROTATED_MAX_N
-    l2 = l2_bytes(index) if rotated else 0
-    in_bytes = inputs[0].numel() * inputs[0].element_size()
-
-    def operands(weights: list) -> list:
-        return [(weight, inputs[i % len(inputs)]) for i, weight in enumerate(weights)]
-
     def load_and_time(plan, compiled):
         kernel = load_candidate(*compiled, index, budget)
         extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
-        if not rotated:
-            return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
-        copies = weight_copies(kernel.weight_bytes + in_bytes, l2)
-        kernels = [kernel] + [kernel.with_own_weights() for _ in range(copies - 1)]
-        return kernel, rotating_graph_time_us(lambda p: p[0](p[1], out=out, **extra), operands(kernels))
+        return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
 
     def dense_us() -> float:
         weight = w.to_torch(f"cuda:{index}")
-        weights = [weight] + [weight.clone() for _ in range(weight_copies(weight.numel() * weight.element_size()
-                                                                          + in_bytes, l2) - 1)] if rotated else [weight]
         if layout == "kn":
-            call = lambda p: torch.mm(p[0], p[1], out=out)  # noqa: E731
-        else:
-            call = lambda p: torch.mm(p[1], p[0].t(), out=out)  # noqa: E731
-        if rotated:
-            return rotating_graph_time_us(call, operands(weights))
-        return graph_time_us(lambda b: call((weight, b)), inputs)
+            return graph_time_us(lambda b: torch.mm(weight, b, out=out), inputs)
+        wt = weight.t()
+        return graph_time_us(lambda x: torch.mm(x, wt, out=out), inputs)
 
     # ptxas runs in subprocesses, so candidates compile side by side; the driver's JIT linker runs in this
     # process on the current context, so it compiles them one at a time
