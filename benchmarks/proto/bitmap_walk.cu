@@ -14,7 +14,8 @@
 // and one shared-memory x load per nonzero. x is staged once per block in shared memory as fp32 (or fp16)
 // [column][NT], with 32 zero columns past the segment (where a last chunk's padding walks).
 // bitmap_walk_transposed.cu is a variant (x lane-block-transposed, the bitmap read four words at a time) that
-// measured slower (docs/history.md).
+// measured slower (docs/history.md). bitmap_walk_rows, below, runs persistent warps over several rows each,
+// the next row's loads in flight while this one is walked (not yet measured).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -232,5 +233,154 @@ extern "C" __global__ void bitmap_walk_finish(float* __restrict__ ws, unsigned s
   if (i < count) {
     y[i] = out_raw(ws[i]);
     ws[i] = 0.f;
+  }
+}
+
+// What a warp loads for one row before walking it: the chunk offsets, its lanes' bitmap words and the first
+// PF value chunks of each lane's run.
+struct RowLoads {
+  int base, nch;
+  unsigned words[PMAX];
+  chunk_t buf[PF];
+};
+
+__device__ __forceinline__ void load_row_head(RowLoads& st, const unsigned* __restrict__ bm,
+                                              const int* __restrict__ coff, int v, bool live, int lane, int P,
+                                              int W) {
+  st.base = live ? __ldg(coff + v) : 0;
+  st.nch = live ? __ldg(coff + v + 1) - st.base : 0;
+  const unsigned* rb = bm + (size_t)v * W;
+#pragma unroll
+  for (int k = 0; k < PMAX; ++k) {
+    const int wi = lane * P + k;
+    st.words[k] = (live && k < P && wi < W) ? __ldg(rb + wi) : 0u;
+  }
+}
+
+__device__ __forceinline__ void load_row_chunks(RowLoads& st, const chunk_t* __restrict__ vals, int lane) {
+  const int qc = (st.nch + 31) >> 5, e = st.nch - 32 * (qc - 1);
+  const int cl = st.nch == 0 ? 0 : (lane < e ? qc : qc - 1);
+  const chunk_t* vp = vals + (size_t)st.base + lane;
+#pragma unroll
+  for (int i = 0; i < PF; ++i)
+    if (i < cl) st.buf[i] = load_chunk(vp + i * 32);
+}
+
+// Persistent warps, several rows each (a grid-stride loop over rows): x is staged once per block for all its
+// rows, and the next row's offsets and bitmap words are loaded while this row is counted and searched, its
+// first chunks while this row is walked, so a row's round trips overlap the previous row's work instead of
+// adding up (bitmap_walk pays them once per warp with nothing to hide them). Not yet measured.
+extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk_rows(
+    const unsigned* __restrict__ bm, const chunk_t* __restrict__ vals, const int* __restrict__ coff,
+    const unsigned short* __restrict__ x, unsigned short* __restrict__ y, float* __restrict__ ws,
+    int rows, int cols, int n, int seg, int nseg, int W) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int xs_cols = seg + 32;
+  xs_t* xs = reinterpret_cast<xs_t*>(smem);
+  unsigned* bms = reinterpret_cast<unsigned*>(smem + ((xs_cols * NT * sizeof(xs_t) + 15) / 16) * 16);
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int s = blockIdx.x % nseg, c0 = s * seg;
+  const int stride = (gridDim.x / nseg) * warps;
+  const int P = (W + 31) >> 5;
+  int row = (blockIdx.x / nseg) * warps + warp;
+  RowLoads cur;
+  load_row_head(cur, bm, coff, s * rows + min(row, rows - 1), row < rows, lane, P, W);
+  load_row_chunks(cur, vals, lane);
+  for (int i = threadIdx.x; i < xs_cols * NT; i += blockDim.x) {
+    const int col = i / NT, t = i % NT;
+    float xv = 0.f;
+    if (t < n && col < seg && c0 + col < cols) xv = in_float(x[(size_t)t * cols + c0 + col]);
+    xs[i] = to_xs(xv);
+  }
+  __syncthreads();
+  unsigned* mybm = bms + warp * W;
+  for (; row < rows; row += stride) {
+    const int v = s * rows + row;
+    const int after = row + stride;
+    RowLoads nxt;
+    load_row_head(nxt, bm, coff, s * rows + min(after, rows - 1), after < rows, lane, P, W);
+    __syncwarp();  // the last row's walk has read mybm
+    int cnt = 0;
+#pragma unroll
+    for (int k = 0; k < PMAX; ++k) {
+      const int wi = lane * P + k;
+      if (k < P && wi < W) mybm[wi] = cur.words[k];
+      cnt += __popc(cur.words[k]);
+    }
+    __syncwarp();
+    int incl = cnt;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int o = __shfl_up_sync(FULL, incl, d);
+      if (lane >= d) incl += o;
+    }
+    const int nch = cur.nch, qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
+    const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
+    const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
+    int o = 0;
+#pragma unroll
+    for (int step = 16; step >= 1; step >>= 1) {
+      const int iv = __shfl_sync(FULL, incl, o + step - 1);
+      if (iv <= t0) o += step;
+    }
+    o = min(o, 31);
+    const int ex = __shfl_sync(FULL, incl - cnt, o);
+    load_row_chunks(nxt, vals, lane);  // its offsets have arrived by now
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+    if (cl > 0) {
+      const chunk_t* vp = vals + (size_t)cur.base + lane;
+      int rem = t0 - ex, wi = o * P;
+      unsigned w = mybm[wi];
+      int pc = __popc(w);
+      while (rem >= pc) {
+        rem -= pc;
+        w = mybm[++wi];
+        pc = __popc(w);
+      }
+      for (; rem > 0; --rem) w &= 0x7fffffffu >> __clz(w);
+      for (int r = 0; r < cl; r += PF) {
+#pragma unroll
+        for (int i = 0; i < PF; ++i) {
+          if (r + i < cl) {
+            const chunk_t cv = cur.buf[i];
+            if (r + i + PF < cl) cur.buf[i] = load_chunk(vp + (r + i + PF) * 32);
+#pragma unroll
+            for (int j = 0; j < C; ++j) {
+              while (w == 0) {
+                ++wi;
+                w = wi < W ? mybm[wi] : FULL;
+              }
+              const int z = __clz(w);
+              const int col = wi * 32 + z;
+              w &= 0x7fffffffu >> z;
+              const float a = value_of(pair_of(cv, j >> 1), j & 1);
+#if NT == 1
+              acc[0] = fmaf(a, xs_float(xs[col]), acc[0]);
+#else
+#pragma unroll
+              for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, xs_float(xs[col * NT + t]), acc[t]);
+#endif
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int d = 16; d >= 1; d >>= 1) acc[t] += __shfl_xor_sync(FULL, acc[t], d);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (lane == t && t < n) {
+        if (nseg == 1)
+          y[(size_t)t * rows + row] = out_raw(acc[t]);
+        else
+          atomicAdd(ws + (size_t)t * rows + row, acc[t]);
+      }
+    }
+    cur = nxt;
   }
 }

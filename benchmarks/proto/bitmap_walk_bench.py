@@ -4,7 +4,8 @@ resident blocks per case. `--check` runs a CPU emulation of the kernel's lane ar
 matrix (no GPU needed).
 
 Knobs (environment): NS, SHAPES ("4096x4096 ..."), SPS, PFS, WARPS, VARIANT=transposed
-(bitmap_walk_transposed.cu), DEFINES (extra -D flags), PROFILE=1 (the first case and config: one checked launch
+(bitmap_walk_transposed.cu) or VARIANT=rows (bitmap_walk_rows: persistent warps, the next row loaded while
+this one is walked), DEFINES (extra -D flags), PROFILE=1 (the first case and config: one checked launch
 and three more, then exit), e.g.
     PROFILE=1 NS=1 SHAPES=4096x4096 SPS=0.5 PFS=4 WARPS=16 ncu --kernel-name bitmap_walk --launch-skip 1 \
         --launch-count 1 --set full python3 benchmarks/proto/bitmap_walk_bench.py /tmp/unused.json"""
@@ -155,16 +156,19 @@ def graph_us(calls, reps=9):
 _mods = {}
 
 
-def kernels(nt, c, pf, bf16, xhalf):
+ENTRY = "bitmap_walk_rows" if os.environ.get("VARIANT") == "rows" else "bitmap_walk"
+
+
+def kernels(nt, c, pf, bf16, xhalf, pmax=16):
     import cupy as cp
-    key = (nt, c, pf, bf16, xhalf)
+    key = (nt, c, pf, bf16, xhalf, pmax)
     if key not in _mods:
         t0 = time.perf_counter()
-        opts = ("-std=c++17", "-arch=sm_90", f"-DNT={nt}", f"-DC={c}", f"-DPF={pf}", "-DMAXT=512")
+        opts = ("-std=c++17", "-arch=sm_90", f"-DNT={nt}", f"-DC={c}", f"-DPF={pf}", "-DMAXT=512", f"-DPMAX={pmax}")
         opts += (("-DBF16",) if bf16 else ()) + (("-DXHALF",) if xhalf else ())
         opts += tuple(os.environ.get("DEFINES", "").split())  # e.g. DEFINES=-DSTAGE16
         mod = cp.RawModule(code=SRC, options=opts)
-        fn = mod.get_function("bitmap_walk")
+        fn = mod.get_function(ENTRY)
         fn.max_dynamic_shared_size_bytes = 227 * 1024
         _mods[key] = (fn, mod.get_function("bitmap_walk_finish"), time.perf_counter() - t0)
     return _mods[key]
@@ -230,11 +234,18 @@ def main():
                                       for _ in range(math.ceil(256e6 / sb) - 1)]
                         ws = torch.zeros(n * m, device="cuda", dtype=torch.float32)
                         for pf in [int(a) for a in os.environ.get("PFS", "4 8").split()]:
-                            fns = kernels(nt, c, pf, bf16, xh)
+                            fns = kernels(nt, c, pf, bf16, xh, -(-p["W"] // 32))
                             for warps in [int(a) for a in os.environ.get("WARPS", "4 8 16").split()]:
-                                if smem_bytes(p, nt, warps, xh) > 227 * 1024:
+                                sm = smem_bytes(p, nt, warps, xh)
+                                if sm > 227 * 1024:
                                     continue
-                                grid = -(-m // warps) * p["nseg"]
+                                groups = -(-m // warps)
+                                if ENTRY == "bitmap_walk_rows":  # persistent: as many blocks as fit at once
+                                    regs = max(fns[0].num_regs, 16)
+                                    per_sm = max(1, min(2048 // (32 * warps), (228 * 1024) // (sm + 1024),
+                                                        65536 // (regs * 32 * warps)))
+                                    groups = min(groups, 132 * per_sm)
+                                grid = groups * p["nseg"]
                                 y = torch.full((n, m), float("nan"), device="cuda", dtype=dtype)
                                 launch(fns, p, x, y, ws, n, nt, warps, grid, xh); torch.cuda.synchronize()
                                 err = ((y.double() - ref).norm() / ref.norm()).item()
