@@ -21,6 +21,8 @@
 #   llama         a 2-layer Llama decoder at Llama-3-8B widths, 70% and 2:4, fp16 (benchmarks/model_llama.py)
 #   minilm        all-MiniLM-L6-v2's encoder at 80%, fp16, batch $BATCH x 128 tokens (benchmarks/model_minilm.py)
 #   host_time     eager host time per call against dense (benchmarks/host_time.py)
+#   walk          the nonzero-driven bitmap decode prototypes (benchmarks/proto/bitmap_walk*.cu): ncu, then
+#                 the first design, persistent warps (rows) and the transposed-x variant side by side
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -132,6 +134,16 @@ stage() {
         --sparsity 0.8 --batch "$BATCH" --tune-budget "$TUNE" ;;
     host_time)
       run host_time python3 benchmarks/host_time.py "$OUT/host_time_fp16.json" --dtype float16 ;;
+    walk)
+      # the nonzero-driven bitmap decode prototypes at N = 1: an ncu profile of the first design first, then
+      # the designs side by side (benchmarks/proto/bitmap_walk_bench.py; fp16, weights rotated)
+      PROFILE=1 NS=1 SHAPES=4096x4096 SPS=0.5 PFS=4 WARPS=16 run walk_ncu ncu --kernel-name bitmap_walk \
+        --launch-skip 1 --launch-count 1 --set full python3 benchmarks/proto/bitmap_walk_bench.py /tmp/unused.json
+      for variant in first rows transposed; do
+        VARIANT=$variant NS=1 SHAPES="4096x4096 14336x4096" PFS="4 8" WARPS="8 16" \
+          DEFINES=$([ $variant = transposed ] && echo -DSTAGE16) \
+          run walk_$variant python3 benchmarks/proto/bitmap_walk_bench.py "$OUT/walk_$variant.json"
+      done ;;
     timing)
       run timing_contention python3 benchmarks/timing_contention.py ;;
     bench24)
