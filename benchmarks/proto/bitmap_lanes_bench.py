@@ -1,7 +1,9 @@
 """The lane-major bitmap decode kernel (bitmap_lanes.cu) against cuBLAS: weights rotated through HBM, outputs
 NaN-poisoned and checked against float64, a small sweep of stages / warps / K split per case."""
-import json, math, os, statistics, sys, time
+import json, math, os, sys, time
 import torch
+
+from proto_timing import graph_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "bitmap_lanes.cu")).read()
@@ -93,29 +95,6 @@ def reference_decode(p, m, k):
                 run += lane_counts[l]
             assert run - base == tot
     return out[:m, :k]
-
-
-def graph_us(calls, reps=15):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for fn in calls[:3]:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in calls:
-            fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / len(calls))
-    return statistics.median(times)
 
 
 _mods = {}

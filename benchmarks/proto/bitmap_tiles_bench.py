@@ -1,8 +1,10 @@
 """Design measurement of the bitmap-tile decode kernel (bitmap_tiles.cu: direct loads; bitmap_tiles_streamed.cu: cp.async-staged) against cuBLAS, weights resident in L2
 and rotated through HBM, outputs checked against float64 into NaN-poisoned buffers. Runs on a GPU with cupy."""
-import argparse, json, math, os, statistics, sys, time
+import argparse, json, math, os, sys, time
 import cupy as cp
 import torch
+
+from proto_timing import graph_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "bitmap_tiles.cu")).read()
@@ -121,30 +123,6 @@ def pack(w):
 
 def nbytes(*ts):
     return sum(t.numel() * t.element_size() for t in ts)
-
-
-def graph_us(calls, reps=15):
-    """median microseconds per call of a CUDA graph replaying `calls` in order."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in calls[:3]:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in calls:
-            f()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / len(calls))
-    return statistics.median(times)
 
 
 def launch(fn, maxt, packed, x, y, m, k, n, kw, spb, nt):

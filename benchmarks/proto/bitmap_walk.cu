@@ -16,81 +16,65 @@
 // bitmap_walk_transposed.cu is a variant (x lane-block-transposed, the bitmap read four words at a time) that
 // measured slower (docs/history.md). bitmap_walk_rows, below, runs persistent warps over several rows each,
 // the next row's loads in flight while this one is walked (not yet measured).
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+#include "bitmap_walk_common.cuh"
 
-#ifndef NT
-#define NT 1
-#endif
-#ifndef C
-#define C 8
-#endif
-#ifndef PF
-#define PF 2
-#endif
-#ifndef MAXT
-#define MAXT 512
-#endif
-#define FULL 0xffffffffu
-
-#if C == 8
-typedef uint4 chunk_t;
-#elif C == 4
-typedef uint2 chunk_t;
+// A lane's run over the row: from its first nonzero (the rem-th set bit of lane o's words in the row's bitmap
+// mybm) through cl chunks of C values, buf holding the first PF (the rest loaded from vp as these are used),
+// W x added into acc. Both entries below walk with it.
+__device__ __forceinline__ void walk_run(float (&acc)[NT], chunk_t (&buf)[PF], const chunk_t* vp, int cl,
+                                         const unsigned* mybm, int W, int P, int o, int rem, const xs_t* xs) {
+  int wi = o * P;
+  unsigned w = mybm[wi];
+  int pc = __popc(w);
+  while (rem >= pc) {
+    rem -= pc;
+    w = mybm[++wi];
+    pc = __popc(w);
+  }
+  for (; rem > 0; --rem) w &= 0x7fffffffu >> __clz(w);
+  for (int r = 0; r < cl; r += PF) {
+#pragma unroll
+    for (int i = 0; i < PF; ++i) {
+      if (r + i < cl) {
+        const chunk_t cv = buf[i];
+        if (r + i + PF < cl) buf[i] = load_chunk(vp + (r + i + PF) * 32);
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          while (w == 0) {
+            ++wi;
+            w = wi < W ? mybm[wi] : FULL;
+          }
+          const int z = __clz(w);
+          const int col = wi * 32 + z;
+          w &= 0x7fffffffu >> z;
+          const float a = value_of(pair_of(cv, j >> 1), j & 1);
+#if NT == 1
+          acc[0] = fmaf(a, xs_float(xs[col]), acc[0]);
+#elif defined(XHALF) && (NT % 2 == 0)
+#pragma unroll
+          for (int t = 0; t < NT; t += 2) {
+            const float2 xv = __half22float2(*reinterpret_cast<const __half2*>(xs + col * NT + t));
+            acc[t] = fmaf(a, xv.x, acc[t]);
+            acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
+          }
+#elif !defined(XHALF) && (NT % 4 == 0)
+#pragma unroll
+          for (int t = 0; t < NT; t += 4) {
+            const float4 xv = *reinterpret_cast<const float4*>(xs + col * NT + t);
+            acc[t] = fmaf(a, xv.x, acc[t]);
+            acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
+            acc[t + 2] = fmaf(a, xv.z, acc[t + 2]);
+            acc[t + 3] = fmaf(a, xv.w, acc[t + 3]);
+          }
 #else
-typedef unsigned int chunk_t;
+#pragma unroll
+          for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, xs_float(xs[col * NT + t]), acc[t]);
 #endif
-
-#ifdef XHALF
-typedef __half xs_t;
-__device__ __forceinline__ float xs_float(xs_t v) { return __half2float(v); }
-__device__ __forceinline__ xs_t to_xs(float v) { return __float2half(v); }
-#else
-typedef float xs_t;
-__device__ __forceinline__ float xs_float(xs_t v) { return v; }
-__device__ __forceinline__ xs_t to_xs(float v) { return v; }
-#endif
-
-__device__ __forceinline__ unsigned pair_of(const chunk_t& v, int i) {
-#if C == 8
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-#elif C == 4
-  return i == 0 ? v.x : v.y;
-#else
-  return v;
-#endif
+        }
+      }
+    }
+  }
 }
-
-__device__ __forceinline__ float value_of(unsigned pair, int hi) {
-#ifdef BF16
-  return __uint_as_float(hi ? (pair & 0xffff0000u) : (pair << 16));
-#else
-  __half2 h = *reinterpret_cast<__half2*>(&pair);
-  return hi ? __high2float(h) : __low2float(h);
-#endif
-}
-
-__device__ __forceinline__ float in_float(unsigned short raw) {
-#ifdef BF16
-  return __uint_as_float(((unsigned)raw) << 16);
-#else
-  return __half2float(__ushort_as_half(raw));
-#endif
-}
-
-__device__ __forceinline__ unsigned short out_raw(float v) {
-#ifdef BF16
-  return __bfloat16_as_ushort(__float2bfloat16(v));
-#else
-  return __half_as_ushort(__float2half(v));
-#endif
-}
-
-__device__ __forceinline__ chunk_t load_chunk(const chunk_t* p) { return __ldg(p); }
-
-#ifndef PMAX
-#define PMAX 16
-#endif
 
 // One row (of one segment) a warp. Every load the row needs is issued before the block waits for x:
 // the row's chunk offsets first, then its bitmap words and its first PF value chunks side by side, so a
@@ -158,59 +142,7 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
   }
   o = min(o, 31);
   const int ex = __shfl_sync(FULL, incl - cnt, o);
-  if (cl > 0) {
-    int rem = t0 - ex, wi = o * P;
-    unsigned w = mybm[wi];
-    int pc = __popc(w);
-    while (rem >= pc) {
-      rem -= pc;
-      w = mybm[++wi];
-      pc = __popc(w);
-    }
-    for (; rem > 0; --rem) w &= 0x7fffffffu >> __clz(w);
-    for (int r = 0; r < cl; r += PF) {
-#pragma unroll
-      for (int i = 0; i < PF; ++i) {
-        if (r + i < cl) {
-          const chunk_t cv = buf[i];
-          if (r + i + PF < cl) buf[i] = load_chunk(vp + (r + i + PF) * 32);
-#pragma unroll
-          for (int j = 0; j < C; ++j) {
-            while (w == 0) {
-              ++wi;
-              w = wi < W ? mybm[wi] : FULL;
-            }
-            const int z = __clz(w);
-            const int col = wi * 32 + z;
-            w &= 0x7fffffffu >> z;
-            const float a = value_of(pair_of(cv, j >> 1), j & 1);
-#if NT == 1
-            acc[0] = fmaf(a, xs_float(xs[col]), acc[0]);
-#elif defined(XHALF) && (NT % 2 == 0)
-#pragma unroll
-            for (int t = 0; t < NT; t += 2) {
-              const float2 xv = __half22float2(*reinterpret_cast<const __half2*>(xs + col * NT + t));
-              acc[t] = fmaf(a, xv.x, acc[t]);
-              acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
-            }
-#elif !defined(XHALF) && (NT % 4 == 0)
-#pragma unroll
-            for (int t = 0; t < NT; t += 4) {
-              const float4 xv = *reinterpret_cast<const float4*>(xs + col * NT + t);
-              acc[t] = fmaf(a, xv.x, acc[t]);
-              acc[t + 1] = fmaf(a, xv.y, acc[t + 1]);
-              acc[t + 2] = fmaf(a, xv.z, acc[t + 2]);
-              acc[t + 3] = fmaf(a, xv.w, acc[t + 3]);
-            }
-#else
-#pragma unroll
-            for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, xs_float(xs[col * NT + t]), acc[t]);
-#endif
-          }
-        }
-      }
-    }
-  }
+  if (cl > 0) walk_run(acc, buf, vp, cl, mybm, W, P, o, t0 - ex, xs);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
 #pragma unroll
@@ -329,44 +261,7 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk_rows(
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    if (cl > 0) {
-      const chunk_t* vp = vals + (size_t)cur.base + lane;
-      int rem = t0 - ex, wi = o * P;
-      unsigned w = mybm[wi];
-      int pc = __popc(w);
-      while (rem >= pc) {
-        rem -= pc;
-        w = mybm[++wi];
-        pc = __popc(w);
-      }
-      for (; rem > 0; --rem) w &= 0x7fffffffu >> __clz(w);
-      for (int r = 0; r < cl; r += PF) {
-#pragma unroll
-        for (int i = 0; i < PF; ++i) {
-          if (r + i < cl) {
-            const chunk_t cv = cur.buf[i];
-            if (r + i + PF < cl) cur.buf[i] = load_chunk(vp + (r + i + PF) * 32);
-#pragma unroll
-            for (int j = 0; j < C; ++j) {
-              while (w == 0) {
-                ++wi;
-                w = wi < W ? mybm[wi] : FULL;
-              }
-              const int z = __clz(w);
-              const int col = wi * 32 + z;
-              w &= 0x7fffffffu >> z;
-              const float a = value_of(pair_of(cv, j >> 1), j & 1);
-#if NT == 1
-              acc[0] = fmaf(a, xs_float(xs[col]), acc[0]);
-#else
-#pragma unroll
-              for (int t = 0; t < NT; ++t) acc[t] = fmaf(a, xs_float(xs[col * NT + t]), acc[t]);
-#endif
-            }
-          }
-        }
-      }
-    }
+    if (cl > 0) walk_run(acc, cur.buf, vals + (size_t)cur.base + lane, cl, mybm, W, P, o, t0 - ex, xs);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
 #pragma unroll

@@ -9,8 +9,10 @@ this one is walked), DEFINES (extra -D flags), PROFILE=1 (the first case and con
 and three more, then exit), e.g.
     PROFILE=1 NS=1 SHAPES=4096x4096 SPS=0.5 PFS=4 WARPS=16 ncu --kernel-name bitmap_walk --launch-skip 1 \
         --launch-count 1 --set full python3 benchmarks/proto/bitmap_walk_bench.py /tmp/unused.json"""
-import json, math, os, statistics, sys, time
+import json, math, os, sys, time
 import torch
+
+from proto_timing import graph_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "bitmap_walk_transposed.cu" if os.environ.get("VARIANT") == "transposed"
@@ -130,29 +132,6 @@ def check():
     print("emulation matches the dense product in every case")
 
 
-def graph_us(calls, reps=9):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for fn in calls[:3]:
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in calls:
-            fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / len(calls))
-    return statistics.median(times)
-
-
 _mods = {}
 
 
@@ -167,7 +146,7 @@ def kernels(nt, c, pf, bf16, xhalf, pmax=16):
         opts = ("-std=c++17", "-arch=sm_90", f"-DNT={nt}", f"-DC={c}", f"-DPF={pf}", "-DMAXT=512", f"-DPMAX={pmax}")
         opts += (("-DBF16",) if bf16 else ()) + (("-DXHALF",) if xhalf else ())
         opts += tuple(os.environ.get("DEFINES", "").split())  # e.g. DEFINES=-DSTAGE16
-        mod = cp.RawModule(code=SRC, options=opts)
+        mod = cp.RawModule(code=SRC, options=opts + (f"-I{HERE}",))  # bitmap_walk_common.cuh
         fn = mod.get_function(ENTRY)
         fn.max_dynamic_shared_size_bytes = 227 * 1024
         _mods[key] = (fn, mod.get_function("bitmap_walk_finish"), time.perf_counter() - t0)
@@ -216,7 +195,7 @@ def main():
                     ref = x.double() @ w.double().t()
                     ys = torch.empty(n, m, device="cuda", dtype=dtype)
                     dws = [w.clone() for _ in range(max(2, math.ceil(256e6 / (m * k * 2))))]
-                    dense = graph_us([lambda wi=wi: torch.matmul(x, wi.t(), out=ys) for wi in dws]); del dws
+                    dense = graph_us([lambda wi=wi: torch.matmul(x, wi.t(), out=ys) for wi in dws], reps=9); del dws
                     c = chunk_values(1 - s)
                     rows = []
                     options = []  # (segment, x in fp16): x staged whole where it fits, else in segments
@@ -257,7 +236,7 @@ def main():
                                     print(f"profiled {m}x{k} {s:.0%} N={n} pf={pf} warps={warps} ok={ok} err={err:.1e}")
                                     return
                                 us = graph_us([lambda q=q: launch(fns, q, x, y, ws, n, nt, warps, grid, xh)
-                                               for q in reps])
+                                               for q in reps], reps=9)
                                 rows.append(dict(seg=seg, pf=pf, warps=warps, grid=grid, xhalf=xh, us=us, ok=ok,
                                                  err=err, tbps=sb / us / 1e6, pack_s=pack_s, compile_s=fns[2],
                                                  regs=fns[0].num_regs))
