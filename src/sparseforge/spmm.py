@@ -36,6 +36,18 @@ def _as_sparse(w) -> SparseMatrix:
 RESIDUAL_CONFIGS = tuple(f.config_class for f in families(SPMM) if f.residual)
 
 
+def _check_config(config, residual: bool, deterministic: bool) -> None:
+    """A fixed config's refusals, alike for compile_spmm and prebuild_spmm."""
+    if config is None:
+        return
+    family_of(config)  # TypeError naming the config classes
+    if residual:
+        _refuse_residual(config)
+    if deterministic and getattr(config, "segment_nnz", 0):
+        raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
+                         "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
+
+
 def _refuse_residual(config) -> None:
     if not family_of(config).residual:
         takes = ", ".join(f.config_class.__name__ for f in families(SPMM) if f.residual)
@@ -83,13 +95,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
     candidate predicted and measured; k.choice.explain()), k.dense_faster (True when cuBLAS measured faster
     than the fastest sparse kernel; both times in k.choice).
     """
-    if config is not None:
-        family_of(config)  # TypeError naming the config classes
-    if residual and config is not None:
-        _refuse_residual(config)
-    if deterministic and getattr(config, "segment_nnz", 0):
-        raise ValueError("deterministic=True excludes split rows (segment_nnz > 0 adds partial sums with "
-                         "atomics, in no fixed order): use segment_nnz=0 or deterministic=False")
+    _check_config(config, residual, deterministic)
     tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch=0)  # refusals first
     index, arch = device_index(device)
@@ -156,7 +162,7 @@ def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias
     tune_budget = tuning_budget(tune_budget)
     problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch)
     if config is not None:  # the one kernel compile_spmm(config=...) builds
-        family_of(config)
+        _check_config(config, residual, deterministic)
         return prebuild_plans(problem.make, plans_of(problem.make, [config]), None)
     if KernelCache().get_tuned(problem.choice_key(tune_budget, time_dense, default_compiler()), arch) is not None:
         return 0  # compile_spmm loads the cached winner without ranking or compiling candidates
@@ -231,7 +237,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 
     from .runtime.compiler import CompileError, PtxasCompiler
     from .runtime.driver import CudaError
-    from .runtime.timing import graph_time_us
+    from .runtime.timing import ROTATED_MAX_N, graph_time_us, l2_bytes, rotating_graph_time_us, weight_copies
     from .semi.cusparselt import Sparse24Error
 
     plans = plans_of(make, space)
@@ -247,17 +253,34 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 
     residual = torch.randn(out_shape, device=f"cuda:{index}", generator=gen).to(torch_dtype)
 
+    # decode widths: every side timed with its weights rotated through HBM (runtime.timing.ROTATED_MAX_N)
+    rotated = n <= ROTATED_MAX_N
+    l2 = l2_bytes(index) if rotated else 0
+    in_bytes = inputs[0].numel() * inputs[0].element_size()
+
+    def operands(weights: list) -> list:
+        return [(weight, inputs[i % len(inputs)]) for i, weight in enumerate(weights)]
+
     def load_and_time(plan, compiled):
         kernel = load_candidate(*compiled, index, budget)
         extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
-        return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
+        if not rotated:
+            return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
+        copies = weight_copies(kernel.weight_bytes + getattr(kernel, "code_bytes", 0) + in_bytes, l2)
+        kernels = [kernel] + [kernel.with_own_weights() for _ in range(copies - 1)]
+        return kernel, rotating_graph_time_us(lambda p: p[0](p[1], out=out, **extra), operands(kernels))
 
     def dense_us() -> float:
         weight = w.to_torch(f"cuda:{index}")
+        weights = [weight] + [weight.clone() for _ in range(weight_copies(weight.numel() * weight.element_size()
+                                                                          + in_bytes, l2) - 1)] if rotated else [weight]
         if layout == "kn":
-            return graph_time_us(lambda b: torch.mm(weight, b, out=out), inputs)
-        wt = weight.t()
-        return graph_time_us(lambda x: torch.mm(x, wt, out=out), inputs)
+            call = lambda p: torch.mm(p[0], p[1], out=out)  # noqa: E731
+        else:
+            call = lambda p: torch.mm(p[1], p[0].t(), out=out)  # noqa: E731
+        if rotated:
+            return rotating_graph_time_us(call, operands(weights))
+        return graph_time_us(lambda b: call((weight, b)), inputs)
 
     # ptxas runs in subprocesses, so candidates compile side by side; the driver's JIT linker runs in this
     # process on the current context, so it compiles them one at a time

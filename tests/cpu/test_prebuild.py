@@ -9,6 +9,7 @@ from torch import nn
 from sparseforge import SparseMatrix, prebuild_conv2d, prebuild_spmm
 from sparseforge.conv import _candidates, _conv_problem, _planner
 from sparseforge.nn import SparseConv2d, SparseLinear, prebuild_layers
+from sparseforge.plan import TileConfig
 from sparseforge.nn.convert import CHANNELS_LAST
 from sparseforge.runtime import compile_plan
 from sparseforge.runtime.compiler import PtxasCompiler
@@ -62,6 +63,9 @@ def test_a_pinned_config_prebuilds_that_one_kernel(cache):
     make = lambda cfg, sketch=False: _make_plan(w, 1, "float16", "nk", cfg, None, False, 90, sketch)  # noqa: E731
     assert _all_hit(make, [make(config)], [0])  # compile_spmm(config=...) finds it built
     assert prebuild_spmm(w, 1, "float16", "nk", arch=90, config=config) == 0
+    with pytest.raises(ValueError, match="deterministic=True excludes split rows"):  # compile_spmm's refusals
+        prebuild_spmm(w, 1, "float16", "nk", arch=90, deterministic=True,
+                      config=TileConfig(segment_nnz=64))
     linear = nn.Linear(96, 48).half()
     with torch.no_grad():
         linear.weight.copy_(torch.from_numpy(w.to_dense()))

@@ -266,3 +266,38 @@ def test_modes_that_differ_run_their_own_path_eagerly_and_in_a_graph(monkeypatch
     graph.replay()
     torch.cuda.synchronize()
     assert ran == [32] and rel_err(out, fresh.double() @ w.double().T) <= TOL[torch.float16]
+
+
+def test_a_fresh_process_captures_a_width_that_falls_back_to_dense():
+    """In a process whose first cuBLAS call would come inside the capture (no matmul before), a width never
+    prepared runs dense in the graph: prepare made cuBLAS's handles (runtime.streams.ready_dense_fallback)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import torch
+        from torch import nn
+        from sparseforge import SparseLinear24, prepare
+        from sparseforge.prune import nm_mask
+        torch.manual_seed(0)
+        w = torch.randn(256, 256, device="cuda").half()
+        w = w * nm_mask(w, 2, 4)
+        linear = nn.Linear(256, 256, bias=True).cuda().half()
+        with torch.no_grad():
+            linear.weight.copy_(w)
+        model = nn.Sequential(SparseLinear24.from_dense(linear, policy="sparse"))
+        prepare(model, [32])
+        static, cold = torch.randn(32, 256, device="cuda").half(), torch.randn(48, 256, device="cuda").half()
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out, out_cold = model(static), model(cold)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = cold.double() @ w.double().T + linear.bias.double()
+        err = ((out_cold.double() - want).norm() / want.norm()).item()
+        assert err < 5e-3, err
+        print("ok", [(d.n, d.path) for d in model[0].decisions])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]

@@ -298,3 +298,31 @@ def test_prefetching_small_n_kernels_match_float64(m, k, n, density, layout, dty
     gen = torch.Generator(device="cuda").manual_seed(5)
     b = torch.randn((2, k, n) if layout == "kn" else (2, n, k), device="cuda", generator=gen).to(dtype)
     check(kernel, w, b, layout, dtype, bias, relu=True)
+
+
+@pytest.mark.parametrize("config", [TileConfig(), "csr"])
+def test_a_kernels_own_weights_copy_computes_the_same(config):
+    """The rotated timing's copies: where W is the code the copy is a second load of the cubin (its bytes are
+    the kernel's code_bytes), where W is data a second copy of its arrays; either computes what the original
+    does."""
+    from sparseforge.mappings.csr.plan import CsrConfig
+
+    w = random_matrix(96, 160, density=0.2, seed=3)
+    kernel = compile_spmm(w, 8, "float16", "nk", config=CsrConfig() if config == "csr" else config, tune_budget=0)
+    twin = kernel.with_own_weights()
+    assert (twin.code_bytes > 0) == (config != "csr") and twin.code_bytes == kernel.code_bytes
+    assert (twin.weight_bytes > 0) == (config == "csr")
+    x = torch.randn(8, 160, device="cuda").half()
+    check(twin, w, x, "nk", torch.float16)
+    check(kernel, w, x, "nk", torch.float16)
+
+
+def test_decode_widths_are_chosen_with_rotated_weights_and_run_correctly():
+    """At n <= ROTATED_MAX_N the chooser times every candidate and dense over copies of their weights (code
+    kernels as fresh loads of their cubin); the choice still runs correctly and records dense's time."""
+    from sparseforge.runtime.timing import ROTATED_MAX_N
+
+    w = random_matrix(512, 1024, density=0.1, seed=4)
+    kernel = compile_spmm(w, 1, "float16", "nk", tune_budget=1.0)
+    assert ROTATED_MAX_N >= 1 and kernel.choice.dense_us > 0 and kernel.choice.sparse_us > 0
+    check(kernel, w, torch.randn(1, 1024, device="cuda").half(), "nk", torch.float16)

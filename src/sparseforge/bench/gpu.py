@@ -109,7 +109,8 @@ def _rotating_times(kernel, dense, layout: str, dtype, shape, seed: int) -> dict
     in_bytes = math.prod(shape) * dense.element_size()
     out_bytes = math.prod(kernel.out_shape) * dense.element_size()
     sparse_bytes = kernel.weight_bytes
-    sparse_copies = weight_copies(sparse_bytes + in_bytes, l2)
+    # where W is the code, each copy is a load of the cubin
+    sparse_copies = weight_copies(sparse_bytes + getattr(kernel, "code_bytes", 0) + in_bytes, l2)
     kernels = [kernel] + [kernel.with_own_weights() for _ in range(sparse_copies - 1)]
     inputs = _inputs(shape, dtype, sparse_copies, seed + 7)
     out = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)

@@ -366,6 +366,15 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
                 made += [d for d in semi.runtime().prepare(x)[0].decisions() if d.mode in ("graph", "any")]
             layer.times_us[SPARSE] = _summed(made, "chosen")
             layer.kernel_us[SPARSE] = _summed(made, "sparse")
+            dense24 = _summed(made, "dense")
+            if layer.times_us["dense"] and dense24 and layer.times_us[SPARSE]:
+                # The 2:4 runtime times dense beside itself with one copy of W in L2, while the unstructured
+                # side times decode widths with weights rotated through HBM (runtime.timing.ROTATED_MAX_N):
+                # 2:4 is put on the unstructured side's scale by the ratio of the two dense times, so the
+                # paths compare by their speedups over their own dense.
+                scale = layer.times_us["dense"] / dense24
+                layer.times_us[SPARSE] *= scale
+                layer.kernel_us[SPARSE] = layer.kernel_us[SPARSE] and layer.kernel_us[SPARSE] * scale
             candidates[SPARSE] = semi
     measured = {path: t for path, t in layer.times_us.items() if t}
     if "dense" not in measured or len(measured) < 2:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..prune.targets import LayerFilter, Skipped, select_layers
+from ..runtime.compiler import CompileError
 from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.decide import DENSE, SPARSE, UNSTRUCTURED
 from ..tune.choose import TUNE_BUDGET_S, tuning_budget
@@ -464,9 +465,23 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
     if not configs:  # the group's winner ran no kernel of its own here (nothing to pin): dense, not guessed
         layer.choice, layer.reason = DENSE, f"{first.name} decided {first.choice} without a kernel config: kept dense"
         return layer, None
+    from ..runtime.driver import CudaError  # here: the driver module loads cuda-python (GPU machines)
+
     inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
     inner.pin(configs)
-    inner.prepare(sorted(configs))
+    try:
+        decisions = inner.prepare(sorted(configs))
+    except (CompileError, CudaError) as exc:  # the config does not build for this W: dense, and said so
+        layer.choice, layer.reason = DENSE, f"{first.name}'s kernel configs do not build for this weight ({exc}): " \
+                                            "kept dense"
+        return layer, None
+    own = {d.n for d in decisions if d.path != DENSE}
     layer.reason = f"as {first.name} measured (same shape, sparsity within {SPARSITY_BUCKET:.0%}): its " \
-                   f"{first.mapping or 'kernel'} configs at widths {sorted(configs)}, compiled here, not timed"
-    return layer, DecodeLinear(inner, set(configs))
+                   f"{first.mapping or 'kernel'} configs at widths {sorted(own)}, compiled here, not timed"
+    if own != set(configs):  # a pinned config the kernels refuse for this W (its reason in the decision)
+        refused = [d for d in decisions if d.path == DENSE]
+        layer.reason += f"; dense at {sorted(d.n for d in refused)}: {refused[0].reason}"
+    if not own:
+        layer.choice = DENSE
+        return layer, None
+    return layer, DecodeLinear(inner, own)

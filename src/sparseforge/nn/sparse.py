@@ -523,16 +523,26 @@ class SparseLinear(_SparseWeight):
         """Run these kernel configs, one per token count ({n: config}, e.g. what a layer of the same shape and
         sparsity measured: kernel_configs()), compiled for this layer's W without choosing or timing; the
         token counts not given are decided as the policy says."""
+        import operator
+
         from ..mappings.registry import family_of
 
+        checked = {}
         for n, config in configs.items():
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            try:
+                count = operator.index(n)
+            except TypeError:
+                count = 0
+            if isinstance(n, bool) or count < 1:
                 raise ValueError(f"pin takes {{token count: config}}; got the key {n!r}")
             family_of(config)  # TypeError naming the config classes
-        self.__dict__.setdefault("_pinned", {}).update(configs)
-        for n in configs:  # decided again, from the pinned config, at the next call or prepare
+            checked[count] = config
+        self.__dict__.setdefault("_pinned", {}).update(checked)
+        for n in checked:  # decided again, from the pinned config, at the next call or prepare
             self._paths.pop(n, None)
             self._decided.pop(n, None)
+            self._eager_decided.pop(n, None)
+            self._eager_dense.discard(n)
 
     @property
     def pinned(self) -> dict:

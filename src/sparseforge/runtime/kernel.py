@@ -12,8 +12,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from .._version import __version__
 from ..codegen import KernelSource, render
 from ..mappings.registry import plan_family
@@ -35,6 +33,8 @@ class LoadedPlanKernel:
         start = time.perf_counter()
         self.plan, self._source, self.device_index = plan, built.source, device_index
         self._loaded = load_kernel(built.cubin, plan.name, device_index)
+        # where W is the code, the cubin: with_own_weights loads it again, so a copy's code streams too
+        self._code = built.cubin if plan_family(plan).weight_in_code else None
         self.load_seconds = time.perf_counter() - start
         self.compile_seconds, self.cache_hit = built.seconds, built.hit
         self.tune_seconds = 0.0
@@ -60,11 +60,22 @@ class LoadedPlanKernel:
     def with_own_weights(self):
         """The same loaded kernel over a fresh device copy of W's arrays (the module is shared). A many-layer
         model streams every layer's weight from HBM; timing copies in turn measures that, where one copy
-        would sit in the 50-60 MB L2 (bench's rotating-weights protocol)."""
+        would sit in the 50-60 MB L2 (bench's rotating-weights protocol). Where W is the code, the copy is a
+        second load of the cubin."""
         twin = copy.copy(self)
-        twin._weight_tensors, twin._data = _weight_data(self._launch if hasattr(self, "_launch") else self.plan,
-                                                        self._device)
+        launch_plan = self._launch if hasattr(self, "_launch") else self.plan
+        twin._weight_tensors, twin._data = _weight_data(launch_plan, self._device)
+        if getattr(self, "_code", None) is not None:  # W is the code: a module of its own (its launch block is built anew)
+            twin._loaded = load_kernel(self._code, launch_plan.name, self.device_index)
+            twin._packed = None
         return twin
+
+    @property
+    def code_bytes(self) -> int:
+        """The cubin's bytes where W is compiled into the code (0 where W is data): what a copy of such a
+        kernel streams besides its input."""
+        code = getattr(self, "_code", None)
+        return 0 if code is None else len(code)
 
     @property
     def source(self) -> str:

@@ -23,4 +23,6 @@ def ready_dense_fallback(weight, bias=None) -> None:
     if not weight.is_cuda or torch.cuda.is_current_stream_capturing():
         return
     with torch.no_grad(), torch.cuda.device(weight.device):
-        F.linear(weight.new_zeros(1, weight.shape[-1]), weight[:1], None if bias is None else bias[:1])
+        # two rows and the bias: the dispatch a real fallback call takes (cuBLASLt's bias epilogue too)
+        rows = min(2, weight.shape[0])
+        F.linear(weight.new_zeros(2, weight.shape[-1]), weight[:rows], None if bias is None else bias[:rows])

@@ -39,6 +39,10 @@ def graph_time_us(fn, inputs: list, calls_per_graph: int = 20, repeats: int = 25
 
 ROTATE_L2_MULTIPLE = 2    # copies of a weight together hold at least this many L2s (the protocol)
 MAX_WEIGHT_COPIES = 256
+# Up to this many tokens a product is memory-bound (decode), and a model of many layers streams each weight
+# from HBM: the chooser times candidates and dense that way there (weights rotated), not with one copy held in
+# the L2, which flatters whichever reads more bytes.
+ROTATED_MAX_N = 64
 
 
 def l2_bytes(device=None) -> int:

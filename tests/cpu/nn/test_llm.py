@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -241,7 +242,8 @@ def test_converting_without_transformers_names_the_extra(monkeypatch):
     assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
 
 
-def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch):
+@pytest.mark.parametrize("refused", [False, True])
+def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch, refused):
     """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
     (shape, sparsity) is measured, here the kernel winning at 1 token and dense at 8; every other layer of the
     group takes that decision, so each DecodeLinear runs its kernel at width 1 only."""
@@ -272,22 +274,28 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
     # kernels: none on a CPU; the layers built from a group's decision compile its config (nothing timed)
-    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [fixed(n, UNSTRUCTURED, "stub: pinned")
-                                                                        for n in widths])
+    # refused: the pinned config does not run on the other layers' weights (the kernels refuse it there)
+    outcome = (lambda n: fixed(n, DENSE, "stub: refused")) if refused else (lambda n: fixed(n, UNSTRUCTURED, "stub"))
+    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [outcome(n) for n in widths])
     dense = _pruned_lm()
     model = copy.deepcopy(dense)
     report = sparseforge.convert(model, tokens=(1, 8), progress=False)
     firsts = ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"]
     assert [m[0] for m in measured] == firsts and report.measured == 3 and report.peak_gpu_bytes == 123
     assert measured[0][1:] == ([(1, 256), (8, 256)], "measure")
-    assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
-    assert all(model.get_submodule(n).kernel_widths == {1} for n in report.replaced)
     reasons = {layer.name: layer.reason for layer in report.layers}
     assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
     assert reasons["model.layers.1.mlp.down_proj"].startswith("as model.layers.0.mlp.down_proj measured")
-    member = model.model.layers[1].mlp.up_proj.inner
-    assert member.policy == "sparse" and member.pinned == {1: picked}  # the measured layer's config, not timed
-    assert "compiled here, not timed" in reasons["model.layers.1.mlp.up_proj"]
+    if refused:  # kept dense, and the report says so: not reported as running a kernel it does not run
+        assert sorted(report.replaced) == sorted(firsts) and type(model.model.layers[1].mlp.up_proj) is nn.Linear
+        assert reasons["model.layers.1.mlp.up_proj"].endswith("dense at [1]: stub: refused")
+        assert {layer.name: layer.choice for layer in report.layers}["model.layers.1.mlp.up_proj"] == DENSE
+    else:
+        assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
+        assert all(model.get_submodule(n).kernel_widths == {1} for n in report.replaced)
+        member = model.model.layers[1].mlp.up_proj.inner
+        assert member.policy == "sparse" and member.pinned == {1: picked}  # the measured layer's config, not timed
+        assert "compiled here, not timed" in reasons["model.layers.1.mlp.up_proj"]
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
@@ -340,8 +348,9 @@ def test_pin_refuses_what_is_not_a_token_count_and_a_config():
         layer.pin({0: CsrConfig()})
     with pytest.raises(TypeError):
         layer.pin({1: "csr"})
-    layer.pin({2: CsrConfig(unroll=2)})
+    layer.pin({2: CsrConfig(unroll=2), np.int64(4): CsrConfig()})  # any integer type, as prepare takes
     assert layer.kernel_args(2)["config"] == CsrConfig(unroll=2) and layer.kernel_args(1)["config"] is None
+    assert layer.pinned == {2: CsrConfig(unroll=2), 4: CsrConfig()} and all(type(n) is int for n in layer.pinned)
 
 
 def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode():
