@@ -96,3 +96,28 @@ def test_one_decoder_layer_at_llama3_8b_widths_within_the_dense_models_error():
         error = ((model(ids).logits.double() - want).norm() / want.norm()).item()
     assert error <= 1.5 * dense_error + 1e-4, (error, dense_error)
     assert _greedy(model, ids, 8).shape == (1, 12)
+
+
+def test_prefill_densifies_from_the_kernels_copy_on_the_gpu():
+    """A DecodeLinear whose inner layer runs a csr kernel (its CSR buffers then in host memory) fills the
+    prefill workspace from the kernel's own device arrays: the dense call's result is the layer's."""
+    from torch import nn
+
+    from sparseforge.mappings.csr.plan import CsrConfig
+    from sparseforge.nn import SparseLinear
+
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 256).cuda().half()
+    prune_model(linear, sparsity=0.7, keep_masks=False)
+    inner = SparseLinear.from_dense(linear, policy="sparse")
+    inner.pin({1: CsrConfig()})
+    layer = DecodeLinear(inner, [1])
+    layer.prepare()
+    assert inner.csr_on_host  # a kernel holds W on the device: the CSR buffers went to the host
+    out = torch.full((256, 512), float("nan"), device="cuda", dtype=torch.float16)
+    assert inner.densify_into(out) and torch.equal(out, linear.weight.detach())
+    x = torch.randn(2, 5, 512, device="cuda").half()  # 10 tokens: a prefill width, dense from the workspace
+    with torch.no_grad():
+        want = x.double() @ linear.weight.double().T + linear.bias.double()
+        got = layer(x).double()
+    assert ((got - want).norm() / want.norm()).item() < 5e-3

@@ -20,6 +20,9 @@ Hook signatures (every family alike; None where the family has no such part):
 - check(config): ValueError naming what this family refuses in the config (conv families).
 - verify(plan, w): AssertionError unless the plan covers W's nonzeros exactly once (families whose code
   holds W's values; None where W is data the kernel reads as given).
+- densify(plan, arrays, out): W written dense into `out` (M x K, on the arrays' device) from the device arrays
+  the kernel reads (runtime.kernel.weight_data), so a dense call needs no other copy of W (families whose
+  arrays hold W).
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ class Family:
     record_name: str = ""  # the name a cached choice records the config under ("" : name)
     weight_in_code: bool = False  # W's values are immediates of the code (False: data the runtime passes)
     verify: str | None = None  # checks a plan covers W's nonzeros exactly once (where the code holds them)
+    densify: str | None = None  # W dense from the kernel's own device arrays (where they hold W)
 
     @property
     def choice_name(self) -> str:
@@ -87,10 +91,10 @@ FAMILIES: tuple[Family, ...] = (
            verify=_P + "plan.reference:check_plan"),
     Family("csr-columns", SPMM, _CSR + "plan:CsrColumnsConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
            _CSR + "render:render_csr_columns", _CSR + "cost:csr_columns_estimate", _CSR + "space:csr_columns_candidates",
-           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True),
+           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True, densify=_CSR + "plan:densify_csr"),
     Family("csr", SPMM, _CSR + "plan:CsrConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
            _CSR + "render:render_csr", _CSR + "cost:csr_estimate", _CSR + "space:csr_candidates",
-           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True),
+           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True, densify=_CSR + "plan:densify_csr"),
     Family("tc-scatter", SPMM, _TC + "plan:TcScatterConfig", _TC + "plan:TcScatterPlan",
            _TC + "plan:make_tc_scatter_plan", _TC + "render:render_tc_scatter", _TC + "cost:tc_scatter_estimate",
            _TC + "space:tc_scatter_candidates", _TC + "plan:execute_tc_scatter", _TC + "plan:tc_scatter_traffic",

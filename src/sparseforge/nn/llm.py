@@ -128,10 +128,10 @@ class DecodeLinear(nn.Module):
     scatter is small beside the matmul, and no layer keeps a dense W); a SparseLinear24 keeps its dense
     weight anyway (its own fallback) and uses it. Input x: (..., in_features) in the layer's dtype and device.
 
-    The cost of that on a GPU: once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one
-    copy of W on the device), so each prefill copies them over, 6 bytes per nonzero in fp16: 21 GB for the
-    decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe. Densifying from the
-    kernel's own copy of W on the device removes it; that needs a scatter kernel per weight format."""
+    Once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one copy of W on the device), so
+    the workspace is filled from the kernel's own device arrays where its family can (runtime.kernel densify:
+    the csr families); otherwise each prefill copies the CSR buffers over, 6 bytes per nonzero in fp16 (21 GB
+    for the decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe)."""
 
     def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int]):
         super().__init__()
@@ -197,6 +197,8 @@ class DecodeLinear(nn.Module):
         own = torch.compiler.is_compiling() or (x is not None and torch.is_grad_enabled() and x.requires_grad)
         out = torch.zeros(self.out_features, self.in_features, dtype=dtype, device=device) if own else \
             _workspace(self.out_features, self.in_features, dtype, device).zero_()
+        if not own and device.type == "cuda" and inner.densify_into(out):  # from the kernel's copy on the GPU
+            return out
         indptr = inner.weight_indptr.to(device, non_blocking=True)
         values = inner.weight_values.detach().to(device, non_blocking=True)
         rows = torch.repeat_interleave(torch.arange(self.out_features, device=device), torch.diff(indptr),

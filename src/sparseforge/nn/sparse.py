@@ -549,6 +549,17 @@ class SparseLinear(_SparseWeight):
         """{token count: config} given to pin."""
         return dict(self.__dict__.get("_pinned", {}))
 
+    def densify_into(self, out: torch.Tensor) -> bool:
+        """Write W dense into `out` (out_features x in_features, on the layer's device) from a kernel's own
+        device copy of W, where one can (runtime.kernel densify: no copy of W from the host); False where
+        none can (no kernel yet, W compiled into the code, a family without the hook)."""
+        self._refresh()
+        for kernel in self._paths.values():
+            densify = getattr(kernel, "densify", None)
+            if densify is not None and densify(out) is not None:
+                return True
+        return False
+
     def kernel_configs(self) -> dict:
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
         return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}

@@ -42,7 +42,7 @@ class LoadedPlanKernel:
         self.choice = None  # the chooser's record (tune/choose.py) when the kernel was picked by timing
         self._dtype = getattr(torch, plan.dtype)
         self._device = torch.device("cuda", device_index)
-        self._weight_tensors, self._data = _weight_data(plan, self._device)
+        self._weight_tensors, self._data = weight_data(plan, self._device)
         # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
         partial = getattr(plan, "partial_rows", ())
         self._partial = torch.tensor(partial, dtype=torch.long, device=self._device) if partial else None
@@ -64,11 +64,21 @@ class LoadedPlanKernel:
         second load of the cubin."""
         twin = copy.copy(self)
         launch_plan = self._launch if hasattr(self, "_launch") else self.plan
-        twin._weight_tensors, twin._data = _weight_data(launch_plan, self._device)
+        twin._weight_tensors, twin._data = weight_data(launch_plan, self._device)
         if getattr(self, "_code", None) is not None:  # W is the code: a module of its own (its launch block is built anew)
             twin._loaded = load_kernel(self._code, launch_plan.name, self.device_index)
             twin._packed = None
         return twin
+
+    def densify(self, out):
+        """W dense in `out` (M x K, a torch tensor on the kernel's device) from the kernel's own device arrays,
+        where its family can (mappings.registry: densify); None where it cannot (W is its code, or a family
+        without the hook)."""
+        launch_plan = self._launch if hasattr(self, "_launch") else self.plan
+        hook = plan_family(launch_plan).hook("densify")
+        if hook is None or not self._weight_tensors:
+            return None
+        return hook(launch_plan, self._weight_tensors, out)
 
     @property
     def code_bytes(self) -> int:
@@ -350,7 +360,7 @@ class SpmmKernel(LoadedPlanKernel):
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
-def _weight_data(plan, device) -> tuple[tuple, tuple | None]:
+def weight_data(plan, device) -> tuple[tuple, tuple | None]:
     """(device tensors, their pointers) of a plan that reads W as data (plan.weight_arrays(), then the bias;
     a null pointer for no bias), else ((), None)."""
     if not hasattr(plan, "weight_arrays"):

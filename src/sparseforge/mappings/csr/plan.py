@@ -256,6 +256,24 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
     return plan
 
 
+def densify_csr(plan: CsrPlan, arrays, out):
+    """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays (values, cols,
+    rows: runtime.kernel.weight_data), by torch ops on that device and without a host sync."""
+    import torch
+
+    values, cols, rows = arrays[:3]
+    starts = rows[:, 0].long()
+    counts = rows[:, 1].long() - starts
+    device = out.device
+    row_of = torch.repeat_interleave(torch.arange(plan.M, device=device), counts, output_size=plan.nnz)
+    first = torch.cumsum(counts, 0) - counts  # each row's first nonzero among the nonzeros
+    slot = starts[row_of] + torch.arange(plan.nnz, device=device) - first[row_of]
+    col = cols[slot].long() & 0xFFFF if cols.dtype == torch.int16 else cols[slot].long()  # uint16 as int16
+    out.zero_()
+    out[row_of, col] = values[slot].to(out.dtype)
+    return out
+
+
 # Shared memory a block may have (static + dynamic, less the 1 KB the system reserves on sm_80+), per arch:
 # csr-staged's copy of B must fit it
 STAGED_SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}

@@ -1,0 +1,43 @@
+"""Families that can write W dense from the kernel's own device arrays (mappings.registry densify): W comes
+back exactly, for every layout of the arrays (16- and 32-bit column indices, empty rows, padding slots), so a
+dense prefill needs no other copy of W."""
+import numpy as np
+import pytest
+import torch
+
+from sparseforge import SparseMatrix
+from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.mappings.registry import families, plan_family
+from sparseforge.runtime.kernel import weight_data
+
+
+def _matrix(m, k, density, seed, empty_rows=()):
+    rng = np.random.default_rng(seed)
+    dense = (rng.standard_normal((m, k)) * (rng.random((m, k)) < density)).astype(np.float32)
+    dense[list(empty_rows)] = 0
+    return SparseMatrix.from_dense(dense)
+
+
+@pytest.mark.parametrize("m, k, density, config, layout", [
+    (7, 96, 0.3, CsrConfig(), "nk"),                      # 16-bit column indices
+    (4, 60_000, 0.002, CsrConfig(), "nk"),                # 16-bit indices past 32767 (stored as int16)
+    (33, 70_000, 0.001, CsrConfig(), "nk"),               # K over 65536: 32-bit indices
+    (16, 200, 0.5, CsrColumnsConfig(), "kn"),             # csr-columns keeps 32 bits
+    (5, 8, 0.0, CsrConfig(), "nk"),                       # nothing stored
+    (64, 640, 0.05, CsrConfig(stage_b=True, columns=8, ctas=132), "nk"),
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_csr_arrays_give_w_back(m, k, density, config, layout, dtype):
+    w = _matrix(m, k, density, seed=m + k, empty_rows=(0, m - 1))
+    n = 8 if layout == "nk" else 16
+    plan = make_csr_plan(w, n, dtype, layout, config)
+    arrays, _ = weight_data(plan, "cpu")
+    out = torch.full((m, k), float("nan"), dtype=getattr(torch, dtype))
+    assert plan_family(plan).hook("densify")(plan, arrays, out) is out
+    want = torch.from_numpy(w.astype(dtype).to_dense().astype(np.float32)).to(out.dtype)
+    assert torch.equal(out, want)
+
+
+def test_densify_is_declared_only_where_the_arrays_hold_w():
+    for family in families():
+        assert family.densify is None or not family.weight_in_code, family.name
