@@ -336,7 +336,8 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     if policy == "measure":  # the measured layers' candidates compiled side by side (nn.convert.prebuild_layers)
         prebuild_layers([(model.get_submodule(n), [(t, keys[n][0][1]) for t in tokens]) for n in firsts
                          if keys[n][4] > 0], tune_budget)
-    decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths)
+    decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths, its configs)
+    picked: dict = {}  # policy "sparse": group key -> the configs its first layer's chooser picked
     members_built = False
     for index, name in enumerate(_progress(order, progress)):
         if policy == "measure" and not members_built and name not in firsts:
@@ -345,7 +346,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
         if callable(progress) and not isinstance(progress, bool):
             progress(name, index, len(order))
         layer, replacement = _convert_layer(model.get_submodule(name), name, keys[name], tokens, policy,
-                                            tune_budget, decided)
+                                            tune_budget, decided, picked)
         report.layers.append(layer)
         if replacement is not None:
             _replace(model, name, replacement)
@@ -413,7 +414,7 @@ def _prebuild_members(model, names, keys, decided) -> None:
 
 
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,
-                   decided: dict) -> tuple[LayerReport, nn.Module | None]:
+                   decided: dict, picked: dict | None = None) -> tuple[LayerReport, nn.Module | None]:
     shape, _, _, sparsity, _ = key
     shapes = [[n, shape[1]] for n in tokens]
     layer = LayerReport(name, "Linear", shape, sparsity, shapes, DENSE)
@@ -427,9 +428,21 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
     on_gpu = module.weight.is_cuda
     if policy == "sparse":
         inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
-        if on_gpu:
-            inner.prepare(tokens)
         layer.choice, layer.reason = UNSTRUCTURED, "policy='sparse'"
+        if on_gpu:
+            from ..runtime.driver import CudaError  # here: the driver module loads cuda-python (GPU machines)
+
+            group, picked = key[:3] + key[4:], {} if picked is None else picked
+            try:
+                if picked.get(group):  # the kernels its group's first layer picked, compiled for this W
+                    inner.pin(picked[group])
+                    layer.reason += ", the kernel configs of the first layer of its shape"
+                inner.prepare(tokens)
+            except (CompileError, CudaError):  # they do not build for this W: its own choice
+                inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
+                inner.prepare(tokens)
+                layer.reason = "policy='sparse'"
+            picked.setdefault(group, inner.kernel_configs())
         return layer, DecodeLinear(inner, tokens)
     group = key[:3] + key[4:]
     if group not in decided:  # the group's first layer: timed
