@@ -43,7 +43,8 @@ def test_forced_kernels_give_the_dense_models_logits_and_32_greedy_tokens_in_flo
     reasons = {layer.name: layer.reason for layer in report.layers}  # one choice per shape, the rest pinned
     assert reasons["model.layers.0.mlp.down_proj"] == "policy='sparse'"
     assert reasons["model.layers.1.mlp.down_proj"].endswith("the kernel configs of the first layer of its shape")
-    assert model.model.layers[1].mlp.down_proj.inner.pinned == model.model.layers[0].mlp.down_proj.inner.kernel_configs()
+    first, second = (model.model.layers[i].mlp.down_proj.inner for i in (0, 1))
+    assert second.pinned == first.kernel_configs()
     with torch.no_grad():
         for ids in (_ids(2, 7), _ids(8, 1), _ids(1, 1)):  # prefill (dense workspace), both kernel widths
             got, want = model(ids).logits, dense(ids).logits
