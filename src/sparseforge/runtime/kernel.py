@@ -65,7 +65,7 @@ class LoadedPlanKernel:
         twin = copy.copy(self)
         launch_plan = self._launch if hasattr(self, "_launch") else self.plan
         twin._weight_tensors, twin._data = weight_data(launch_plan, self._device)
-        if getattr(self, "_code", None) is not None:  # W is the code: a module of its own (its launch block is built anew)
+        if getattr(self, "_code", None) is not None:  # W is the code: a module of its own, its launch block anew
             twin._loaded = load_kernel(self._code, launch_plan.name, self.device_index)
             twin._packed = None
         return twin
