@@ -17,6 +17,7 @@ from .mappings.csr.plan import CsrColumnsConfig, CsrConfig
 from .mappings.split24.plan import Split24Config
 from .mappings.tc_scatter.plan import TcScatterConfig
 from .runtime import KernelCache, build_kernel, cache_key, default_compiler, kernel_key
+from .runtime.kernel import kernel_copies, release_copies
 from .tune.choose import TUNE_BUDGET_S, choose, chooser_digest, tuning_budget
 from .tune.pipeline import (bias_values, checked_bias, choice_from_record, is_composite,
                             compile_candidate, config_from_record, config_record, describe, device_index,
@@ -266,9 +267,14 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
         extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
         if not rotated:
             return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
-        copies = weight_copies(kernel.weight_bytes + getattr(kernel, "code_bytes", 0) + in_bytes, l2)
-        kernels = [kernel] + [kernel.with_own_weights() for _ in range(copies - 1)]
-        return kernel, rotating_graph_time_us(lambda p: p[0](p[1], out=out, **extra), operands(kernels))
+        copies = kernel_copies(kernel, weight_copies(kernel.weight_bytes + getattr(kernel, "code_bytes", 0)
+                                                     + in_bytes, l2) - 1)
+        try:
+            return kernel, rotating_graph_time_us(lambda p: p[0](p[1], out=out, **extra),
+                                                  operands([kernel] + copies))
+        finally:  # the graph is gone: the copies' own modules (code kernels) are unloaded, their arrays freed
+            torch.cuda.synchronize()
+            release_copies(copies)
 
     def dense_us() -> float:
         weight = w.to_torch(f"cuda:{index}")

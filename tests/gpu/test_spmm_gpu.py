@@ -302,27 +302,49 @@ def test_prefetching_small_n_kernels_match_float64(m, k, n, density, layout, dty
 
 @pytest.mark.parametrize("config", [TileConfig(), "csr"])
 def test_a_kernels_own_weights_copy_computes_the_same(config):
-    """The rotated timing's copies: where W is the code the copy is a second load of the cubin (its bytes are
-    the kernel's code_bytes), where W is data a second copy of its arrays; either computes what the original
-    does."""
+    """The rotated timing's copies (runtime.kernel.kernel_copies): where W is the code a second load of the
+    cubin, unloaded by release_copies; where W is data a second copy of its arrays. Each computes what the
+    original does."""
     from sparseforge.mappings.csr.plan import CsrConfig
+    from sparseforge.runtime.kernel import kernel_copies, release_copies
 
     w = random_matrix(96, 160, density=0.2, seed=3)
     kernel = compile_spmm(w, 8, "float16", "nk", config=CsrConfig() if config == "csr" else config, tune_budget=0)
-    twin = kernel.with_own_weights()
-    assert (twin.code_bytes > 0) == (config != "csr") and twin.code_bytes == kernel.code_bytes
-    assert (twin.weight_bytes > 0) == (config == "csr")
+    code = config != "csr"
+    twin, = kernel_copies(kernel, 1)
+    assert (kernel.code_bytes > 0) == code and (twin._loaded is not kernel._loaded) == code
+    assert (twin.weight_bytes > 0) == (not code)
     x = torch.randn(8, 160, device="cuda").half()
     check(twin, w, x, "nk", torch.float16)
     check(kernel, w, x, "nk", torch.float16)
+    release_copies([twin])
+    assert (twin._loaded.module is None) == code  # the copy's own module unloaded; the kernel's stays
+    check(kernel, w, x, "nk", torch.float16)
+    if code:
+        with pytest.raises(ValueError, match="with_own_weights\\(cubin"):
+            kernel.with_own_weights()
 
 
-def test_decode_widths_are_chosen_with_rotated_weights_and_run_correctly():
-    """At n <= ROTATED_MAX_N the chooser times every candidate and dense over copies of their weights (code
-    kernels as fresh loads of their cubin); the choice still runs correctly and records dense's time."""
-    from sparseforge.runtime.timing import ROTATED_MAX_N
+def test_decode_widths_are_chosen_with_rotated_weights(tmp_path, monkeypatch):
+    """At n <= ROTATED_MAX_N the chooser times dense and every candidate over copies of their weights; above
+    it, one copy. The choice runs correctly either way."""
+    import sparseforge.runtime.timing as timing
 
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path))  # nothing chosen before: everything timed
+    calls = []
+    rotating = timing.rotating_graph_time_us
+
+    def counted(fn, operands, *args, **kwargs):
+        calls.append(len(operands))
+        return rotating(fn, operands, *args, **kwargs)
+
+    monkeypatch.setattr(timing, "rotating_graph_time_us", counted)
     w = random_matrix(512, 1024, density=0.1, seed=4)
     kernel = compile_spmm(w, 1, "float16", "nk", tune_budget=1.0)
-    assert ROTATED_MAX_N >= 1 and kernel.choice.dense_us > 0 and kernel.choice.sparse_us > 0
+    timed = [r for r in kernel.choice.records if r.get("us") is not None]
+    assert len(calls) >= len(timed) + 1 and all(c >= 2 for c in calls)  # each candidate and dense, rotated
     check(kernel, w, torch.randn(1, 1024, device="cuda").half(), "nk", torch.float16)
+    calls.clear()
+    wide = compile_spmm(w, timing.ROTATED_MAX_N + 1, "float16", "nk", tune_budget=1.0)
+    assert calls == []
+    check(wide, w, torch.randn(timing.ROTATED_MAX_N + 1, 1024, device="cuda").half(), "nk", torch.float16)

@@ -103,6 +103,7 @@ def _rotating_times(kernel, dense, layout: str, dtype, shape, seed: int) -> dict
     own copy and input, with the bytes each side streams per call and the rate that makes (TB/s)."""
     import torch
 
+    from ..runtime.kernel import kernel_copies, release_copies
     from ..runtime.timing import l2_bytes, rotating_graph_time_us, weight_copies
 
     l2 = l2_bytes()
@@ -111,11 +112,15 @@ def _rotating_times(kernel, dense, layout: str, dtype, shape, seed: int) -> dict
     sparse_bytes = kernel.weight_bytes
     # where W is the code, each copy is a load of the cubin
     sparse_copies = weight_copies(sparse_bytes + getattr(kernel, "code_bytes", 0) + in_bytes, l2)
-    kernels = [kernel] + [kernel.with_own_weights() for _ in range(sparse_copies - 1)]
+    copies = kernel_copies(kernel, sparse_copies - 1)
     inputs = _inputs(shape, dtype, sparse_copies, seed + 7)
     out = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
-    sparse_us = rotating_graph_time_us(lambda p: p[0](p[1], out=out), list(zip(kernels, inputs)))
-    del kernels
+    try:
+        sparse_us = rotating_graph_time_us(lambda p: p[0](p[1], out=out), list(zip([kernel] + copies, inputs)))
+    finally:
+        torch.cuda.synchronize()
+        release_copies(copies)
+    del copies
     dense_bytes = dense.numel() * dense.element_size()
     dense_copies = weight_copies(dense_bytes + in_bytes, l2)
     weights = [dense] + [dense.clone() for _ in range(dense_copies - 1)]
@@ -136,6 +141,7 @@ def _rotating_times(kernel, dense, layout: str, dtype, shape, seed: int) -> dict
     return {"sparseforge_rotating_us": sparse_us, "cublas_rotating_us": dense_us,
             "speedup_vs_cublas_rotating": dense_us / sparse_us, "weight_copies": sparse_copies,
             "dense_weight_copies": dense_copies, "l2_bytes": l2, "sparse_weight_bytes": sparse_bytes,
+            "sparse_code_bytes": getattr(kernel, "code_bytes", 0),
             "sparseforge_rotating_tbs": moved_sparse / (sparse_us * 1e-6) / 1e12,
             "cublas_rotating_tbs": moved_dense / (dense_us * 1e-6) / 1e12}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 import torch
@@ -364,17 +364,14 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
             for n in widths:
                 x = torch.randn(n, module.in_features, generator=generator).to(weight.device, weight.dtype)
                 made += [d for d in semi.runtime().prepare(x)[0].decisions() if d.mode in ("graph", "any")]
+            # The 2:4 runtime times dense beside itself with one copy of W in L2, while the unstructured side
+            # times decode widths with weights rotated through HBM (runtime.timing.ROTATED_MAX_N): each 2:4
+            # width is put on the unstructured side's scale by the ratio of that width's two dense times, so
+            # the paths compare by their speedups over their own dense.
+            own_dense = {d.n: d.dense_us for d in decisions}
+            made = [_rescaled(d, own_dense.get(d.n)) for d in made]
             layer.times_us[SPARSE] = _summed(made, "chosen")
             layer.kernel_us[SPARSE] = _summed(made, "sparse")
-            dense24 = _summed(made, "dense")
-            if layer.times_us["dense"] and dense24 and layer.times_us[SPARSE]:
-                # The 2:4 runtime times dense beside itself with one copy of W in L2, while the unstructured
-                # side times decode widths with weights rotated through HBM (runtime.timing.ROTATED_MAX_N):
-                # 2:4 is put on the unstructured side's scale by the ratio of the two dense times, so the
-                # paths compare by their speedups over their own dense.
-                scale = layer.times_us["dense"] / dense24
-                layer.times_us[SPARSE] *= scale
-                layer.kernel_us[SPARSE] = layer.kernel_us[SPARSE] and layer.kernel_us[SPARSE] * scale
             candidates[SPARSE] = semi
     measured = {path: t for path, t in layer.times_us.items() if t}
     if "dense" not in measured or len(measured) < 2:
@@ -444,6 +441,15 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                      for n in sorted({math.prod(s[:-1]) for s in entries})]
         del sparse  # its device buffers: the jobs hold W on the host (the module's SparseMatrix)
     return run_prebuilds(jobs, workers, what="layer shapes").built
+
+
+def _rescaled(decision, dense_us: float | None):
+    """A 2:4 decision's times on the scale of another dense time for the same width."""
+    if not (dense_us and decision.dense_us):
+        return decision
+    scale = dense_us / decision.dense_us
+    return replace(decision, dense_us=dense_us,
+                   sparse_us=None if decision.sparse_us is None else decision.sparse_us * scale)
 
 
 def _summed(decisions: list, which: str) -> float | None:

@@ -195,10 +195,12 @@ class DecodeLinear(nn.Module):
             raise RuntimeError(f"a CUDA graph captures this layer on {n} tokens, a width not given at conversion "
                                f"(kernel widths {sorted(self.kernel_widths)}): convert with tokens including {n}")
         own = torch.compiler.is_compiling() or (x is not None and torch.is_grad_enabled() and x.requires_grad)
+        if not own and device.type == "cuda":  # from the kernel's own copy on the GPU, where it can (it zeroes)
+            out = _workspace(self.out_features, self.in_features, dtype, device)
+            if inner.densify_into(out):
+                return out
         out = torch.zeros(self.out_features, self.in_features, dtype=dtype, device=device) if own else \
             _workspace(self.out_features, self.in_features, dtype, device).zero_()
-        if not own and device.type == "cuda" and inner.densify_into(out):  # from the kernel's copy on the GPU
-            return out
         indptr = inner.weight_indptr.to(device, non_blocking=True)
         values = inner.weight_values.detach().to(device, non_blocking=True)
         rows = torch.repeat_interleave(torch.arange(self.out_features, device=device), torch.diff(indptr),
@@ -430,15 +432,13 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
         layer.choice, layer.reason = UNSTRUCTURED, "policy='sparse'"
         if on_gpu:
-            from ..runtime.driver import CudaError  # here: the driver module loads cuda-python (GPU machines)
-
             group, picked = key[:3] + key[4:], {} if picked is None else picked
             try:
                 if picked.get(group):  # the kernels its group's first layer picked, compiled for this W
                     inner.pin(picked[group])
                     layer.reason += ", the kernel configs of the first layer of its shape"
                 inner.prepare(tokens)
-            except (CompileError, CudaError):  # they do not build for this W: its own choice
+            except CompileError:  # they do not build for this W: its own choice
                 inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
                 inner.prepare(tokens)
                 layer.reason = "policy='sparse'"
@@ -480,23 +480,26 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
     if not configs:  # the group's winner ran no kernel of its own here (nothing to pin): dense, not guessed
         layer.choice, layer.reason = DENSE, f"{first.name} decided {first.choice} without a kernel config: kept dense"
         return layer, None
-    from ..runtime.driver import CudaError  # here: the driver module loads cuda-python (GPU machines)
-
     inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
     inner.pin(configs)
     try:
         decisions = inner.prepare(sorted(configs))
-    except (CompileError, CudaError) as exc:  # the config does not build for this W: dense, and said so
+    except CompileError as exc:  # the config does not build for this W: dense, and said so
         layer.choice, layer.reason = DENSE, f"{first.name}'s kernel configs do not build for this weight ({exc}): " \
                                             "kept dense"
         return layer, None
     own = {d.n for d in decisions if d.path != DENSE}
+    if not own:
+        refused = decisions[0].reason if decisions else "no width"
+        layer.choice, layer.reason = DENSE, f"{first.name}'s kernel configs are refused for this weight " \
+                                            f"({refused}): kept dense"
+        return layer, None
     layer.reason = f"as {first.name} measured (same shape, sparsity within {SPARSITY_BUCKET:.0%}): its " \
                    f"{first.mapping or 'kernel'} configs at widths {sorted(own)}, compiled here, not timed"
-    if own != set(configs):  # a pinned config the kernels refuse for this W (its reason in the decision)
+    if own != set(configs):  # some refused for this W: the layer keeps only the kernels it runs, no dense W
         refused = [d for d in decisions if d.path == DENSE]
         layer.reason += f"; dense at {sorted(d.n for d in refused)}: {refused[0].reason}"
-    if not own:
-        layer.choice = DENSE
-        return layer, None
+        inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
+        inner.pin({n: configs[n] for n in own})
+        inner.prepare(sorted(own))  # from the kernel cache: built a moment ago
     return layer, DecodeLinear(inner, own)

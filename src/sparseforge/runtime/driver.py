@@ -58,6 +58,13 @@ class LoadedKernel:
         self.function = check(cu.cuModuleGetFunction(self.module, name.encode()))
         self._types = (ctypes.c_void_p, ctypes.c_void_p)
 
+    def close(self) -> None:
+        """Unload the module (its functions can no longer be launched). For modules loaded for a while only,
+        such as the copies a rotated timing makes; a kernel's own module lives as long as the process."""
+        if self.module is not None:
+            check(cu.cuModuleUnload(self.module))
+            self.module = self.function = None
+
     def launch(self, grid: tuple[int, int, int], block: int, stream: int, b_ptr: int, c_ptr: int) -> None:
         self.launch_args(grid, block, stream, (b_ptr, c_ptr), self._types)
 

@@ -33,8 +33,8 @@ class LoadedPlanKernel:
         start = time.perf_counter()
         self.plan, self._source, self.device_index = plan, built.source, device_index
         self._loaded = load_kernel(built.cubin, plan.name, device_index)
-        # where W is the code, the cubin: with_own_weights loads it again, so a copy's code streams too
-        self._code = built.cubin if plan_family(plan).weight_in_code else None
+        # where W is the code, its size: what a copy of the kernel streams (with_own_weights loads the cubin again)
+        self._code_bytes = len(built.cubin) if plan_family(plan).weight_in_code else 0
         self.load_seconds = time.perf_counter() - start
         self.compile_seconds, self.cache_hit = built.seconds, built.hit
         self.tune_seconds = 0.0
@@ -57,18 +57,29 @@ class LoadedPlanKernel:
         """Device bytes of W the kernel reads as data (0 where W is compiled into the code)."""
         return sum(t.numel() * t.element_size() for t in self._weight_tensors if t is not None)
 
-    def with_own_weights(self):
+    def with_own_weights(self, cubin: bytes | None = None):
         """The same loaded kernel over a fresh device copy of W's arrays (the module is shared). A many-layer
         model streams every layer's weight from HBM; timing copies in turn measures that, where one copy
-        would sit in the 50-60 MB L2 (bench's rotating-weights protocol). Where W is the code, the copy is a
-        second load of the cubin."""
+        would sit in the 50-60 MB L2 (bench's rotating-weights protocol). Where W is the code (code_bytes > 0)
+        the copy is a second load of the kernel's cubin, which the caller passes (the kernel keeps none: it
+        can be megabytes); release() unloads it once no graph replays it."""
         twin = copy.copy(self)
         launch_plan = self._launch if hasattr(self, "_launch") else self.plan
         twin._weight_tensors, twin._data = weight_data(launch_plan, self._device)
-        if getattr(self, "_code", None) is not None:  # W is the code: a module of its own, its launch block anew
-            twin._loaded = load_kernel(self._code, launch_plan.name, self.device_index)
-            twin._packed = None
+        if self.code_bytes:
+            if cubin is None:
+                raise ValueError("this kernel's W is its code: a copy is a second load of its cubin; pass "
+                                 "with_own_weights(cubin=...) (runtime.compile_plan(kernel.plan).cubin)")
+            twin._loaded = load_kernel(cubin, launch_plan.name, self.device_index)
+            twin._packed = None  # its launch block names the new module's function
+            twin._owns_module = True
         return twin
+
+    def release(self) -> None:
+        """Unload the module a with_own_weights copy loaded for itself (nothing for other kernels). Call it
+        once no CUDA graph that launches the copy remains."""
+        if self.__dict__.pop("_owns_module", False):
+            self._loaded.close()
 
     def densify(self, out):
         """W dense in `out` (M x K, a torch tensor on the kernel's device) from the kernel's own device arrays,
@@ -84,8 +95,7 @@ class LoadedPlanKernel:
     def code_bytes(self) -> int:
         """The cubin's bytes where W is compiled into the code (0 where W is data): what a copy of such a
         kernel streams besides its input."""
-        code = getattr(self, "_code", None)
-        return 0 if code is None else len(code)
+        return getattr(self, "_code_bytes", 0)
 
     @property
     def source(self) -> str:
@@ -358,6 +368,26 @@ class SpmmKernel(LoadedPlanKernel):
     def __repr__(self) -> str:
         return (f"SpmmKernel({self._launch.name}, compile {self.compile_seconds:.3f}s, "
                 f"{'cache hit' if self.cache_hit else 'built'})")
+
+
+def kernel_copies(kernel, count: int) -> list:
+    """`count` copies of a loaded kernel over device weights of their own (with_own_weights), for timing with
+    weights rotated through HBM; where W is the kernel's code each copy is a load of its cubin, read back from
+    the kernel cache. release_copies unloads them once no graph replays them."""
+    if count <= 0:
+        return []
+    if getattr(kernel, "code_bytes", 0):
+        cubin = compile_plan(kernel.plan).cubin
+        return [kernel.with_own_weights(cubin) for _ in range(count)]
+    return [kernel.with_own_weights() for _ in range(count)]
+
+
+def release_copies(copies) -> None:
+    """Unload what kernel_copies loaded (the copies' own modules); their arrays go with the last reference."""
+    for kernel in copies:
+        release = getattr(kernel, "release", None)
+        if release is not None:
+            release()
 
 
 def weight_data(plan, device) -> tuple[tuple, tuple | None]:

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from ..runtime.kernel import check_tensor
+from ..runtime.kernel import check_tensor, kernel_copies, release_copies
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
 from .runtime import padded_input
 from .transpose import transpose_columns
@@ -97,11 +97,22 @@ class Split24Kernel:
         return head if self.residual_kernel is None else head + "\n" + self.residual_kernel.source
 
     def with_own_weights(self) -> "Split24Kernel":
-        """The same composite over fresh device copies of its weights (bench's rotating-weights protocol)."""
-        residual = None if self.residual_kernel is None else self.residual_kernel.with_own_weights()
+        """The same composite over fresh device copies of its weights (bench's rotating-weights protocol); R's
+        kernel copied as runtime.kernel.kernel_copies copies one (a load of its cubin where W is its code)."""
+        residual = None if self.residual_kernel is None else kernel_copies(self.residual_kernel, 1)[0]
         twin = Split24Kernel(self.plan, self.device_index, residual_kernel=residual)
         twin.choice, twin.tuning = self.choice, self.tuning
         return twin
+
+    def release(self) -> None:
+        """Unload what with_own_weights loaded for R's copy (runtime.kernel.release_copies)."""
+        if self.residual_kernel is not None:
+            release_copies([self.residual_kernel])
+
+    @property
+    def code_bytes(self) -> int:
+        """R's kernel's code where W is its code (what a copy streams besides the arrays)."""
+        return 0 if self.residual_kernel is None else self.residual_kernel.code_bytes
 
     # -- the call ---------------------------------------------------------------------------------------
     def __call__(self, b, out=None, residual=None):

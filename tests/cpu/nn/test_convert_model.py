@@ -253,3 +253,13 @@ def test_a_model_that_is_itself_a_layer_is_refused_with_the_fix(layer, example):
     wrapped = nn.Sequential(layer)
     report = convert(wrapped, example, policy="sparse")
     assert [r.name for r in report.layers] == ["0"] and isinstance(wrapped[0], (SparseLinear, SparseConv2d))
+
+
+def test_a_2of4_decision_is_put_on_another_dense_times_scale():
+    from sparseforge.nn.convert import _rescaled
+    from sparseforge.semi.decide import SPARSE, Decision
+
+    timed_in_l2 = Decision(1, SPARSE, "faster", sparse_us=4.0, dense_us=8.0)
+    rotated = _rescaled(timed_in_l2, 12.0)  # the same width's dense, timed with weights streamed from HBM
+    assert rotated.dense_us == 12.0 and rotated.sparse_us == 6.0 and rotated.speedup == timed_in_l2.speedup
+    assert _rescaled(timed_in_l2, None) is timed_in_l2

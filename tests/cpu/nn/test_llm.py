@@ -242,23 +242,27 @@ def test_converting_without_transformers_names_the_extra(monkeypatch):
     assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
 
 
-@pytest.mark.parametrize("refused", [False, True])
+@pytest.mark.parametrize("refused", ["none", "all", "one"])
 def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch, refused):
     """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
-    (shape, sparsity) is measured, here the kernel winning at 1 token and dense at 8; every other layer of the
-    group takes that decision, so each DecodeLinear runs its kernel at width 1 only."""
+    (shape, sparsity) is measured; every other layer of the group compiles its kernel configs (pinned, not
+    timed). refused: the kernels refuse the pinned configs for the other layers' weights at no width ("none":
+    the first layers' kernels win at 1 token, dense at 8), at every width ("all") or at one of two ("one":
+    the first layers' kernels win at 1 and 8, the others' at 1 only)."""
     from sparseforge.nn import llm
     from sparseforge.semi.decide import DENSE, UNSTRUCTURED, fixed
 
     from sparseforge.mappings.csr.plan import CsrConfig
 
     picked = CsrConfig(warps_per_block=4)
+    widths = {1: picked, 8: picked} if refused == "one" else {1: picked}
 
     class Measured(SparseLinear):
-        decisions = property(lambda self: [fixed(1, UNSTRUCTURED, "stub: faster"), fixed(8, DENSE, "stub: slower")])
+        decisions = property(lambda self: [fixed(1, UNSTRUCTURED, "stub: faster"),
+                                           fixed(8, UNSTRUCTURED if 8 in widths else DENSE, "stub")])
 
-        def kernel_configs(self):  # what the measured kernel ran: the others compile the same config
-            return {1: picked}
+        def kernel_configs(self):  # what the measured kernel ran: the others compile the same configs
+            return dict(widths)
 
     measured = []
 
@@ -273,10 +277,11 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(llm, "model_device", lambda model: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
-    # kernels: none on a CPU; the layers built from a group's decision compile its config (nothing timed)
-    # refused: the pinned config does not run on the other layers' weights (the kernels refuse it there)
-    outcome = (lambda n: fixed(n, DENSE, "stub: refused")) if refused else (lambda n: fixed(n, UNSTRUCTURED, "stub"))
-    monkeypatch.setattr(SparseLinear, "prepare", lambda self, widths: [outcome(n) for n in widths])
+    # kernels: none on a CPU; a layer built from its group's decision compiles the configs (nothing timed),
+    # and the stub says which widths the kernels refuse for its weight
+    refuses = {"none": set(), "all": {1, 8}, "one": {8}}[refused]
+    monkeypatch.setattr(SparseLinear, "prepare", lambda self, ws: [
+        fixed(n, DENSE, "stub: refused") if n in refuses else fixed(n, UNSTRUCTURED, "stub") for n in ws])
     dense = _pruned_lm()
     model = copy.deepcopy(dense)
     report = sparseforge.convert(model, tokens=(1, 8), progress=False)
@@ -284,18 +289,21 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     assert [m[0] for m in measured] == firsts and report.measured == 3 and report.peak_gpu_bytes == 123
     assert measured[0][1:] == ([(1, 256), (8, 256)], "measure")
     reasons = {layer.name: layer.reason for layer in report.layers}
-    assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
-    assert reasons["model.layers.1.mlp.down_proj"].startswith("as model.layers.0.mlp.down_proj measured")
-    if refused:  # kept dense, and the report says so: not reported as running a kernel it does not run
-        assert sorted(report.replaced) == sorted(firsts) and type(model.model.layers[1].mlp.up_proj) is nn.Linear
-        assert reasons["model.layers.1.mlp.up_proj"].endswith("dense at [1]: stub: refused")
-        assert {layer.name: layer.choice for layer in report.layers}["model.layers.1.mlp.up_proj"] == DENSE
+    choices = {layer.name: layer.choice for layer in report.layers}
+    member = "model.layers.1.mlp.up_proj"
+    if refused == "all":  # kept dense, and the report says so: not reported as running a kernel it does not run
+        assert sorted(report.replaced) == sorted(firsts) and type(model.get_submodule(member)) is nn.Linear
+        assert reasons[member] == ("model.layers.0.mlp.gate_proj's kernel configs are refused for this weight "
+                                   "(stub: refused): kept dense") and choices[member] == DENSE
     else:
         assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
-        assert all(model.get_submodule(n).kernel_widths == {1} for n in report.replaced)
-        member = model.model.layers[1].mlp.up_proj.inner
-        assert member.policy == "sparse" and member.pinned == {1: picked}  # the measured layer's config, not timed
-        assert "compiled here, not timed" in reasons["model.layers.1.mlp.up_proj"]
+        assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
+        inner = model.get_submodule(member).inner
+        assert model.get_submodule(member).kernel_widths == {1} and inner.pinned == {1: picked}
+        assert inner.policy == "sparse" and "compiled here, not timed" in reasons[member]
+        if refused == "one":  # rebuilt with the width it runs only: no dense W kept for the refused one
+            assert reasons[member].endswith("dense at [8]: stub: refused") and inner._dense is None
+            assert model.get_submodule(firsts[1]).kernel_widths == {1, 8}
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)

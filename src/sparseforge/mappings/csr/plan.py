@@ -258,19 +258,20 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
 
 def densify_csr(plan: CsrPlan, arrays, out):
     """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays (values, cols,
-    rows: runtime.kernel.weight_data), by torch ops on that device and without a host sync."""
+    rows: runtime.kernel.weight_data), by torch ops on that device and without a host sync. Every slot is
+    scattered, padding too (value 0 at column 0, added: it changes nothing), so the temporaries are one row
+    index and one column index a slot."""
     import torch
 
     values, cols, rows = arrays[:3]
+    slots = int(plan.rows[-1, 0] + -(-(plan.rows[-1, 1] - plan.rows[-1, 0]) // NNZ_PER_STEP) * NNZ_PER_STEP) \
+        if plan.M else 0  # the last row's padded end, from the host copy of the plan
     starts = rows[:, 0].long()
-    counts = rows[:, 1].long() - starts
-    device = out.device
-    row_of = torch.repeat_interleave(torch.arange(plan.M, device=device), counts, output_size=plan.nnz)
-    first = torch.cumsum(counts, 0) - counts  # each row's first nonzero among the nonzeros
-    slot = starts[row_of] + torch.arange(plan.nnz, device=device) - first[row_of]
-    col = cols[slot].long() & 0xFFFF if cols.dtype == torch.int16 else cols[slot].long()  # uint16 as int16
+    padded = torch.diff(starts, append=torch.tensor([slots], device=starts.device))
+    row_of = torch.repeat_interleave(torch.arange(plan.M, device=out.device), padded, output_size=slots)
+    col = cols[:slots].long() & 0xFFFF if cols.dtype == torch.int16 else cols[:slots].long()  # uint16 as int16
     out.zero_()
-    out[row_of, col] = values[slot].to(out.dtype)
+    out.index_put_((row_of, col), values[:slots].to(out.dtype), accumulate=True)
     return out
 
 
