@@ -268,7 +268,8 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
         if not rotated:
             return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
         copies = kernel_copies(kernel, weight_copies(kernel.weight_bytes + getattr(kernel, "code_bytes", 0)
-                                                     + in_bytes, l2) - 1)
+                                                     + in_bytes, l2) - 1,
+                               cubin=compiled[1].cubin if compiled[1] is not None else None)
         try:
             return kernel, rotating_graph_time_us(lambda p: p[0](p[1], out=out, **extra),
                                                   operands([kernel] + copies))

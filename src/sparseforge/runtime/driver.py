@@ -54,6 +54,7 @@ class LoadedKernel:
 
     def __init__(self, cubin: bytes, name: str, ordinal: int):
         use_device(ordinal)
+        self.ordinal = ordinal
         self.module = check(cu.cuModuleLoadData(cubin))
         self.function = check(cu.cuModuleGetFunction(self.module, name.encode()))
         self._types = (ctypes.c_void_p, ctypes.c_void_p)
@@ -62,6 +63,7 @@ class LoadedKernel:
         """Unload the module (its functions can no longer be launched). For modules loaded for a while only,
         such as the copies a rotated timing makes; a kernel's own module lives as long as the process."""
         if self.module is not None:
+            use_device(self.ordinal)  # a module is unloaded from the current context: its device's
             check(cu.cuModuleUnload(self.module))
             self.module = self.function = None
 

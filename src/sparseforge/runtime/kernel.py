@@ -79,6 +79,7 @@ class LoadedPlanKernel:
         """Unload the module a with_own_weights copy loaded for itself (nothing for other kernels). Call it
         once no CUDA graph that launches the copy remains."""
         if self.__dict__.pop("_owns_module", False):
+            self._packed = None  # its launch block named the unloaded function
             self._loaded.close()
 
     def densify(self, out):
@@ -370,16 +371,24 @@ class SpmmKernel(LoadedPlanKernel):
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
-def kernel_copies(kernel, count: int) -> list:
+def kernel_copies(kernel, count: int, cubin: bytes | None = None) -> list:
     """`count` copies of a loaded kernel over device weights of their own (with_own_weights), for timing with
-    weights rotated through HBM; where W is the kernel's code each copy is a load of its cubin, read back from
-    the kernel cache. release_copies unloads them once no graph replays them."""
+    weights rotated through HBM; where W is the kernel's code each copy is a load of its cubin (`cubin`, or
+    read back from the kernel cache). release_copies unloads them once no graph replays them; a load that
+    fails releases those made before it."""
     if count <= 0:
         return []
-    if getattr(kernel, "code_bytes", 0):
-        cubin = compile_plan(kernel.plan).cubin
-        return [kernel.with_own_weights(cubin) for _ in range(count)]
-    return [kernel.with_own_weights() for _ in range(count)]
+    if not (isinstance(kernel, LoadedPlanKernel) and kernel.code_bytes):
+        return [kernel.with_own_weights() for _ in range(count)]
+    cubin = cubin or compile_plan(kernel.plan).cubin
+    copies = []
+    try:
+        for _ in range(count):
+            copies.append(kernel.with_own_weights(cubin))
+    except BaseException:
+        release_copies(copies)
+        raise
+    return copies
 
 
 def release_copies(copies) -> None:

@@ -29,12 +29,15 @@ def graph_time_us(fn, inputs: list, calls_per_graph: int = 20, repeats: int = 25
             fn(x)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls_per_graph):
-            fn(inputs[i % len(inputs)])
-    graph.replay()
-    torch.cuda.synchronize()
-    return _median_of(lambda: graph.replay(), repeats, hold=True) / calls_per_graph
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(calls_per_graph):
+                fn(inputs[i % len(inputs)])
+        graph.replay()
+        torch.cuda.synchronize()
+        return _median_of(lambda: graph.replay(), repeats, hold=True) / calls_per_graph
+    finally:  # freed now, also on an error: a caller may unload what the graph launches (kernel_copies)
+        graph.reset()
 
 
 ROTATE_L2_MULTIPLE = 2    # copies of a weight together hold at least this many L2s (the protocol)

@@ -96,9 +96,10 @@ class Split24Kernel:
                 f"{self.plan.split.residual.nnz} in R")
         return head if self.residual_kernel is None else head + "\n" + self.residual_kernel.source
 
-    def with_own_weights(self) -> "Split24Kernel":
+    def with_own_weights(self, cubin: bytes | None = None) -> "Split24Kernel":
         """The same composite over fresh device copies of its weights (bench's rotating-weights protocol); R's
-        kernel copied as runtime.kernel.kernel_copies copies one (a load of its cubin where W is its code)."""
+        kernel copied as runtime.kernel.kernel_copies copies one (a load of its cubin where W is its code;
+        `cubin` is the composite's caller's and not R's, so it is not used)."""
         residual = None if self.residual_kernel is None else kernel_copies(self.residual_kernel, 1)[0]
         twin = Split24Kernel(self.plan, self.device_index, residual_kernel=residual)
         twin.choice, twin.tuning = self.choice, self.tuning

@@ -267,11 +267,13 @@ def densify_csr(plan: CsrPlan, arrays, out):
     slots = int(plan.rows[-1, 0] + -(-(plan.rows[-1, 1] - plan.rows[-1, 0]) // NNZ_PER_STEP) * NNZ_PER_STEP) \
         if plan.M else 0  # the last row's padded end, from the host copy of the plan
     starts = rows[:, 0].long()
-    padded = torch.diff(starts, append=torch.tensor([slots], device=starts.device))
+    padded = torch.diff(starts, append=starts.new_full((1,), slots))  # filled on the device: no host copy
     row_of = torch.repeat_interleave(torch.arange(plan.M, device=out.device), padded, output_size=slots)
     col = cols[:slots].long() & 0xFFFF if cols.dtype == torch.int16 else cols[:slots].long()  # uint16 as int16
     out.zero_()
-    out.index_put_((row_of, col), values[:slots].to(out.dtype), accumulate=True)
+    # atomic adds into the flat view (no sort, as index_put_ with accumulate does): each cell gets its one
+    # value and exact zeros
+    out.view(-1).index_add_(0, row_of * plan.K + col, values[:slots].to(out.dtype))
     return out
 
 
