@@ -112,6 +112,13 @@ def sync(device) -> None:
 
 
 NOTES: list[str] = []  # what did not go as designed (a step that would not capture), into the JSON
+STARTED = time.perf_counter()
+
+
+def phase(what: str) -> None:
+    """One flushed line a phase, seconds since the start: a run cut by a time limit still shows where the
+    time went (the JSON is written after each pattern)."""
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def step_us(fn, device, what: str = "") -> float:
@@ -152,7 +159,15 @@ def decode_step(model, batch: int, context: int, device):
     position = torch.tensor([context], device=device)
     positions = position.expand(batch, 1)
 
+    # A static cache layer writes where its own token count (cumulative_length, advanced in place by every
+    # update) points, not at cache_position: set it back so that every call and graph replay writes at
+    # `context`, the step timed the same each time and never past the cache's end.
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", ())
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
     def step():
+        for counter in counters:
+            counter.fill_(context)
         with torch.no_grad():
             return model(token, **{name: cache}, cache_position=position, position_ids=positions,
                          use_cache=True).logits
@@ -220,7 +235,9 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     from sparseforge.nn.llm import decoder_linear_names, linear_bytes
 
     model = build(args, device)
+    phase(f"{pattern}: model built")
     prune(model, pattern)
+    phase(f"{pattern}: pruned")
     names = decoder_linear_names(model)
     # what one decode step reads: every weight but the embedding (a row per token), and the KV cache
     embedding = model.get_input_embeddings().weight
@@ -231,19 +248,24 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * embedding.element_size()
     bytes_before = linear_bytes(model, names)
     dense = measure_side(model, args, device, names)
+    phase(f"{pattern}: dense side measured")
     policy = "measure" if device.type == "cuda" else "sparse"
     report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget)
     conversion = {"cold_seconds": report.seconds, "peak_gpu_bytes": report.peak_gpu_bytes,
                   "measured_shapes": report.measured, "replaced": len(report.replaced),
                   "choices": {c: sum(layer.choice == c for layer in report.layers)
                               for c in {layer.choice for layer in report.layers}}}
+    phase(f"{pattern}: converted in {report.seconds:.1f} s ({report.measured} shapes measured, choices "
+          f"{conversion['choices']})")
     bytes_after = linear_bytes(model, names)
     converted = measure_side(model, args, device, names)
+    phase(f"{pattern}: converted side measured")
     if not args.no_warm:
         again = build(args, device)
         prune(again, pattern)
         conversion["warm_seconds"] = sparseforge.convert(again, tokens=tuple(args.batches), policy=policy,
                                                          tune_budget=args.tune_budget, progress=False).seconds
+        phase(f"{pattern}: converted again (warm cache) in {conversion['warm_seconds']:.1f} s")
         del again
     sparsity = pattern if ":" in pattern else float(pattern)
     model_name = f"llama3-8b-hf-{args.layers}L" if not args.tiny else f"llama-tiny-hf-{args.layers}L"

@@ -9,6 +9,7 @@ import numpy as np
 
 from .dtypes import dtype_name, kernel_dtype_name
 from .formats import SparseMatrix
+from .formats.device import DeviceCsr
 from .mappings.registry import SPMM, families, family, family_of
 from .plan import DEFAULT_LAYOUT, LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
@@ -30,7 +31,18 @@ _LOADED: dict = {}  # spmm(): kernels kept in-process per (weight, N, dtype, lay
 
 
 def _as_sparse(w) -> SparseMatrix:
+    if isinstance(w, DeviceCsr):
+        return w.to_host()
     return w if isinstance(w, SparseMatrix) else SparseMatrix.from_dense(w)
+
+
+def _placed(w, config) -> SparseMatrix | DeviceCsr:
+    """W as the plan maker takes it: a DeviceCsr stays on its device where the given config's family packs
+    its arrays there (registry: device_plan; nothing is chosen or timed then, so no digest of W is needed);
+    anything else becomes a host SparseMatrix."""
+    if isinstance(w, DeviceCsr) and config is not None and family_of(config).device_plan is not None:
+        return w
+    return _as_sparse(w)
 
 
 # the config families whose kernels add a residual (C = W B + bias + R) in their epilogue so far
@@ -62,7 +74,10 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     kind = family("tile") if config is None else family_of(config)
     if residual:
         _refuse_residual(config)
-    make = kind.hook("sketch") if sketch and kind.sketch else kind.hook("plan")
+    if isinstance(w, DeviceCsr):  # _placed kept it on its device: the family packs there
+        make = kind.hook("device_plan")
+    else:
+        make = kind.hook("sketch") if sketch and kind.sketch else kind.hook("plan")
     return make(w, n, dtype, layout, config, bias, relu, arch, **({"residual": True} if residual else {}))
 
 
@@ -74,7 +89,9 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
                  deterministic: bool = False, time_dense: bool = True, residual: bool = False):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
 
-    W: SparseMatrix, or a dense 2-D torch tensor / numpy array (M x K). n: N, the columns of B (layout
+    W: SparseMatrix, formats.DeviceCsr (CSR tensors on the GPU: with a config whose family packs on the
+    device, the kernel's arrays are made there, no nonzero crossing to the host), or a dense 2-D torch
+    tensor / numpy array (M x K). n: N, the columns of B (layout
     "kn": B is K x N, C = W @ B is M x N) or the tokens of X (layout "nk": X is N x K, Y = X @ W^T is
     N x M). dtype: torch.float32 / float16 / bfloat16 (inputs and outputs; fp32 accumulation; W's values
     are rounded to dtype). bias: M values added before relu.
@@ -98,7 +115,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
     """
     _check_config(config, residual, deterministic)
     tune_budget = tuning_budget(tune_budget)  # 0 and None: the cost model's pick
-    problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch=0)  # refusals first
+    problem = _Problem.of(_placed(W, config), n, dtype, layout, bias, relu, deterministic, residual, arch=0)  # refusals first
     index, arch = device_index(device)
     problem = dataclasses.replace(problem, arch=arch)
     w, n, name, make = problem.w, problem.n, problem.name, problem.make
@@ -161,7 +178,7 @@ def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias
     compiled now (0 where the toolkit's ptxas is missing: the driver's JIT compiles on the GPU, one kernel at a
     time). config: that one kernel, as compile_spmm(config=...) builds it. Refusals are compile_spmm's."""
     tune_budget = tuning_budget(tune_budget)
-    problem = _Problem.of(W, n, dtype, layout, bias, relu, deterministic, residual, arch)
+    problem = _Problem.of(_placed(W, config), n, dtype, layout, bias, relu, deterministic, residual, arch)
     if config is not None:  # the one kernel compile_spmm(config=...) builds
         _check_config(config, residual, deterministic)
         return prebuild_plans(problem.make, plans_of(problem.make, [config]), None)
@@ -174,7 +191,7 @@ def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias
 class _Problem:
     """One SpMM problem as compile_spmm and prebuild_spmm both see it: W in the dtype, the checked bias, the
     candidates' space, the plan maker and the key of the cached choice."""
-    w: SparseMatrix
+    w: SparseMatrix | DeviceCsr
     n: int
     name: str
     layout: str
@@ -186,7 +203,7 @@ class _Problem:
 
     @classmethod
     def of(cls, W, n, dtype, layout, bias, relu, deterministic, residual, arch) -> "_Problem":
-        w = _as_sparse(W)
+        w = W if isinstance(W, DeviceCsr) else _as_sparse(W)  # a DeviceCsr comes through _placed
         name = kernel_dtype_name(dtype)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")

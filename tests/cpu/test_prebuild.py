@@ -74,6 +74,25 @@ def test_a_pinned_config_prebuilds_that_one_kernel(cache):
     assert layer.prebuild([1], arch=90) == 1 == _cubins(cache) - 1  # its own bias: one more kernel, no shortlist
 
 
+def test_a_device_csr_with_a_pinned_data_config_is_packed_where_it_lies(cache):
+    """W as a DeviceCsr: a config whose family packs on the device (csr) plans from the tensors as they are,
+    the same kernel as the host plan's; a config without a device packer (tile), and the chooser (which keys
+    its cached choice on W's digest), take the host SparseMatrix."""
+    from sparseforge.formats.device import DeviceCsr
+    from sparseforge.mappings.csr.plan import CsrConfig
+    from sparseforge.spmm import _placed
+
+    w = _weight(48, 96, 0.2).astype("float16")
+    device_w = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
+                         torch.from_numpy(w.values.copy()), w.shape, "float16")
+    config = CsrConfig(warps_per_block=2)
+    assert _placed(device_w, config) is device_w
+    assert _placed(device_w, TileConfig()) == w and _placed(device_w, None) == w
+    assert prebuild_spmm(device_w, 1, "float16", "nk", arch=90, config=config) == 1 == _cubins(cache)
+    assert prebuild_spmm(w, 1, "float16", "nk", arch=90, config=config) == 0  # the host plan's kernel: built
+    assert prebuild_spmm(device_w, 4, "float16", "nk", arch=90, tune_budget=None) == 1  # the chooser's pick
+
+
 def test_prebuild_conv2d_in_either_layout(cache):
     rng = np.random.default_rng(1)
     weight = rng.standard_normal((8, 4, 3, 3)) * (rng.random((8, 4, 3, 3)) < 0.3)

@@ -126,3 +126,27 @@ def test_prefill_densifies_from_the_kernels_copy_on_the_gpu():
         want = x.double() @ linear.weight.double().T + linear.bias.double()
         got = layer(x).double()
     assert ((got - want).norm() / want.norm()).item() < 5e-3
+
+
+def test_a_layers_widths_share_one_device_packing_of_w():
+    """Pinned csr configs at two widths are packed on the GPU from the layer's CSR (no host copy) into one
+    set of arrays both kernels read: the layer holds W once, and both widths compute the layer."""
+    from torch import nn
+
+    from sparseforge.mappings.csr.plan import CsrConfig
+    from sparseforge.nn import SparseLinear
+
+    torch.manual_seed(1)
+    linear = nn.Linear(1024, 512).cuda().half()
+    prune_model(linear, sparsity=0.7, keep_masks=False)
+    inner = SparseLinear.from_dense(linear, policy="sparse")
+    inner.pin({1: CsrConfig(), 8: CsrConfig(lanes_per_row=8, columns=8)})
+    inner.prepare([1, 8])
+    nnz = int(torch.count_nonzero(linear.weight))
+    held = inner.memory_bytes()
+    # one copy of values and indices (4 bytes a slot, rows padded by up to 3 slots), each kernel's rows and bias
+    assert nnz * 4 <= held["kernels"] <= (nnz + 3 * 512) * 4 + 2 * (512 * 8 + 512 * 4)
+    for n in (1, 8):
+        x = torch.randn(n, 1024, device="cuda").half()
+        want = x.double() @ linear.weight.double().T + linear.bias.double()
+        assert ((inner(x).double() - want).norm() / want.norm()).item() < 5e-3

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from sparseforge import SparseMatrix, compile_spmm, spmm
+from sparseforge.mappings.registry import plan_family
+from sparseforge.mappings.csr.plan import CsrConfig
 from sparseforge.plan import TileConfig
 from sparseforge.suite import SAMPLE_DIR, discover
 
@@ -225,12 +227,12 @@ def test_nk_with_transposed_x(dtype, epilogue, config):
 @pytest.mark.parametrize("layout,n", [("kn", 49), ("kn", 8), ("nk", 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_compile_spmm_adds_a_residual_before_relu(layout, n, dtype):
-    """residual=True (the chooser over the kernels that add one: CSR, csr-columns, and tc-scatter in half
-    precision): C = relu(W B + bias + R), in place too."""
+    """residual=True (the chooser over the families whose record says they add one): C = relu(W B + bias + R),
+    in place too."""
     w = random_matrix(96, 300, density=0.1, seed=4)
     bias = np.linspace(-1, 1, 96)
     k = compile_spmm(w, n, dtype, layout, bias=bias, relu=True, residual=True, tune_budget=1.0)
-    assert k.mapping in (("csr", "csr-columns") if dtype == torch.float32 else ("csr", "csr-columns", "tc-scatter"))
+    assert plan_family(k.plan).residual, k.plan
     b = torch.randn(k.in_shape, device="cuda").to(dtype)
     r = torch.randn(k.out_shape, device="cuda").to(dtype)
     out = torch.full(k.out_shape, float("nan"), device="cuda", dtype=dtype)
@@ -348,3 +350,28 @@ def test_decode_widths_are_chosen_with_rotated_weights(tmp_path, monkeypatch):
     wide = compile_spmm(w, timing.ROTATED_MAX_N + 1, "float16", "nk", tune_budget=1.0)
     assert calls == []
     check(wide, w, torch.randn(timing.ROTATED_MAX_N + 1, 1024, device="cuda").half(), "nk", torch.float16)
+
+
+@pytest.mark.parametrize("config, k", [  # 16- and 32-bit column indices; B staged where K x N fits
+    (CsrConfig(), 300), (CsrConfig(), 70_000),
+    (CsrConfig(lanes_per_row=8, columns=8, stage_b=True, ctas=132, prefetch=True), 300)])
+def test_a_device_csr_kernel_runs_its_arrays_where_they_were_packed(config, k):
+    """compile_spmm(DeviceCsr, config=csr): the arrays are packed on the GPU and the kernel reads them there
+    (no second copy); its output is the host-packed kernel's, bit for bit, and right against float64; a timing
+    copy streams its own arrays; densify gives W back."""
+    from sparseforge.formats.device import DeviceCsr
+
+    w = random_matrix(96, k, density=0.1 if k < 1000 else 0.002, seed=11, empty_rows=(5,)).astype("float16")
+    device_w = DeviceCsr(torch.from_numpy(w.indptr.copy()).cuda(), torch.from_numpy(w.indices.copy()).cuda(),
+                         torch.from_numpy(w.values.copy()).cuda(), w.shape, "float16")
+    bias = np.linspace(-1, 1, 96)
+    kernel = compile_spmm(device_w, 8, torch.float16, "nk", bias=bias, config=config)
+    host_kernel = compile_spmm(w, 8, torch.float16, "nk", bias=bias, config=config)
+    assert kernel.plan.cols.is_cuda and kernel._weight_tensors[0] is kernel.plan.values
+    x = torch.randn(8, k, device="cuda").half()
+    check(kernel, w, x, "nk", torch.float16, bias)
+    assert torch.equal(kernel(x), host_kernel(x))
+    twin = kernel.with_own_weights()
+    assert twin._weight_tensors[1].data_ptr() != kernel.plan.cols.data_ptr() and torch.equal(twin(x), kernel(x))
+    out = torch.full((96, k), float("nan"), device="cuda", dtype=torch.float16)
+    assert kernel.densify(out) is out and torch.equal(out.cpu(), torch.from_numpy(w.to_dense()).half())

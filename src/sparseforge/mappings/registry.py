@@ -23,6 +23,9 @@ Hook signatures (every family alike; None where the family has no such part):
 - densify(plan, arrays, out): W written dense into `out` (M x K, on the arrays' device) from the device arrays
   the kernel reads (runtime.kernel.weight_data), so a dense call needs no other copy of W (families whose
   arrays hold W).
+- device_plan(w: formats.DeviceCsr, n, dtype, layout, config, bias, relu, arch[, residual=True]) -> plan:
+  as plan, with W's arrays packed by torch ops on W's device and kept there (families whose W is data);
+  a layer whose CSR is on the GPU then builds a kernel with no nonzero crossing to the host.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ class Family:
     weight_in_code: bool = False  # W's values are immediates of the code (False: data the runtime passes)
     verify: str | None = None  # checks a plan covers W's nonzeros exactly once (where the code holds them)
     densify: str | None = None  # W dense from the kernel's own device arrays (where they hold W)
+    device_plan: str | None = None  # the plan with W's arrays packed on W's device (formats.DeviceCsr)
 
     @property
     def choice_name(self) -> str:
@@ -91,10 +95,12 @@ FAMILIES: tuple[Family, ...] = (
            verify=_P + "plan.reference:check_plan"),
     Family("csr-columns", SPMM, _CSR + "plan:CsrColumnsConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
            _CSR + "render:render_csr_columns", _CSR + "cost:csr_columns_estimate", _CSR + "space:csr_columns_candidates",
-           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True, densify=_CSR + "plan:densify_csr"),
+           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True, densify=_CSR + "plan:densify_csr",
+           device_plan=_CSR + "plan:make_csr_plan_on_device"),
     Family("csr", SPMM, _CSR + "plan:CsrConfig", _CSR + "plan:CsrPlan", _CSR + "plan:make_csr_plan",
            _CSR + "render:render_csr", _CSR + "cost:csr_estimate", _CSR + "space:csr_candidates",
-           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True, densify=_CSR + "plan:densify_csr"),
+           _CSR + "plan:execute_csr", _CSR + "plan:csr_traffic", residual=True, densify=_CSR + "plan:densify_csr",
+           device_plan=_CSR + "plan:make_csr_plan_on_device"),
     Family("tc-scatter", SPMM, _TC + "plan:TcScatterConfig", _TC + "plan:TcScatterPlan",
            _TC + "plan:make_tc_scatter_plan", _TC + "render:render_tc_scatter", _TC + "cost:tc_scatter_estimate",
            _TC + "space:tc_scatter_candidates", _TC + "plan:execute_tc_scatter", _TC + "plan:tc_scatter_traffic",

@@ -391,9 +391,12 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 
 def _prebuild_members(model, names, keys, decided) -> None:
     """Compile side by side, for the remaining layers, the kernels their group's measured layer runs (its
-    configs, pinned: one compile a layer and width, nothing ranked or timed)."""
+    configs, pinned: one compile a layer and width, nothing ranked or timed). Only configs whose family
+    compiles W into the code: where W is data the measured layer's kernel is the one every layer of its group
+    runs (keyed by shape and options), already in the cache."""
     from functools import partial
 
+    from ..mappings.registry import family_of
     from ..runtime.prebuild import prebuild_useful, run_prebuilds
     from ..spmm import prebuild_spmm
 
@@ -403,13 +406,16 @@ def _prebuild_members(model, names, keys, decided) -> None:
     for name in names:
         rep = decided.get(keys[name][:3] + keys[name][4:])
         module = model.get_submodule(name)
-        if rep is None or rep[0].choice != UNSTRUCTURED or not rep[2] or not module.weight.is_cuda:
+        if rep is None or rep[0].choice != UNSTRUCTURED or not module.weight.is_cuda:
+            continue
+        configs = {n: config for n, config in rep[2].items() if family_of(config).weight_in_code}
+        if not configs:
             continue
         major, minor = torch.cuda.get_device_capability(module.weight.device)
         sparse = SparseLinear.from_dense(module, policy="sparse")
-        sparse.pin(rep[2])
+        sparse.pin(configs)
         jobs += [(f"{name} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=10 * major + minor))
-                 for n in sorted(rep[2])]
+                 for n in sorted(configs)]
         del sparse  # its device buffers: the jobs hold W on the host
     if jobs:
         run_prebuilds(jobs, what="layers")

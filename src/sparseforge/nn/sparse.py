@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import SparseFormatError, SparseMatrix
+from ..formats.device import DeviceCsr
 from ..ops import conv_memory_format, register
 from ..runtime.streams import ready_dense_fallback
 from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
@@ -116,6 +117,7 @@ class _SparseWeight(nn.Module):
         self._dense = None
         self._dense_in_layout = None  # (the dense W it was made from, memory format, W in it): convolutions
         self._matrix = None
+        self._device_csr = None  # device_csr(), until the kernel (or prepare's kernels) using it are built
         self._key = None
         self._hot = None  # (dtype, device) of the inputs a kernel last ran on: forward's lean path (see there)
         self._out_tails: dict = {}  # image size -> the output's (Cout, OH, OW) (convolutions)
@@ -156,6 +158,18 @@ class _SparseWeight(nn.Module):
             self._matrix = SparseMatrix(self.weight_indptr.cpu().numpy(), self.weight_indices.cpu().numpy(), values,
                                         self._shape2d, str(self.weight_values.dtype).replace("torch.", ""))
         return self._matrix
+
+    def device_csr(self) -> DeviceCsr:
+        """W as a formats.DeviceCsr on the layer's device (its CSR buffers, copied over where they wait in host
+        memory), for the families that pack a kernel's arrays there (registry: device_plan)."""
+        self._refresh()
+        if self._device_csr is None:  # held while prepare() builds its widths: their kernels share its arrays
+            device = self.device
+            self._device_csr = DeviceCsr(self.weight_indptr.detach().to(device),
+                                         self.weight_indices.detach().to(device),
+                                         self.weight_values.detach().to(device), self._shape2d,
+                                         str(self.weight_values.dtype).replace("torch.", ""))
+        return self._device_csr
 
     def dense_weight_2d(self) -> torch.Tensor:
         """W dense (rows x cols) on the layer's device and dtype. Made only when something asks for it (a shape
@@ -207,7 +221,14 @@ class _SparseWeight(nn.Module):
         kernels' copies of W (kernels that read W as data), the dense weight where kept, the bias."""
         held = sum(t.numel() * t.element_size() for t in (self.weight_indptr, self.weight_indices, self.weight_values))
         csr, host = (0, held) if self.csr_on_host else (held, 0)
-        kernels = sum(getattr(k, "weight_bytes", 0) for k in self._paths.values() if k is not None)
+        held_by: dict = {}  # by storage: kernels packed on the device share W's arrays
+        for kernel in (k for k in self._paths.values() if k is not None):
+            tensors = getattr(kernel, "weight_tensors", None)
+            if tensors is None:  # a kernel that keeps its own bytes (split-24's parts)
+                held_by[("kernel", id(kernel))] = getattr(kernel, "weight_bytes", 0)
+            else:
+                held_by.update({t.data_ptr(): t.numel() * t.element_size() for t in tensors if t is not None})
+        kernels = sum(held_by.values())
         dense = 0 if self._dense is None else self._dense.numel() * self._dense.element_size()
         kept = getattr(self, "_dense_in_layout", None)
         if kept is not None and kept[0] is self._dense:
@@ -306,6 +327,8 @@ class _SparseWeight(nn.Module):
         if kernel is None:
             self._make_dense_for(example)  # made now, not at the call, which may be a graph capture
         self._csr_to_host()  # a kernel holds W on the device now
+        if not self.__dict__.get("_preparing"):
+            self._device_csr = None  # its tensors are a device copy of the CSR buffers: not kept
         return kernel
 
     def _input_problem(self, x: torch.Tensor) -> str | None:
@@ -512,11 +535,16 @@ class SparseLinear(_SparseWeight):
     def prepare(self, widths) -> list[Decision]:
         """Decide now for each token count in `widths` (seeded random inputs), e.g. before graph capture."""
         generator = torch.Generator(device="cpu").manual_seed(0)
-        for n in sorted({int(n) for n in widths}):
-            if n < 1:
-                raise ValueError(f"widths must be positive token counts, got {n}")
-            x = torch.randn(n, self.in_features, generator=generator).to(self.device, self.weight_values.dtype)
-            self._path(n, x)
+        self._preparing = True  # the widths' kernels share one device packing of W (device_csr)
+        try:
+            for n in sorted({int(n) for n in widths}):
+                if n < 1:
+                    raise ValueError(f"widths must be positive token counts, got {n}")
+                x = torch.randn(n, self.in_features, generator=generator).to(self.device, self.weight_values.dtype)
+                self._path(n, x)
+        finally:
+            self._preparing = False
+            self._device_csr = None
         return self.decisions
 
     def pin(self, configs: dict) -> None:
@@ -565,9 +593,16 @@ class SparseLinear(_SparseWeight):
         return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
 
     def kernel_args(self, n: int) -> dict:
-        """What compile_spmm and prebuild_spmm take for `n` tokens, alike."""
+        """What compile_spmm and prebuild_spmm take for `n` tokens, alike. A pinned config whose family packs
+        on the device (registry: device_plan) gets W as the layer's CSR on its GPU: nothing is chosen, so no
+        host copy of W is made."""
+        from ..mappings.registry import family_of
+
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
-        return {"W": self.sparse_matrix(), "n": n, "dtype": self.weight_values.dtype, "layout": "nk", "bias": bias,
+        config = self.pinned.get(n)
+        on_device = config is not None and self.device.type == "cuda" and \
+            family_of(config).device_plan is not None
+        return {"W": self.device_csr() if on_device else self.sparse_matrix(), "n": n, "dtype": self.weight_values.dtype, "layout": "nk", "bias": bias,
                 "tune_budget": self.tune_budget, "config": self.pinned.get(n)}
 
     def _compile(self, rows: torch.Tensor):

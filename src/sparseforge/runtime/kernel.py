@@ -57,6 +57,12 @@ class LoadedPlanKernel:
         """Device bytes of W the kernel reads as data (0 where W is compiled into the code)."""
         return sum(t.numel() * t.element_size() for t in self._weight_tensors if t is not None)
 
+    @property
+    def weight_tensors(self) -> tuple:
+        """The device tensors the kernel reads W from (and the bias; None where absent): kernels of one layer
+        packed on the device share them, so memory is counted by storage."""
+        return tuple(self._weight_tensors)
+
     def with_own_weights(self, cubin: bytes | None = None):
         """The same loaded kernel over a fresh device copy of W's arrays (the module is shared). A many-layer
         model streams every layer's weight from HBM; timing copies in turn measures that, where one copy
@@ -65,7 +71,7 @@ class LoadedPlanKernel:
         can be megabytes); release() unloads it once no graph replays it."""
         twin = copy.copy(self)
         launch_plan = self._launch if hasattr(self, "_launch") else self.plan
-        twin._weight_tensors, twin._data = weight_data(launch_plan, self._device)
+        twin._weight_tensors, twin._data = weight_data(launch_plan, self._device, fresh=True)
         if self.code_bytes:
             if cubin is None:
                 raise ValueError("this kernel's W is its code: a copy is a second load of its cubin; pass "
@@ -399,9 +405,10 @@ def release_copies(copies) -> None:
             release()
 
 
-def weight_data(plan, device) -> tuple[tuple, tuple | None]:
+def weight_data(plan, device, fresh: bool = False) -> tuple[tuple, tuple | None]:
     """(device tensors, their pointers) of a plan that reads W as data (plan.weight_arrays(), then the bias;
-    a null pointer for no bias), else ((), None)."""
+    a null pointer for no bias), else ((), None). Host arrays are uploaded; arrays a plan packed on the device
+    (registry: device_plan) are taken as they are, unless `fresh` (a copy of its own: with_own_weights)."""
     if not hasattr(plan, "weight_arrays"):
         return (), None
     import torch
@@ -409,7 +416,13 @@ def weight_data(plan, device) -> tuple[tuple, tuple | None]:
     owners = []
     for array, kind in plan.weight_arrays():
         dtype = getattr(torch, plan.dtype) if kind == "values" else getattr(torch, kind)
-        if kind in ("uint64", "uint16"):  # uploaded as the signed type of that width: the same bits
+        if isinstance(array, torch.Tensor):  # packed on the device as the kernel reads it (16-bit ints signed)
+            if kind in ("uint64", "uint16"):
+                dtype = getattr(torch, kind[1:])
+            if array.dtype != dtype:
+                raise TypeError(f"{plan.name}: a device array of {array.dtype} where the kernel reads {dtype}")
+            owners.append(array.to(device=device, copy=fresh))
+        elif kind in ("uint64", "uint16"):  # uploaded as the signed type of that width: the same bits
             owners.append(torch.from_numpy(array.view(kind[1:])).to(device))
         else:
             owners.append(torch.from_numpy(array).to(device=device, dtype=dtype))

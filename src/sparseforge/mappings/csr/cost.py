@@ -47,7 +47,7 @@ def csr_small_n_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     warp_steps, per_step, reduce = csr_warp_work(plan)
     warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * tiles * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    data = plan.cols.size * (plan.index_bytes + es) * tiles * batch
+    data = plan.slots * (plan.index_bytes + es) * tiles * batch
     gathers = plan.nnz * tiles * batch * min(32, c.columns * es) if plan.layout == "kn" else \
         plan.nnz * tiles * batch * c.columns * 32
     written = plan.M * plan.N * es * batch
@@ -72,7 +72,7 @@ def csr_staged_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     stage_instr = ctas * staged / 16 / 32 * 10  # a warp's 16-byte copy: address, predicate, load, store
     warp_instr = (warp_steps.sum() * per_step + len(warp_steps) * reduce) * batch + stage_instr
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    data = plan.cols.size * (plan.index_bytes + es) * batch
+    data = plan.slots * (plan.index_bytes + es) * batch
     blocks_per_sm = max(1, min((227 * 1024) // max(staged, 1), gpu.max_warps // c.warps_per_block))
     in_flight = min(ctas, gpu.sms * blocks_per_sm) * c.threads * NNZ_PER_STEP * c.unroll * (plan.index_bytes + es)
     rate = min(gpu.hbm_bytes_per_s, in_flight / gpu.hbm_latency_s)
@@ -101,7 +101,7 @@ def csr_columns_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
     reduce = (c.warps_per_row > 1) * (c.columns * 2 * c.warps_per_row + 20) + 3 * c.columns + 25
     warp_instr = (chunks.sum() * per_chunk + len(counts) * c.warps_per_row * reduce) * tiles * batch
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
-    data = plan.cols.size * (plan.index_bytes + es) * tiles * batch
+    data = plan.slots * (plan.index_bytes + es) * tiles * batch
     segment = -(-min(c.tile_columns, plan.N) * es // 32) * 32
     if getattr(plan, "geometry", None) is not None and plan.geometry.layout == "nhwc":  # a convolution's plan
         # a warp's pixels are sw*Cin elements apart in x: each lane's element takes a 32-byte sector to itself

@@ -134,7 +134,9 @@ class CsrPlan(WeightAsData):
     layout: str
     dtype: str
     config: CsrConfig | CsrColumnsConfig
-    rows: np.ndarray = field(repr=False)     # int32 [M, 2]: (first slot, end of the real nonzeros)
+    rows: np.ndarray = field(repr=False)     # int32 [M, 2] on the host: (first slot, end of the real nonzeros)
+    # cols and values: numpy on the host (make_csr_plan), or torch tensors on W's device, already as the
+    # kernel reads them (make_csr_plan_on_device: uint16 indices held as int16, values in the kernel's dtype)
     cols: np.ndarray = field(repr=False)     # int32 or uint16 [slots]: column index (padding: 0, never used)
     values: np.ndarray = field(repr=False)   # float32 [slots]: weight values (padding: 0, never used)
     nnz: int = 0
@@ -166,12 +168,24 @@ class CsrPlan(WeightAsData):
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
         uploaded as ("values": the kernel's dtype)."""
-        return (self.values, "values"), (self.cols, self.cols.dtype.name), (self.rows, "int32")
+        return (self.values, "values"), (self.cols, "uint16" if self.index_bytes == 2 else "int32"), (self.rows, "int32")
 
     @property
     def index_bytes(self) -> int:
         """Bytes of one column index: 2 for the small-N kernel where K <= 65536 (see make_csr_plan)."""
         return self.cols.dtype.itemsize
+
+    @property
+    def slots(self) -> int:
+        """Entries of cols and values: the nonzeros, each row padded to a multiple of NNZ_PER_STEP."""
+        return int(self.cols.shape[0])
+
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(cols, values) in host memory (int32 / uint16 and float32), wherever the plan holds them."""
+        if isinstance(self.cols, np.ndarray):
+            return self.cols, self.values
+        cols = self.cols.cpu().numpy()
+        return (cols.view(np.uint16) if self.index_bytes == 2 else cols), self.values.float().cpu().numpy()
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -200,7 +214,7 @@ class CsrPlan(WeightAsData):
         return 1
 
     def describe(self) -> str:
-        slots = int(self.cols.size)
+        slots = self.slots
         c = self.config
         how = (f"{c.warps_per_row} warp(s) per row, lanes across N, {c.columns} columns per lane"
                if isinstance(c, CsrColumnsConfig) else f"{c.lanes_per_row} lanes per row, {c.columns} columns per lane")
@@ -214,6 +228,56 @@ class CsrPlan(WeightAsData):
 def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = DEFAULT_LAYOUT,
                   config: CsrConfig | CsrColumnsConfig | None = None, bias=None, relu: bool = False,
                   arch: int = 90, residual: bool = False) -> CsrPlan:
+    config, short = _checked_options(n, dtype, layout, config, w.shape[1])
+    counts = w.row_nnz.astype(np.int64)
+    padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP
+    starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+    slots = _checked_slots(int(padded.sum()))
+    cols = np.zeros(max(slots, NNZ_PER_STEP), np.uint16 if short else np.int32)
+    values = np.zeros(max(slots, NNZ_PER_STEP), np.float32)
+    where = np.repeat(starts - w.indptr[:-1], counts) + np.arange(w.nnz)
+    cols[where] = w.indices
+    values[where] = w.values.astype(np.float32)
+    rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
+    return _checked_plan(CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz,
+                                 fp32_bias(bias, w.shape[0]), relu, arch, w.digest(), residual=bool(residual)))
+
+
+def make_csr_plan_on_device(w, n: int, dtype: str = "float32", layout: str = DEFAULT_LAYOUT,
+                            config: CsrConfig | CsrColumnsConfig | None = None, bias=None, relu: bool = False,
+                            arch: int = 90, residual: bool = False) -> CsrPlan:
+    """make_csr_plan's plan from a formats.DeviceCsr, its cols and values packed by torch ops on W's device
+    and left there as the kernel reads them (the same slots, bit for bit: tests/cpu/mappings); only the
+    per-row ranges (M x 2) come to the host. Plans of one DeviceCsr share its arrays (DeviceCsr.packed). The
+    plan's digest is empty: W is data, its kernel keyed by shape and options (runtime.kernel.plan_spec)."""
+    import torch
+
+    config, short = _checked_options(n, dtype, layout, config, w.shape[1])
+
+    def pack():
+        device = w.device
+        counts = w.row_nnz()
+        padded = (counts + NNZ_PER_STEP - 1) // NNZ_PER_STEP * NNZ_PER_STEP
+        ends = torch.cumsum(padded, 0)
+        starts = ends - padded
+        slots = _checked_slots(int(ends[-1]))
+        row_of = torch.repeat_interleave(torch.arange(w.shape[0], device=device), counts, output_size=w.nnz)
+        where = (starts - w.indptr[:-1])[row_of] + torch.arange(w.nnz, device=device)
+        # uint16 indices travel as int16 (torch's casts wrap: the same 16 bits); values in the kernel's dtype
+        cols = torch.zeros(max(slots, NNZ_PER_STEP), dtype=torch.int16 if short else torch.int32, device=device)
+        cols[where] = w.indices.to(cols.dtype)
+        values = torch.zeros(max(slots, NNZ_PER_STEP), dtype=getattr(torch, dtype), device=device)
+        values[where] = w.values.to(values.dtype)
+        return torch.stack([starts, starts + counts], dim=1).to(torch.int32).cpu().numpy(), cols, values
+
+    # every csr config pads alike: only the index width and the dtype shape the arrays
+    rows, cols, values = w.packed(("csr", short, dtype), pack)
+    return _checked_plan(CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz,
+                                 fp32_bias(bias, w.shape[0]), relu, arch, "", residual=bool(residual)))
+
+
+def _checked_options(n: int, dtype: str, layout: str, config, k: int) -> tuple[CsrConfig | CsrColumnsConfig, bool]:
+    """(the config, whether column indices are 16-bit): the problem's refusals before any array is made."""
     check_problem(n, dtype, layout)
     config = config or CsrConfig()
     if n * ELEMENT_BYTES[dtype] >= 2 ** 32:  # a B row's bytes are a 32-bit immediate of the address arithmetic
@@ -222,33 +286,29 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
     if isinstance(config, CsrColumnsConfig) and layout != "kn":
         raise ValueError("the csr-columns mapping reads B's rows across the lanes (layout 'kn'); with layout "
                          "'nk' a lane's columns are K elements apart: use a CsrConfig or a TileConfig")
-    counts = w.row_nnz.astype(np.int64)
-    padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP
-    starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
-    slots = int(padded.sum())
-    if slots >= 2 ** 31:
-        raise ValueError(f"W has {slots} padded nonzeros; the small-N kernel indexes them with 32 bits")
     # The small-N kernel at decode widths is bound by W's bytes: a 16-bit index makes a nonzero 4 bytes in
     # fp16 instead of 6 (1.5x fewer). csr-columns broadcasts indices by shuffle and the convolution packs
     # taps into the index's top bits: both keep 32 bits.
-    short = isinstance(config, CsrConfig) and w.shape[1] <= MAX_SHORT_INDEX + 1
-    cols = np.zeros(max(slots, NNZ_PER_STEP), np.uint16 if short else np.int32)
-    values = np.zeros(max(slots, NNZ_PER_STEP), np.float32)
-    where = np.repeat(starts - w.indptr[:-1], counts) + np.arange(w.nnz)
-    cols[where] = w.indices
-    values[where] = w.values.astype(np.float32)
-    rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
-    bias_values = fp32_bias(bias, w.shape[0])
-    plan = CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz, bias_values,
-                   relu, arch, w.digest(), residual=bool(residual))
+    return config, isinstance(config, CsrConfig) and k <= MAX_SHORT_INDEX + 1
+
+
+def _checked_slots(slots: int) -> int:
+    if slots >= 2 ** 31:
+        raise ValueError(f"W has {slots} padded nonzeros; the small-N kernel indexes them with 32 bits")
+    return slots
+
+
+def _checked_plan(plan: CsrPlan) -> CsrPlan:
+    """The refusals that depend on the whole plan (load width, registers, shared memory, grid)."""
+    config, n, dtype = plan.config, plan.N, plan.dtype
     if isinstance(config, CsrColumnsConfig) and config.columns == 8 and plan.load_width != 8:
         # eight single loads a nonzero: ptxas hoists the chunk's loads past 255 registers and spills
         raise ValueError(f"csr-columns with 8 columns a lane needs them as one 16-byte load (a 16-bit dtype "
                          f"and N a multiple of 8); got {dtype}, N = {n}: use columns <= 4")
-    if isinstance(config, CsrColumnsConfig) and arch < 90 and _b_registers(plan) >= 4:
+    if isinstance(config, CsrColumnsConfig) and plan.arch < 90 and _b_registers(plan) >= 4:
         # measured with ptxas 13.0: for sm_80 it keeps all 32 nonzeros' B loads of a chunk in flight and
         # spills past 255 registers at 4 B registers a nonzero (sm_90's allocation stays near 195)
-        raise ValueError(f"csr-columns with {config.columns} {dtype} columns a lane spills on sm_{arch}: use "
+        raise ValueError(f"csr-columns with {config.columns} {dtype} columns a lane spills on sm_{plan.arch}: use "
                          "columns <= 2 there (4 for a 16-bit dtype with N a multiple of 4)")
     if plan.staged:
         _check_staged(plan)
@@ -315,7 +375,7 @@ def csr_bytes(plan: CsrPlan) -> dict[str, int]:
     tile, and per nonzero and column tile one 32-byte sector of B (the lane's columns of row k; nk: one
     sector per column). `minimum`: every row of B once."""
     tiles = plan.grid[0]
-    data = plan.cols.size * (plan.index_bytes + plan.element_bytes) * tiles
+    data = plan.slots * (plan.index_bytes + plan.element_bytes) * tiles
     if plan.staged:  # W once; B once per block (its copy into shared memory), from L2 after the first
         return {"fetched": data + plan.grid[1] * plan.dynamic_shared_bytes,
                 "minimum": plan.K * plan.N * plan.element_bytes}
@@ -334,8 +394,9 @@ def execute_csr(plan: CsrPlan, b: np.ndarray) -> np.ndarray:
         return np.stack([execute_csr(plan, one) for one in b])
     operand = b if plan.layout == "kn" else b.T
     out = np.zeros((plan.M, plan.N))
+    cols, values = plan.host_arrays()
     for r, (start, end) in enumerate(plan.rows.tolist()):
-        out[r] = plan.values[start:end].astype(np.float64) @ operand[plan.cols[start:end]]
+        out[r] = values[start:end].astype(np.float64) @ operand[cols[start:end]]
     if plan.bias is not None:
         out += np.asarray(plan.bias)[:, None]
     if plan.relu:
