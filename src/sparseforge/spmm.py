@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 
@@ -81,6 +82,21 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     return make(w, n, dtype, layout, config, bias, relu, arch, **({"residual": True} if residual else {}))
 
 
+def _forgets_packings(function):
+    """After the call, a host SparseMatrix W forgets the kernel arrays planning packed from it
+    (SparseMatrix.packed): they serve the candidates of one call, not the caller's lifetime. A DeviceCsr keeps
+    its packings: the kernels read them, and a layer's widths share them (nn.SparseLinear.prepare)."""
+    @functools.wraps(function)
+    def wrapper(W, *args, **kwargs):
+        try:
+            return function(W, *args, **kwargs)
+        finally:
+            if isinstance(W, SparseMatrix):
+                W.drop_packed()
+    return wrapper
+
+
+@_forgets_packings
 def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                  device="cuda",
                  config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | Split24Config
@@ -167,6 +183,7 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
     return space
 
 
+@_forgets_packings
 def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                   arch: int = 90, tune_budget: float | None = TUNE_BUDGET_S, deterministic: bool = False,
                   residual: bool = False, time_dense: bool = True, config=None) -> int:

@@ -139,3 +139,14 @@ def test_generated_candidates_over_the_compile_limit_are_dropped_before_planning
     assert tile_compile_seconds(29_000_000, 1, False) > COMPILE_LIMIT_S
     only_tiles = [c for c in space if isinstance(c, TileConfig)]
     assert within_compile_limit(only_tiles, 29_000_000) == only_tiles  # none would stay: all kept
+
+
+def test_compile_calls_leave_no_packing_on_the_callers_matrix():
+    """Planning packs W's kernel arrays once for all candidates of a call; the caller's matrix does not keep
+    them (host memory the size of W) after the call."""
+    from sparseforge import prebuild_spmm
+
+    rng = np.random.default_rng(3)
+    w = SparseMatrix.from_dense((rng.standard_normal((32, 64)) * (rng.random((32, 64)) < 0.3)).astype(np.float32))
+    prebuild_spmm(w, 4, "float32", "nk", arch=90, tune_budget=None)
+    assert w.packed(("csr", True), lambda: "fresh") == "fresh"

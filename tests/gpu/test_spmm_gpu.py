@@ -375,3 +375,20 @@ def test_a_device_csr_kernel_runs_its_arrays_where_they_were_packed(config, k):
     assert twin._weight_tensors[1].data_ptr() != kernel.plan.cols.data_ptr() and torch.equal(twin(x), kernel(x))
     out = torch.full((96, k), float("nan"), device="cuda", dtype=torch.float16)
     assert kernel.densify(out) is out and torch.equal(out.cpu(), torch.from_numpy(w.to_dense()).half())
+
+
+def test_a_device_csr_tc_scatter_kernel_reads_the_format_built_on_the_gpu():
+    """compile_spmm(DeviceCsr, config=TcScatterConfig): the scatter format is built on the GPU and read there;
+    the output is the host-built kernel's, bit for bit, and right against float64."""
+    from sparseforge.formats.device import DeviceCsr
+    from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
+
+    w = random_matrix(200, 4096, density=0.3, seed=12, empty_rows=(7,)).astype("bfloat16")
+    device_w = DeviceCsr(torch.from_numpy(w.indptr.copy()).cuda(), torch.from_numpy(w.indices.copy()).cuda(),
+                         torch.from_numpy(w.values.copy()).cuda().bfloat16(), w.shape, "bfloat16")
+    kernel = compile_spmm(device_w, 8, torch.bfloat16, "nk", config=TcScatterConfig())
+    host_kernel = compile_spmm(w, 8, torch.bfloat16, "nk", config=TcScatterConfig())
+    assert kernel.plan.format.values.is_cuda and kernel.plan.format.records.is_cuda
+    x = torch.randn(8, 4096, device="cuda").bfloat16()
+    check(kernel, w, x, "nk", torch.bfloat16)
+    assert torch.equal(kernel(x), host_kernel(x))

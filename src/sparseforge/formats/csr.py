@@ -115,7 +115,7 @@ class SparseMatrix:
     or a text entry raises SparseFormatError. A shape that is not a sequence raises TypeError.
     """
 
-    __slots__ = ("indptr", "indices", "values", "shape", "dtype", "_digest")
+    __slots__ = ("indptr", "indices", "values", "shape", "dtype", "_digest", "_packed")
 
     def __init__(self, indptr, indices, values, shape, dtype: Any = None, *, validate: bool = True):
         indptr = exact_int_array(indptr, "indptr", np.int64)
@@ -132,9 +132,29 @@ class SparseMatrix:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", name)
         object.__setattr__(self, "_digest", None)
+        object.__setattr__(self, "_packed", {})
 
     def __setattr__(self, name, value):
         raise AttributeError("SparseMatrix is immutable; build a new one")
+
+    def __getstate__(self):  # the memo (packed) is not state: a copy packs again if asked
+        return None, {name: getattr(self, name) for name in self.__slots__ if name != "_packed"}
+
+    def __setstate__(self, state):
+        for name, value in state[1].items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_packed", {})
+
+    def packed(self, key: tuple, pack):
+        """pack() once per key for this matrix: a family's kernel arrays, keyed by what shapes them, shared by
+        every candidate config the chooser plans (one csr packing serves them all)."""
+        if key not in self._packed:
+            self._packed[key] = pack()
+        return self._packed[key]
+
+    def drop_packed(self) -> None:
+        """Forget what packed() holds (host memory the size of W) once the kernels that wanted it are built."""
+        self._packed.clear()
 
     # -- constructors --------------------------------------------------------------------------
     @classmethod
@@ -229,7 +249,11 @@ class SparseMatrix:
                      values=self.values, shape=np.array(self.shape), dtype=np.array(self.dtype))
 
     def astype(self, dtype: Any) -> "SparseMatrix":
-        return SparseMatrix(self.indptr, self.indices, self.values, self.shape, dtype)
+        """The same pattern with values rounded to dtype (itself where that is its dtype). The pattern was
+        checked when this matrix was made; the rounding refuses values beyond the dtype's range."""
+        if _dtype_name(dtype) == self.dtype:
+            return self
+        return SparseMatrix(self.indptr, self.indices, self.values, self.shape, dtype, validate=False)
 
     # -- properties ----------------------------------------------------------------------------
     @property

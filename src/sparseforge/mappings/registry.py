@@ -104,7 +104,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("tc-scatter", SPMM, _TC + "plan:TcScatterConfig", _TC + "plan:TcScatterPlan",
            _TC + "plan:make_tc_scatter_plan", _TC + "render:render_tc_scatter", _TC + "cost:tc_scatter_estimate",
            _TC + "space:tc_scatter_candidates", _TC + "plan:execute_tc_scatter", _TC + "plan:tc_scatter_traffic",
-           residual=True),
+           residual=True, device_plan=_TC + "plan:make_tc_scatter_plan_on_device"),
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),

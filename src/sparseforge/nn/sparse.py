@@ -328,8 +328,13 @@ class _SparseWeight(nn.Module):
             self._make_dense_for(example)  # made now, not at the call, which may be a graph capture
         self._csr_to_host()  # a kernel holds W on the device now
         if not self.__dict__.get("_preparing"):
-            self._device_csr = None  # its tensors are a device copy of the CSR buffers: not kept
+            self._drop_packings()
         return kernel
+
+    def _drop_packings(self) -> None:
+        """W's device CSR (a copy of the buffers, and the arrays packed from it): kept only while prepare()
+        builds its widths, whose kernels share one packing."""
+        self._device_csr = None
 
     def _input_problem(self, x: torch.Tensor) -> str | None:
         if x.device != self.device:
@@ -544,7 +549,7 @@ class SparseLinear(_SparseWeight):
                 self._path(n, x)
         finally:
             self._preparing = False
-            self._device_csr = None
+            self._drop_packings()
         return self.decisions
 
     def pin(self, configs: dict) -> None:

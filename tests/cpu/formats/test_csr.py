@@ -358,3 +358,26 @@ def test_fuzzed_constructor_builds_what_it_is_given_or_raises(args):
     assert w.indices.tolist() == _as_written(indices)
     assert list(w.shape) == _as_written(shape)
     assert np.array_equal(w.values, _rounded_as_documented(values, w.dtype))
+
+
+def test_astype_keeps_the_checked_pattern_and_still_refuses_overflow():
+    w = SparseMatrix.from_dense(np.array([[0.0, 70000.0], [1.5, 0.0]], dtype=np.float32))
+    assert w.astype("float32") is w  # nothing to round: the same matrix, its digest and packings kept
+    with pytest.raises(SparseFormatError):
+        w.astype("float16")  # 70000 is past float16's range
+    half = SparseMatrix.from_dense(np.array([[0.0, 2.0], [1.5, 0.0]], dtype=np.float32)).astype("float16")
+    assert half.dtype == "float16" and half == SparseMatrix.from_dense(np.array([[0, 2], [1.5, 0]], np.float16))
+
+
+def test_packed_is_made_once_a_key_and_not_pickled():
+    import pickle
+
+    w = SparseMatrix.from_dense(np.eye(3, dtype=np.float32))
+    made = []
+    first = w.packed(("k",), lambda: made.append(1) or np.arange(3))
+    assert w.packed(("k",), lambda: made.append(1) or np.arange(5)) is first and made == [1]
+    copy = pickle.loads(pickle.dumps(w))
+    assert copy == w and copy.digest() == w.digest()
+    assert copy.packed(("k",), lambda: "again") == "again"  # the memo did not travel
+    w.drop_packed()
+    assert w.packed(("k",), lambda: "anew") == "anew"

@@ -229,16 +229,21 @@ def make_csr_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str =
                   config: CsrConfig | CsrColumnsConfig | None = None, bias=None, relu: bool = False,
                   arch: int = 90, residual: bool = False) -> CsrPlan:
     config, short = _checked_options(n, dtype, layout, config, w.shape[1])
-    counts = w.row_nnz.astype(np.int64)
-    padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP
-    starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
-    slots = _checked_slots(int(padded.sum()))
-    cols = np.zeros(max(slots, NNZ_PER_STEP), np.uint16 if short else np.int32)
-    values = np.zeros(max(slots, NNZ_PER_STEP), np.float32)
-    where = np.repeat(starts - w.indptr[:-1], counts) + np.arange(w.nnz)
-    cols[where] = w.indices
-    values[where] = w.values.astype(np.float32)
-    rows = np.stack([starts, starts + counts], axis=1).astype(np.int32)
+
+    def pack():
+        counts = w.row_nnz.astype(np.int64)
+        padded = -(-counts // NNZ_PER_STEP) * NNZ_PER_STEP
+        starts = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+        slots = _checked_slots(int(padded.sum()))
+        cols = np.zeros(max(slots, NNZ_PER_STEP), np.uint16 if short else np.int32)
+        values = np.zeros(max(slots, NNZ_PER_STEP), np.float32)
+        where = np.repeat(starts - w.indptr[:-1], counts) + np.arange(w.nnz)
+        cols[where] = w.indices
+        values[where] = w.values.astype(np.float32)
+        return np.stack([starts, starts + counts], axis=1).astype(np.int32), cols, values
+
+    # every csr config pads alike: only the index width shapes the arrays (values stay float32 here)
+    rows, cols, values = w.packed(("csr", short), pack)
     return _checked_plan(CsrPlan(w.shape[0], w.shape[1], n, layout, dtype, config, rows, cols, values, w.nnz,
                                  fp32_bias(bias, w.shape[0]), relu, arch, w.digest(), residual=bool(residual)))
 

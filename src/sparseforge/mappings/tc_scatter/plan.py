@@ -45,7 +45,6 @@ only rows with a nonzero in column k.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +57,7 @@ TILE = 16                          # rows and (logical) columns of one mma A til
 TILES_PER_CHUNK = 4                # tiles a warp's buffer holds at once: one chunk of 64 columns
 CHUNK_COLUMNS = TILE * TILES_PER_CHUNK
 WINDOW = 32                        # columns whose B values one 16-byte load a lane brings (two tiles)
+assert CHUNK_COLUMNS == 1 << 6 and WINDOW == 1 << 5  # column_layout's shifts
 QUAD = 4                           # entries a lane takes with one 32-bit (positions) and one 64-bit load
 ROUND = QUAD * WARP                # entries of one round
 TILE_BYTES = TILE * TILE * 2       # one tile buffer in shared memory
@@ -95,7 +95,9 @@ class TcScatterConfig:
 
 @dataclass(frozen=True)
 class ScatterFormat:
-    """W as the tc-scatter kernel reads it (see the module docstring); shared by every config."""
+    """W as the tc-scatter kernel reads it (see the module docstring); shared by every config. records, pos
+    and values are numpy (scatter_format) or torch tensors on W's device as the kernel reads them
+    (scatter_format_on_device: records as int32 bits, values in the kernel's dtype); chunks stay on the host."""
     M: int
     K: int
     nnz: int
@@ -103,6 +105,13 @@ class ScatterFormat:
     pos: np.ndarray = field(repr=False)      # uint8 [entries + ENTRY_PAD]
     values: np.ndarray = field(repr=False)   # float32 [entries + ENTRY_PAD]
     chunks: np.ndarray = field(repr=False)   # uint32 [strips * chunks_per_strip + 1, 2]
+
+    def on_host(self) -> "ScatterFormat":
+        """The same format with every array in host memory (records uint32, values float32)."""
+        if isinstance(self.records, np.ndarray):
+            return self
+        return ScatterFormat(self.M, self.K, self.nnz, self.records.cpu().numpy().view(np.uint32),
+                             self.pos.cpu().numpy(), self.values.float().cpu().numpy(), self.chunks)
 
     @property
     def strips(self) -> int:
@@ -123,17 +132,19 @@ class ScatterFormat:
 
 def column_layout(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(chunk, tile within the chunk, logical column within the tile) of W's columns."""
-    cols = np.asarray(cols, dtype=np.int64)
-    chunk, within = np.divmod(cols, CHUNK_COLUMNS)
-    window, cw = np.divmod(within, WINDOW)
-    tq, j = np.divmod(cw, 8)
-    half, jj = np.divmod(j, 4)
+    # the widths are powers of two: shifts and masks (divmod on int64 costs seconds at 18M nonzeros); numpy
+    # arrays or torch tensors alike
+    cols = cols.long() if hasattr(cols, "long") else np.asarray(cols, dtype=np.int64)
+    chunk, within = cols >> 6, cols & (CHUNK_COLUMNS - 1)
+    window, cw = within >> 5, within & (WINDOW - 1)
+    tq, j = cw >> 3, cw & 7
+    half, jj = j >> 2, j & 3
     return chunk, 2 * window + half, 2 * tq + jj + 6 * (jj >= 2)
 
 
 def position(rows: np.ndarray, logical: np.ndarray) -> np.ndarray:
     """The entry byte: row r, logical column L of a tile at its swizzled place in the buffer (in halves)."""
-    r, L = np.asarray(rows, dtype=np.int64), np.asarray(logical, dtype=np.int64)
+    r, L = (a.long() if hasattr(a, "long") else np.asarray(a, dtype=np.int64) for a in (rows, logical))
     return r * TILE + (((L >> 3) ^ ((r >> 2) & 1)) << 3) + (L & 7)
 
 
@@ -219,6 +230,76 @@ def _build(w: SparseMatrix) -> ScatterFormat:
     return ScatterFormat(m, k, w.nnz, records, pos, values, chunks)
 
 
+def scatter_format_on_device(w, dtype: str) -> ScatterFormat:
+    """_build's format from a formats.DeviceCsr by torch ops on W's device (the same entries and records, bit
+    for bit: tests/cpu/mappings), values in the kernel's dtype; one per matrix and dtype (DeviceCsr.packed),
+    shared by every config and width. Bit fields are assembled by sums: within a round they are disjoint."""
+    import torch
+
+    m, k = w.shape
+    dev = w.device
+    strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
+    if per_strip >= 2 ** 16:
+        raise ValueError(f"K = {k}: the tc-scatter kernel numbers a strip's chunks with 16 bits (K <= {CHUNK_COLUMNS << 16})")
+
+    def arange(count):
+        return torch.arange(count, device=dev)
+
+    def exclusive(counts):
+        return torch.cumsum(counts, 0) - counts
+
+    rows = torch.repeat_interleave(arange(m), w.row_nnz(), output_size=w.nnz)
+    chunk, tile, logical = column_layout(w.indices)
+    gtile = ((rows // TILE) * per_strip + chunk) * TILES_PER_CHUNK + tile
+    key, order = torch.sort(gtile * 256 + position(rows % TILE, logical), stable=True)
+    tiles = strips * per_strip * TILES_PER_CHUNK
+    counts = torch.bincount(key >> 8, minlength=tiles)
+    padded = (counts + QUAD - 1) // QUAD * QUAD
+    quads = padded // QUAD
+    starts = exclusive(padded)
+    total = int(padded.sum())
+    if total >= 2 ** 31 - ENTRY_PAD:  # the records and chunks travel as int32
+        raise ValueError(f"W has {total} padded nonzeros; the tc-scatter kernel indexes them with 31 bits here")
+    tile_of = torch.repeat_interleave(arange(tiles), padded, output_size=total)
+    rank = arange(total) - starts[tile_of]
+    source = exclusive(counts)[tile_of] + torch.minimum(rank, counts[tile_of] - 1)
+    q = quads[tile_of]
+    slot = starts[tile_of] + QUAD * (rank % q) + rank // q
+    pos = torch.zeros(total + ENTRY_PAD, dtype=torch.uint8, device=dev)
+    values = torch.zeros(total + ENTRY_PAD, dtype=getattr(torch, dtype), device=dev)
+    pos[slot] = (key[source] & 255).to(torch.uint8)
+    values[slot] = w.values[order][source].to(values.dtype)
+    chunk_count = strips * per_strip
+    chunk_quads = quads.view(chunk_count, TILES_PER_CHUNK).sum(dim=1)
+    chunk_rounds = torch.clamp((chunk_quads + WARP - 1) // WARP, min=1)
+    round_start = torch.cat([chunk_rounds.new_zeros(1), torch.cumsum(chunk_rounds, 0)])
+    n_rounds = int(round_start[-1])
+    chunk_of_round = torch.repeat_interleave(arange(chunk_count), chunk_rounds, output_size=n_rounds)
+    in_chunk = arange(n_rounds) - round_start[chunk_of_round]
+    active = torch.clamp(chunk_quads[chunk_of_round] - WARP * in_chunk, 0, WARP)
+    last = in_chunk == chunk_rounds[chunk_of_round] - 1
+    low, tile_list = torch.zeros(n_rounds, dtype=torch.int64, device=dev), torch.zeros_like(in_chunk)
+    n_quads = total // QUAD
+    if n_quads:
+        quad_tile = torch.repeat_interleave(arange(tiles), quads, output_size=n_quads)
+        quad_chunk = quad_tile // TILES_PER_CHUNK
+        within = arange(n_quads) - exclusive(chunk_quads)[quad_chunk]
+        lane = within % WARP
+        round_of = round_start[quad_chunk] + within // WARP
+        begins = (lane == 0) | (torch.cat([quad_tile.new_full((1,), -1), quad_tile[:-1]]) != quad_tile)
+        low.index_add_(0, round_of, begins.long() << lane)
+        begun = torch.cumsum(begins.long(), 0)
+        nth = begun - begun[arange(n_quads) - lane]  # the round's first quad is its lane 0
+        tile_list.index_add_(0, round_of, torch.where(begins, (quad_tile % TILES_PER_CHUNK) << (2 * nth), 0))
+    high = active | tile_list << 6 | last.long() << 14 | (chunk_of_round % per_strip) << 16
+    records = torch.zeros((n_rounds + RECORD_PAD, 2), dtype=torch.int64, device=dev)
+    records[:n_rounds, 0], records[:n_rounds, 1] = low, high
+    records = torch.where(records >= 2 ** 31, records - 2 ** 32, records).to(torch.int32)  # uint32 bits
+    chunk_entry = torch.cat([starts[::TILES_PER_CHUNK], starts.new_full((1,), total)])
+    chunks = torch.stack([round_start, chunk_entry], dim=1).cpu().numpy().astype(np.uint32)
+    return ScatterFormat(m, k, w.nnz, records, pos, values, chunks)
+
+
 @dataclass(frozen=True, eq=False)
 class TcScatterPlan(WeightAsData):
     """What the tc-scatter kernel needs: the problem, the config and W's scatter format."""
@@ -282,8 +363,8 @@ class TcScatterPlan(WeightAsData):
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
         uploaded as ("values": the kernel's dtype)."""
         f = self.format
-        return ((f.values, "values"), (f.pos, "uint8"), (f.records.view(np.int32), "int32"),
-                (f.chunks.view(np.int32), "int32"))
+        records = f.records.view(np.int32) if isinstance(f.records, np.ndarray) else f.records  # int32 bits
+        return ((f.values, "values"), (f.pos, "uint8"), (records, "int32"), (f.chunks.view(np.int32), "int32"))
 
     def bytes_read(self) -> int:
         """W's bytes the kernel streams once per column group and batch entry: entries, records, chunk rows."""
@@ -304,6 +385,25 @@ class TcScatterPlan(WeightAsData):
 def make_tc_scatter_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
                          config: TcScatterConfig | None = None, bias=None, relu: bool = False, arch: int = 90,
                          residual: bool = False) -> TcScatterPlan:
+    config = _checked_options(n, dtype, layout, config, arch)
+    m, k = w.shape
+    return _checked_plan(TcScatterPlan(m, k, n, layout, dtype, config, scatter_format(w), w.nnz, fp32_bias(bias, m),
+                                       relu, arch, w.digest(), residual=bool(residual)))
+
+
+def make_tc_scatter_plan_on_device(w, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
+                                   config: TcScatterConfig | None = None, bias=None, relu: bool = False,
+                                   arch: int = 90, residual: bool = False) -> TcScatterPlan:
+    """make_tc_scatter_plan's plan from a formats.DeviceCsr, its format built on W's device
+    (scatter_format_on_device) and shared by the matrix's plans; the digest is empty (W is data)."""
+    config = _checked_options(n, dtype, layout, config, arch)
+    m, k = w.shape
+    fmt = w.packed(("tc-scatter", dtype), lambda: scatter_format_on_device(w, dtype))
+    return _checked_plan(TcScatterPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
+                                       "", residual=bool(residual)))
+
+
+def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> TcScatterConfig:
     check_problem(n, dtype, layout)
     config = config or TcScatterConfig()
     if dtype == "float32":
@@ -311,10 +411,11 @@ def make_tc_scatter_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout
                          "use another mapping (compile_spmm without a config chooses one)")
     if arch < 80:
         raise ValueError(f"the tc-scatter mapping needs mma.sync m16n8k16 (sm_80 or newer), got sm_{arch}")
-    m, k = w.shape
-    fmt = scatter_format(w)
-    plan = TcScatterPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch, w.digest(),
-                         residual=bool(residual))
+    return config
+
+
+def _checked_plan(plan: TcScatterPlan) -> TcScatterPlan:
+    config, n = plan.config, plan.N
     if plan.shared_bytes > SHARED_LIMIT:
         raise ValueError(f"{config.warps_per_block} warps need {plan.shared_bytes} bytes of shared memory, over "
                          f"{SHARED_LIMIT}: use fewer warps_per_block")
@@ -329,7 +430,7 @@ def make_tc_scatter_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout
 def decode_dense(plan_or_format) -> np.ndarray:
     """W (M x K, float64) read back from the scatter format the way the kernel walks it (records, quads,
     positions): a layout bug shows here as a wrong product."""
-    f = plan_or_format.format if isinstance(plan_or_format, TcScatterPlan) else plan_or_format
+    f = (plan_or_format.format if isinstance(plan_or_format, TcScatterPlan) else plan_or_format).on_host()
     per_strip = f.chunks_per_strip
     dense = np.zeros((f.strips * TILE, per_strip * CHUNK_COLUMNS))
     # the physical column of each (tile, logical column) of a chunk: the inverse of column_layout

@@ -110,3 +110,14 @@ def test_plans_of_one_device_matrix_share_its_arrays():
     assert one.cols is eight.cols and one.values is eight.values
     wider = make_csr_plan_on_device(w, 8, "float32", "nk", CsrConfig())  # another dtype: its own values
     assert wider.values is not one.values and wider.values.dtype == torch.float32
+
+
+def test_host_plans_of_one_matrix_share_its_arrays():
+    """The chooser plans every csr candidate of a layer: they read one host packing of W (per index width)."""
+    w = _matrix(12, 200, 0.2, seed=5)
+    one = make_csr_plan(w, 1, "float16", "nk", CsrConfig())
+    staged = make_csr_plan(w, 8, "float16", "nk", CsrConfig(stage_b=True, columns=8, ctas=4))
+    columns = make_csr_plan(w, 16, "float16", "kn", CsrColumnsConfig())  # 32-bit indices: its own
+    assert one.cols is staged.cols and one.values is staged.values
+    assert columns.cols is not one.cols and columns.cols.dtype == np.int32
+    assert np.array_equal(columns.cols.astype(np.int64), one.cols.astype(np.int64))
