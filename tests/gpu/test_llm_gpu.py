@@ -63,11 +63,19 @@ def test_generate_with_the_static_cache_and_compilation_matches_dense():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_measured_conversion_keeps_the_logits_and_measures_each_shape_once(dtype, tmp_path):
+def test_measured_conversion_keeps_the_logits_and_measures_each_shape_once(dtype, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))  # nothing decided before
     dense = _pruned(dtype, sparsity=0.7)
     model = copy.deepcopy(dense)
     report = sparseforge.convert(model, tokens=(1, 8), tune_budget=1.0, progress=False)
     assert report.measured == 3  # q/k/v/o, gate/up, down: 7 Linears x 2 layers, 3 shapes; lm_head is not pruned
+    again = copy.deepcopy(dense)  # the same architecture again: its groups' decisions come from the disk
+    second = sparseforge.convert(again, tokens=(1, 8), tune_budget=1.0, progress=False)
+    assert (second.measured, second.reused) == (0, 3)
+    assert [layer.choice for layer in second.layers] == [layer.choice for layer in report.layers]
+    with torch.no_grad():
+        ids = _ids(1, 5)
+        assert torch.equal(again(ids).logits, model(ids).logits)
     assert report.peak_gpu_bytes and report.linear_bytes_after > 0
     for layer in report.layers:
         module = model.get_submodule(layer.name)
@@ -86,7 +94,8 @@ def test_measured_conversion_keeps_the_logits_and_measures_each_shape_once(dtype
         assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-3, atol=1e-3)
 
 
-def test_one_decoder_layer_at_llama3_8b_widths_within_the_dense_models_error():
+def test_one_decoder_layer_at_llama3_8b_widths_within_the_dense_models_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))  # nothing decided before
     sizes = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=1, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=1024)
     dense = _pruned(torch.float16, sparsity=0.7, **sizes)

@@ -11,7 +11,9 @@ Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket
 group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
 is 2:4, dense); the other layers of the group take its decision and compile its kernel configs (pinned:
 SparseLinear.pin) for their own weights at the widths where it won, side by side, nothing ranked or timed
-(a Llama has 4 shapes over its 32 layers, so 4 measurements).
+(a Llama has 4 shapes over its 32 layers, so 4 measurements). Each group's decision is kept in the disk cache
+under its shape, bias, dtype, sparsity bucket, decode widths, tune budget, GPU and the chooser's code (not the
+weight), so converting the same architecture again on that GPU measures nothing.
 Each layer's dense weight is dropped as it is replaced (peak GPU memory in the report).
 On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, the CPU path
 of SparseLinear), for tests and for saving.
@@ -263,20 +265,22 @@ def decoder_linear_names(model: nn.Module) -> list[str]:
 class CausalLMReport(ModelReport):
     tokens: tuple = ()                 # the decode widths decided
     measured: int = 0                  # distinct (shape, bias, dtype, sparsity bucket) groups timed
+    reused: int = 0                    # ... and groups decided by an earlier conversion (the disk cache)
     linear_bytes_before: int = 0       # the candidate Linears' device bytes before
     linear_bytes_after: int = 0        # ... and after (the shared prefill workspaces counted)
     peak_gpu_bytes: int | None = None  # torch.cuda.max_memory_allocated during the conversion
     replaced: list = field(default_factory=list)  # names of the modules now DecodeLinear
 
     def as_dict(self) -> dict:
-        return {**super().as_dict(), "tokens": list(self.tokens), "measured": self.measured,
+        return {**super().as_dict(), "tokens": list(self.tokens), "measured": self.measured, "reused": self.reused,
                 "linear_bytes_before": self.linear_bytes_before, "linear_bytes_after": self.linear_bytes_after,
                 "peak_gpu_bytes": self.peak_gpu_bytes, "replaced": list(self.replaced)}
 
     def __str__(self) -> str:
         lines = [super().__str__(),
                  f"{len(self.replaced)} of {len(self.layers)} Linear layers converted for decode widths "
-                 f"{list(self.tokens)}; {self.measured} distinct shapes measured",
+                 f"{list(self.tokens)}; {self.measured} distinct shapes measured, {self.reused} decided by an "
+                 "earlier conversion (the disk cache)",
                  f"candidate Linears: {self.linear_bytes_before / 2**20:.1f} MiB -> "
                  f"{self.linear_bytes_after / 2**20:.1f} MiB"]
         if self.peak_gpu_bytes is not None:
@@ -333,12 +337,20 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
                             linear_bytes_before=linear_bytes(model, names))
     keys = {name: _group_key(model.get_submodule(name)) for name in names}
     firsts = list({key: name for name, key in reversed(keys.items())}.values())[::-1]
+    decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths, its configs)
+    gpu = gpu_identity(device) if policy == "measure" else None
+    if policy == "measure":  # a group decided by an earlier conversion on this GPU is not measured again
+        for name in firsts:
+            cached = load_group_decision(keys[name], tokens, tune_budget, gpu) if keys[name][4] > 0 else None
+            if cached is not None:
+                decided.setdefault(_group(keys[name]), cached)
+    reused = len(decided)
+    firsts = [n for n in firsts if _group(keys[n]) not in decided]
     # measuring, each group's first layer first: the others take its decision
     order = sorted(names, key=lambda n: (n not in firsts, names.index(n))) if policy == "measure" else names
     if policy == "measure":  # the measured layers' candidates compiled side by side (nn.convert.prebuild_layers)
         prebuild_layers([(model.get_submodule(n), [(t, keys[n][0][1]) for t in tokens]) for n in firsts
                          if keys[n][4] > 0], tune_budget)
-    decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths, its configs)
     picked: dict = {}  # policy "sparse": group key -> the configs its first layer's chooser picked
     members_built = False
     for index, name in enumerate(_progress(order, progress)):
@@ -347,14 +359,17 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
             members_built = True
         if callable(progress) and not isinstance(progress, bool):
             progress(name, index, len(order))
+        known = set(decided)
         layer, replacement = _convert_layer(model.get_submodule(name), name, keys[name], tokens, policy,
                                             tune_budget, decided, picked)
+        for group in set(decided) - known:  # measured just now: kept on disk for the next conversion
+            store_group_decision(keys[name], tokens, tune_budget, gpu, decided[group])
         report.layers.append(layer)
         if replacement is not None:
             _replace(model, name, replacement)
             report.replaced.append(name)
     report.layers.sort(key=lambda layer: names.index(layer.name))
-    report.measured = len(decided)
+    report.measured, report.reused = len(decided) - reused, reused
     report.memory_after_bytes = model_bytes(model) + prefill_workspace_bytes(model)
     report.linear_bytes_after = linear_bytes(model, names)
     if on_gpu:
@@ -374,6 +389,81 @@ def _group_key(linear: nn.Linear) -> tuple:
     weight = linear.weight.detach()
     sparsity = 1.0 - float(torch.count_nonzero(weight)) / max(weight.numel(), 1)
     return tuple(weight.shape), linear.bias is not None, weight.dtype, sparsity, round(sparsity / SPARSITY_BUCKET)
+
+
+def _group(key: tuple) -> tuple:
+    """A group key without the exact sparsity: layers alike in shape, bias, dtype and sparsity bucket."""
+    return key[:3] + key[4:]
+
+
+# -- group decisions kept on disk: a second conversion of a model of this shape measures nothing ----------------
+
+GROUP_DECISION = "llm-group"
+
+
+def gpu_identity(device: torch.device) -> tuple[str, int]:
+    """(the GPU's name, its arch as 90 for sm_90): what a measured decision holds on (bandwidths differ within
+    an arch)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return torch.cuda.get_device_name(device), 10 * major + minor
+
+
+def group_decision_key(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int]) -> str:
+    """The disk cache's key of a group's decision: shape, bias, dtype, sparsity bucket, the decode widths, the
+    tune budget, the GPU and the chooser's own code. Not the weight: within a model one layer's decision
+    serves its group already, and a fine-tune or another seed of the same architecture is the same group."""
+    from ..runtime import default_compiler, kernel_key
+    from ..tune.choose import chooser_digest
+
+    shape, bias, dtype, _, bucket = key
+    spec = "|".join([f"{shape[0]}x{shape[1]}", f"bias={bias}", str(dtype), f"bucket={bucket}",
+                     "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}", gpu[0], chooser_digest()])
+    return kernel_key(GROUP_DECISION, spec, gpu[1], default_compiler().version)
+
+
+def _is_group_record(record) -> bool:
+    return (isinstance(record, dict) and isinstance(record.get("widths"), list)
+            and isinstance(record.get("configs"), dict) and isinstance(record.get("report"), dict))
+
+
+def store_group_decision(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int], decision: tuple) -> None:
+    """Keep a measured group's decision (its layer's report, kernel widths and configs) in the disk cache."""
+    from ..runtime import KernelCache
+    from ..tune.pipeline import config_record
+
+    first, widths, configs = decision
+    report = {"name": first.name, "sparsity": first.sparsity, "input_shapes": first.input_shapes,
+              "choice": first.choice, "times_us": first.times_us, "kernel_us": first.kernel_us,
+              "mapping": first.mapping, "reason": first.reason}
+    KernelCache().put_tuned(group_decision_key(key, tokens, tune_budget, gpu), gpu[1],
+                            {"widths": sorted(widths), "configs": {str(n): config_record(c) for n, c in configs.items()},
+                             "report": report})
+
+
+def load_group_decision(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int]) -> tuple | None:
+    """A group's decision from the disk cache as _convert_layer holds one (a LayerReport standing for the
+    layer that was measured, its kernel widths, its configs), or None where none is kept or this version
+    cannot read it (then the group is measured)."""
+    from ..runtime import KernelCache
+    from ..tune.pipeline import config_from_record
+
+    record = KernelCache().get_tuned(group_decision_key(key, tokens, tune_budget, gpu), gpu[1],
+                                     valid=_is_group_record)
+    if record is None:
+        return None
+    try:
+        configs = {int(n): config_from_record(c) for n, c in record["configs"].items()}
+        widths = {int(n) for n in record["widths"]}
+        r = record["report"]
+        first = LayerReport(f"{r['name']} (an earlier conversion's decision)", "Linear", tuple(key[0]),
+                            float(r["sparsity"]), list(r["input_shapes"]), str(r["choice"]), dict(r["times_us"]),
+                            dict(r["kernel_us"]), r["mapping"], str(r["reason"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if any(c is None for c in configs.values()) or first.choice not in (DENSE, UNSTRUCTURED, SPARSE) or \
+            not set(configs) <= widths <= set(tokens):
+        return None
+    return first, widths, configs
 
 
 def _progress(names: list[str], progress) -> Iterable[str]:
@@ -404,7 +494,7 @@ def _prebuild_members(model, names, keys, decided) -> None:
         return
     jobs = []
     for name in names:
-        rep = decided.get(keys[name][:3] + keys[name][4:])
+        rep = decided.get(_group(keys[name]))
         module = model.get_submodule(name)
         if rep is None or rep[0].choice != UNSTRUCTURED or not module.weight.is_cuda:
             continue
@@ -438,7 +528,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
         layer.choice, layer.reason = UNSTRUCTURED, "policy='sparse'"
         if on_gpu:
-            group, picked = key[:3] + key[4:], {} if picked is None else picked
+            group, picked = _group(key), {} if picked is None else picked
             try:
                 if picked.get(group):  # the kernels its group's first layer picked, compiled for this W
                     inner.pin(picked[group])
@@ -450,7 +540,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
                 layer.reason = "policy='sparse'"
             picked.setdefault(group, inner.kernel_configs())
         return layer, DecodeLinear(inner, tokens)
-    group = key[:3] + key[4:]
+    group = _group(key)
     if group not in decided:  # the group's first layer: timed
         measured, replacement = measure_layer(name, module, [tuple(s) for s in shapes], "measure", tune_budget)
         widths = set()

@@ -161,10 +161,10 @@ class KernelCache:
     def _tune_path(self, key: str, arch: int) -> Path:
         return self.root / _VERSION / f"sm_{arch}" / "tune" / f"{key}.json"
 
-    def get_tuned(self, key: str, arch: int) -> dict | None:
-        """The stored winner: a dict with a "config" dict and a "records" list, or None. A file of any other
-        shape (or not JSON) is removed, so the caller tunes again. The config's fields are the caller's to
-        check (TileConfig validates itself)."""
+    def get_tuned(self, key: str, arch: int, valid: Callable[[object], bool] = _is_tuning_record) -> dict | None:
+        """The stored winner: a dict with a "config" dict and a "records" list (or what `valid` accepts, for
+        other decisions kept alike), or None. A file of any other shape (or not JSON) is removed, so the
+        caller decides again. The config's fields are the caller's to check (TileConfig validates itself)."""
         if not self.enabled:
             return None
         path = self._tune_path(key, arch)
@@ -174,7 +174,7 @@ class KernelCache:
             return None
         except (OSError, ValueError):
             record = None
-        if _is_tuning_record(record):
+        if valid(record):
             return record
         _remove(path)
         return None

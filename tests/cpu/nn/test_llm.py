@@ -243,7 +243,7 @@ def test_converting_without_transformers_names_the_extra(monkeypatch):
 
 
 @pytest.mark.parametrize("refused", ["none", "all", "one"])
-def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch, refused):
+def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch, tmp_path, refused):
     """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
     (shape, sparsity) is measured; every other layer of the group compiles its kernel configs (pinned, not
     timed). refused: the kernels refuse the pinned configs for the other layers' weights at no width ("none":
@@ -275,6 +275,8 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(llm, "measure_layer", measure_layer)
     monkeypatch.setattr(llm, "prebuild_layers", lambda *args, **kwargs: 0)
     monkeypatch.setattr(llm, "model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(llm, "gpu_identity", lambda device: ("stub GPU", 90))
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))  # nothing decided before
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
     # kernels: none on a CPU; a layer built from its group's decision compiles the configs (nothing timed),
@@ -307,6 +309,46 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
+    if refused == "none":  # the same architecture again: every group's decision from the disk, nothing timed
+        again = copy.deepcopy(dense)
+        second = sparseforge.convert(again, tokens=(1, 8), progress=False)
+        assert len(measured) == 3 and (second.measured, second.reused) == (0, 3)
+        assert sorted(second.replaced) == sorted(report.replaced)
+        first = {layer.name: layer.reason for layer in second.layers}["model.layers.0.mlp.gate_proj"]
+        assert first.startswith("as model.layers.0.mlp.gate_proj (an earlier conversion's decision) measured")
+        assert again.get_submodule(member).inner.pinned == {1: picked}
+        monkeypatch.setattr(llm, "gpu_identity", lambda device: ("another GPU", 90))  # decided there: measured
+        sparseforge.convert(copy.deepcopy(dense), tokens=(1, 8), progress=False)
+        assert len(measured) == 6
+
+
+def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path):
+    """What a measured group leaves on disk comes back as the same decision; anything else (another GPU,
+    widths, budget or bucket, a record this version cannot read) is no decision: the group is measured."""
+    from sparseforge.mappings.csr.plan import CsrConfig
+    from sparseforge.nn import llm
+    from sparseforge.runtime import KernelCache
+    from sparseforge.semi.decide import UNSTRUCTURED
+
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    key = ((4096, 4096), False, torch.float16, 0.7, 14)
+    gpu = ("NVIDIA H200", 90)
+    first = llm.LayerReport("model.layers.0.self_attn.q_proj", "Linear", (4096, 4096), 0.7, [[1, 4096], [8, 4096]],
+                            UNSTRUCTURED, {"dense": 30.0, UNSTRUCTURED: 20.0}, {UNSTRUCTURED: 20.0}, "csr", "faster")
+    configs = {1: CsrConfig(prefetch=True), 8: CsrConfig(columns=8, stage_b=True, ctas=132)}
+    llm.store_group_decision(key, (1, 8), 1.0, gpu, (first, {1, 8}, configs))
+    loaded, widths, again = llm.load_group_decision(key, (1, 8), 1.0, gpu)
+    assert widths == {1, 8} and again == configs
+    assert (loaded.choice, loaded.times_us, loaded.kernel_us, loaded.mapping) == \
+        (UNSTRUCTURED, first.times_us, first.kernel_us, "csr")
+    other_bucket = key[:4] + (13,)
+    for args in [(key, (1,), 1.0, gpu), (key, (1, 8), 2.0, gpu), (key, (1, 8), 1.0, ("NVIDIA H100", 90)),
+                 (other_bucket, (1, 8), 1.0, gpu)]:
+        assert llm.load_group_decision(*args) is None
+    path_key = llm.group_decision_key(key, (1, 8), 1.0, gpu)
+    KernelCache().put_tuned(path_key, 90, {"widths": [1, 8], "configs": {"1": {"family": "gone", "config": {}}},
+                                           "report": {}})
+    assert llm.load_group_decision(key, (1, 8), 1.0, gpu) is None  # unreadable here: measured again
 
 
 def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
