@@ -23,6 +23,8 @@
 #   host_time     eager host time per call against dense (benchmarks/host_time.py)
 #   walk          the nonzero-driven bitmap decode prototypes (benchmarks/proto/bitmap_walk*.cu): ncu, then
 #                 the first design, persistent warps (rows) and the transposed-x variant side by side
+#   rowlane       the one-row-a-lane bitmap decode (benchmarks/proto/rowlane_walk.cu) at N = 1, fp16: 4096^2 at
+#                 50 / 70 / 90% first, then the large shapes
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -144,6 +146,11 @@ stage() {
           DEFINES=$([ $variant = transposed ] && echo -DSTAGE16) \
           run walk_$variant python3 benchmarks/proto/bitmap_walk_bench.py "$OUT/walk_$variant.json"
       done ;;
+    rowlane)
+      # the first shape alone first, so a cut step still leaves its figures
+      SHAPES=4096x4096 run rowlane_4096 python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_4096.json"
+      SHAPES="14336x4096 4096x14336 1024x4096" SLICES="256 512 1024" WARPS=4 \
+        run rowlane_large python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_large.json" ;;
     timing)
       run timing_contention python3 benchmarks/timing_contention.py ;;
     bench24)
