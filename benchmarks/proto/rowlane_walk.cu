@@ -95,10 +95,12 @@ rowlane_walk(const unsigned* __restrict__ bm, const uint2* __restrict__ vals, co
   int steps = count;  // the warp walks as many quads as its longest run
   for (int d = 16; d; d >>= 1) steps = max(steps, __shfl_xor_sync(0xffffffffu, steps, d));
   const int quads = (steps + 3) >> 2;
+  // a lane loads only its own run's quads: past it the lockstep multiplies zeros (no other slice's bytes read)
+  const int own = (count + 3) >> 2;
   const uint2* vq = vals + (gbase[g] + off[((size_t)g * S + s) * 32 + lane]) * 32 + lane;  // quad i: vq[32 i]
   uint2 ring[PF];
 #pragma unroll
-  for (int k = 0; k < PF; ++k) ring[k] = k < quads ? __ldg(vq + 32 * k) : make_uint2(0u, 0u);
+  for (int k = 0; k < PF; ++k) ring[k] = k < own ? __ldg(vq + 32 * k) : make_uint2(0u, 0u);
   float acc = 0.f;
   const unsigned* bw = bs + lane;
   const float* xw = xs;
@@ -107,7 +109,7 @@ rowlane_walk(const unsigned* __restrict__ bm, const uint2* __restrict__ vals, co
 #pragma unroll
     for (int k = 0; k < PF; ++k) {
       const uint2 q = ring[k];
-      ring[k] = i + k + PF < quads ? __ldg(vq + 32 * (i + k + PF)) : make_uint2(0u, 0u);
+      ring[k] = i + k + PF < own ? __ldg(vq + 32 * (i + k + PF)) : make_uint2(0u, 0u);
       if (i + k < quads) {
         acc = take(acc, lo_half(q.x), bits, bw, xw);
         acc = take(acc, hi_half(q.x), bits, bw, xw);

@@ -13,7 +13,6 @@ from proto_timing import graph_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "rowlane_walk.cu")).read()
-PF_MAX = 8  # quads the kernel may read ahead of a run
 
 
 def pack(w: torch.Tensor, slice_cols: int) -> dict:
@@ -36,7 +35,7 @@ def pack(w: torch.Tensor, slice_cols: int) -> dict:
         raise ValueError("a row's quads overflow the 16-bit slice offsets")
     group_quads = run_quads.sum(1).view(G, 32).max(1).values
     gbase = torch.cumsum(group_quads, 0) - group_quads
-    rows_total = int(group_quads.sum()) + slice_cols // 4 + PF_MAX          # the lockstep reads past a run
+    rows_total = max(int(group_quads.sum()), 1)  # a lane loads its own run's quads only
     vals = torch.zeros(rows_total * 32 * 4, dtype=w.dtype, device=dev)
     rows, cols = mask.nonzero(as_tuple=True)                                 # row-major, columns ascending
     piece = cols // slice_cols
@@ -56,7 +55,7 @@ def nbytes(p) -> int:
 
 
 def read_bytes(p) -> int:
-    """What a call reads at most: the bitmap, the runs' quads (not the ELL padding), the offsets."""
+    """What a call reads: the bitmap, the runs' quads (not the ELL padding), the offsets."""
     return p["bm"].numel() * 4 + p["used_quads"] * 8 + p["gbase"].numel() * 8 + p["off"].numel() * 2
 
 
@@ -83,8 +82,9 @@ def emulate(p, x: torch.Tensor) -> torch.Tensor:
             quads = (max(counts) + 3) // 4
             for lane in range(32):
                 base, wi, bits, acc = gbase[g] + int(off[g, s, lane]), 0, words[lane][0], 0.0
+                own = (counts[lane] + 3) // 4  # past its run a lane loads nothing: zeros
                 for i in range(quads):
-                    for v in vals[base + i, lane].tolist():
+                    for v in (vals[base + i, lane].tolist() if i < own else [0.0] * 4):
                         while bits == 0:
                             wi += 1
                             bits = words[lane][wi]
