@@ -17,6 +17,7 @@ from dataclasses import asdict
 import numpy as np
 
 from .formats import SparseMatrix
+from .formats.csr import forgets_packings
 from .mappings.registry import CONV, families, family_recorded, find_family
 from .plan import TileConfig
 from .plan.conv import ConvGeometry, make_conv_plan
@@ -65,6 +66,7 @@ def _planner(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, re
     return make
 
 
+@forgets_packings
 def plan_conv2d(w: SparseMatrix, geometry: ConvGeometry, dtype: str = "float32", bias=None, relu: bool = False,
                 residual: bool = False, arch: int = 90):
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate of both mappings
@@ -91,6 +93,7 @@ def _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias
     return w.astype(name), geometry, name, bias_values
 
 
+@forgets_packings
 def prebuild_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                     relu: bool = False, residual: bool = False, layout: str = "nchw", arch: int = 90,
                     kernel_size=None, tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True) -> int:
@@ -117,6 +120,7 @@ def _choice_key(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values,
                                                chooser_digest()]), arch, compiler.version)
 
 
+@forgets_packings
 def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                    relu: bool = False, residual: bool = False, layout: str = "nchw", device="cuda",
                    kernel_size=None, config: CsrColumnsConfig | TileConfig | None = None,

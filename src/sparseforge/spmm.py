@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from dataclasses import dataclass
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from .dtypes import dtype_name, kernel_dtype_name
 from .formats import SparseMatrix
+from .formats.csr import forgets_packings
 from .formats.device import DeviceCsr
 from .mappings.registry import SPMM, families, family, family_of
 from .plan import DEFAULT_LAYOUT, LAYOUTS, TileConfig
@@ -82,21 +82,7 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
     return make(w, n, dtype, layout, config, bias, relu, arch, **({"residual": True} if residual else {}))
 
 
-def _forgets_packings(function):
-    """After the call, a host SparseMatrix W forgets the kernel arrays planning packed from it
-    (SparseMatrix.packed): they serve the candidates of one call, not the caller's lifetime. A DeviceCsr keeps
-    its packings: the kernels read them, and a layer's widths share them (nn.SparseLinear.prepare)."""
-    @functools.wraps(function)
-    def wrapper(W, *args, **kwargs):
-        try:
-            return function(W, *args, **kwargs)
-        finally:
-            if isinstance(W, SparseMatrix):
-                W.drop_packed()
-    return wrapper
-
-
-@_forgets_packings
+@forgets_packings
 def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                  device="cuda",
                  config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | Split24Config
@@ -183,7 +169,7 @@ def _space(w: SparseMatrix, n: int, name: str, layout: str, relu: bool, determin
     return space
 
 
-@_forgets_packings
+@forgets_packings
 def prebuild_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                   arch: int = 90, tune_budget: float | None = TUNE_BUDGET_S, deterministic: bool = False,
                   residual: bool = False, time_dense: bool = True, config=None) -> int:
@@ -248,6 +234,7 @@ class _Problem:
                                              + (["residual"] if self.residual else [])), self.arch, compiler.version)
 
 
+@forgets_packings
 def plan_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
               deterministic: bool = False, arch: int = 90):
     """The cost model's pick without a GPU: (renderable plan, Choice with every candidate predicted).

@@ -148,5 +148,27 @@ def test_compile_calls_leave_no_packing_on_the_callers_matrix():
 
     rng = np.random.default_rng(3)
     w = SparseMatrix.from_dense((rng.standard_normal((32, 64)) * (rng.random((32, 64)) < 0.3)).astype(np.float32))
+    from sparseforge.conv import plan_conv2d
+    from sparseforge.plan.conv import ConvGeometry
+    from sparseforge.spmm import plan_spmm
+
     prebuild_spmm(w, 4, "float32", "nk", arch=90, tune_budget=None)
     assert w.packed(("csr", True), lambda: "fresh") == "fresh"
+    w.drop_packed()
+    plan_spmm(w, 4, "float32", "nk")
+    assert w.packed(("csr", True), lambda: "fresh") == "fresh"
+    g = ConvGeometry.of((1, 16, 14, 14), 16, 3, padding=1)
+    conv_w = SparseMatrix.from_dense((rng.random(g.weight_shape) < 0.2).astype(np.float32))
+    plan_conv2d(conv_w, g)
+    assert conv_w.packed(("csr", False), lambda: "fresh") == "fresh"
+
+
+def test_a_packing_made_twice_at_once_keeps_the_first():
+    """Prebuild threads may pack one matrix at the same time: each gets a whole packing, one is kept."""
+    w = SparseMatrix.from_dense(np.eye(4, dtype=np.float32))
+
+    def pack_racing():  # another thread stores its packing while this one packs
+        w.packed(("k",), lambda: "theirs")
+        return "mine"
+
+    assert w.packed(("k",), pack_racing) == "theirs" and w.packed(("k",), lambda: "later") == "theirs"

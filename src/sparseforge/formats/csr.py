@@ -1,6 +1,7 @@
 """SparseMatrix: the host-side sparse weight every later stage reads (CSR, validated, immutable)."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import numbers
 import zipfile
@@ -147,10 +148,12 @@ class SparseMatrix:
 
     def packed(self, key: tuple, pack):
         """pack() once per key for this matrix: a family's kernel arrays, keyed by what shapes them, shared by
-        every candidate config the chooser plans (one csr packing serves them all)."""
-        if key not in self._packed:
-            self._packed[key] = pack()
-        return self._packed[key]
+        every candidate config the chooser plans (one csr packing serves them all). Threads may pack alike at
+        once (prebuild jobs): each gets a whole packing, the first one kept."""
+        held = self._packed.get(key)
+        if held is None:
+            held = self._packed.setdefault(key, pack())
+        return held
 
     def drop_packed(self) -> None:
         """Forget what packed() holds (host memory the size of W) once the kernels that wanted it are built."""
@@ -297,6 +300,21 @@ class SparseMatrix:
 
     def __repr__(self) -> str:
         return f"SparseMatrix(shape={self.shape}, nnz={self.nnz}, density={self.density:.4f}, dtype={self.dtype})"
+
+
+def forgets_packings(function):
+    """Decorate an entry point whose first argument is W: after the call a host SparseMatrix W forgets the
+    kernel arrays planning packed from it (SparseMatrix.packed): they serve the candidates of one call, not the
+    caller's lifetime. Anything else passed as W (a dense array, a DeviceCsr, whose packings the kernels
+    read and a layer's widths share) is left as it is."""
+    @functools.wraps(function)
+    def wrapper(W, *args, **kwargs):
+        try:
+            return function(W, *args, **kwargs)
+        finally:
+            if isinstance(W, SparseMatrix):
+                W.drop_packed()
+    return wrapper
 
 
 def _round_to(values: np.ndarray, name: str) -> np.ndarray:

@@ -7,13 +7,13 @@ batch 1 and 8) and decided then; `generate` never compiles or times anything. Ev
 batch x prompt tokens) runs dense, from one workspace per (shape, dtype, device) shared by every layer of that
 shape, so no layer keeps a dense W of its own.
 
-Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket): the first layer of such a
+Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket, 2:4 or not): the first layer of a
 group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
 is 2:4, dense); the other layers of the group take its decision and compile its kernel configs (pinned:
 SparseLinear.pin) for their own weights at the widths where it won, side by side, nothing ranked or timed
 (a Llama has 4 shapes over its 32 layers, so 4 measurements). Each group's decision is kept in the disk cache
-under its shape, bias, dtype, sparsity bucket, decode widths, tune budget, GPU and the chooser's code (not the
-weight), so converting the same architecture again on that GPU measures nothing.
+under its shape, bias, dtype, sparsity bucket, 2:4-ness, decode widths, tune budget, GPU and the chooser's code
+(not the weight), so converting the same architecture again on that GPU measures nothing.
 Each layer's dense weight is dropped as it is replaced (peak GPU memory in the report).
 On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, the CPU path
 of SparseLinear), for tests and for saving.
@@ -384,11 +384,18 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def _group_key(linear: nn.Linear) -> tuple:
-    """(weight shape, bias, dtype, sparsity, sparsity bucket index): layers alike in all but the exact sparsity
-    share one measurement."""
+    """(weight shape, bias, dtype, sparsity, sparsity bucket index, whether W is 2:4): layers alike in all but
+    the exact sparsity share one measurement (a 2:4 weight and an unstructured one of the same sparsity do
+    not: the paths open to them differ)."""
     weight = linear.weight.detach()
     sparsity = 1.0 - float(torch.count_nonzero(weight)) / max(weight.numel(), 1)
-    return tuple(weight.shape), linear.bias is not None, weight.dtype, sparsity, round(sparsity / SPARSITY_BUCKET)
+    try:
+        check_weight(weight)
+        two_four = True
+    except Sparse24Error:
+        two_four = False
+    return (tuple(weight.shape), linear.bias is not None, weight.dtype, sparsity, round(sparsity / SPARSITY_BUCKET),
+            two_four)
 
 
 def _group(key: tuple) -> tuple:
@@ -409,14 +416,14 @@ def gpu_identity(device: torch.device) -> tuple[str, int]:
 
 
 def group_decision_key(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int]) -> str:
-    """The disk cache's key of a group's decision: shape, bias, dtype, sparsity bucket, the decode widths, the
-    tune budget, the GPU and the chooser's own code. Not the weight: within a model one layer's decision
+    """The disk cache's key of a group's decision: shape, bias, dtype, sparsity bucket, whether W is 2:4, the
+    decode widths, the tune budget, the GPU and the chooser's own code. Not the weight: within a model one layer's decision
     serves its group already, and a fine-tune or another seed of the same architecture is the same group."""
     from ..runtime import default_compiler, kernel_key
     from ..tune.choose import chooser_digest
 
-    shape, bias, dtype, _, bucket = key
-    spec = "|".join([f"{shape[0]}x{shape[1]}", f"bias={bias}", str(dtype), f"bucket={bucket}",
+    shape, bias, dtype, _, bucket, two_four = key
+    spec = "|".join([f"{shape[0]}x{shape[1]}", f"bias={bias}", str(dtype), f"bucket={bucket}", f"2:4={two_four}",
                      "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}", gpu[0], chooser_digest()])
     return kernel_key(GROUP_DECISION, spec, gpu[1], default_compiler().version)
 
@@ -504,7 +511,8 @@ def _prebuild_members(model, names, keys, decided) -> None:
         major, minor = torch.cuda.get_device_capability(module.weight.device)
         sparse = SparseLinear.from_dense(module, policy="sparse")
         sparse.pin(configs)
-        jobs += [(f"{name} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=10 * major + minor))
+        jobs += [(f"{name} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n, on_device=False),
+                                                        arch=10 * major + minor))
                  for n in sorted(configs)]
         del sparse  # its device buffers: the jobs hold W on the host
     if jobs:
@@ -513,7 +521,7 @@ def _prebuild_members(model, names, keys, decided) -> None:
 
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,
                    decided: dict, picked: dict | None = None) -> tuple[LayerReport, nn.Module | None]:
-    shape, _, _, sparsity, _ = key
+    shape, _, _, sparsity, _, _ = key
     shapes = [[n, shape[1]] for n in tokens]
     layer = LayerReport(name, "Linear", shape, sparsity, shapes, DENSE)
     if policy == "dense":

@@ -327,8 +327,6 @@ class _SparseWeight(nn.Module):
         if kernel is None:
             self._make_dense_for(example)  # made now, not at the call, which may be a graph capture
         self._csr_to_host()  # a kernel holds W on the device now
-        if not self.__dict__.get("_preparing"):
-            self._drop_packings()
         return kernel
 
     def _drop_packings(self) -> None:
@@ -597,15 +595,15 @@ class SparseLinear(_SparseWeight):
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
         return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
 
-    def kernel_args(self, n: int) -> dict:
-        """What compile_spmm and prebuild_spmm take for `n` tokens, alike. A pinned config whose family packs
-        on the device (registry: device_plan) gets W as the layer's CSR on its GPU: nothing is chosen, so no
-        host copy of W is made."""
+    def kernel_args(self, n: int, on_device: bool = True) -> dict:
+        """What compile_spmm and prebuild_spmm take for `n` tokens, alike. With on_device, a pinned config whose
+        family packs on the device (registry: device_plan) gets W as the layer's CSR on its GPU: nothing is
+        chosen, so no host copy of W is made."""
         from ..mappings.registry import family_of
 
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
         config = self.pinned.get(n)
-        on_device = config is not None and self.device.type == "cuda" and \
+        on_device = on_device and config is not None and self.device.type == "cuda" and \
             family_of(config).device_plan is not None
         return {"W": self.device_csr() if on_device else self.sparse_matrix(), "n": n, "dtype": self.weight_values.dtype, "layout": "nk", "bias": bias,
                 "tune_budget": self.tune_budget, "config": self.pinned.get(n)}
@@ -613,15 +611,21 @@ class SparseLinear(_SparseWeight):
     def _compile(self, rows: torch.Tensor):
         from ..spmm import compile_spmm
 
-        return compile_spmm(**self.kernel_args(rows.shape[0]), device=self.device,
-                            time_dense=self.policy == "measure")
+        try:
+            return compile_spmm(**self.kernel_args(rows.shape[0]), device=self.device,
+                                time_dense=self.policy == "measure")
+        finally:  # built or failed: the device CSR is not kept past it (prepare keeps it for its widths)
+            if not self.__dict__.get("_preparing"):
+                self._drop_packings()
 
     def prebuild(self, widths, arch: int) -> int:
         """Compile into the disk cache, without a GPU, the kernels deciding each token count in `widths` would
-        compile on an sm_`arch` GPU (spmm.prebuild_spmm); how many."""
+        compile on an sm_`arch` GPU (spmm.prebuild_spmm); how many. W from the host: nothing is packed on the
+        device for a compile."""
         from ..spmm import prebuild_spmm
 
-        return sum(prebuild_spmm(**self.kernel_args(n), arch=arch) for n in sorted({int(n) for n in widths}))
+        return sum(prebuild_spmm(**self.kernel_args(n, on_device=False), arch=arch)
+                   for n in sorted({int(n) for n in widths}))
 
 
 class SparseConv2d(_SparseWeight):

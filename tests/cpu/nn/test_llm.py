@@ -324,14 +324,15 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
 
 def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path):
     """What a measured group leaves on disk comes back as the same decision; anything else (another GPU,
-    widths, budget or bucket, a record this version cannot read) is no decision: the group is measured."""
+    widths, budget or bucket, 2:4 against unstructured, a record this version cannot read) is no decision: the
+    group is measured."""
     from sparseforge.mappings.csr.plan import CsrConfig
     from sparseforge.nn import llm
     from sparseforge.runtime import KernelCache
     from sparseforge.semi.decide import UNSTRUCTURED
 
     monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))
-    key = ((4096, 4096), False, torch.float16, 0.7, 14)
+    key = ((4096, 4096), False, torch.float16, 0.7, 14, False)
     gpu = ("NVIDIA H200", 90)
     first = llm.LayerReport("model.layers.0.self_attn.q_proj", "Linear", (4096, 4096), 0.7, [[1, 4096], [8, 4096]],
                             UNSTRUCTURED, {"dense": 30.0, UNSTRUCTURED: 20.0}, {UNSTRUCTURED: 20.0}, "csr", "faster")
@@ -341,9 +342,9 @@ def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path
     assert widths == {1, 8} and again == configs
     assert (loaded.choice, loaded.times_us, loaded.kernel_us, loaded.mapping) == \
         (UNSTRUCTURED, first.times_us, first.kernel_us, "csr")
-    other_bucket = key[:4] + (13,)
+    other_bucket, two_four = key[:4] + (13, False), key[:5] + (True,)  # a 2:4 W of that sparsity: its own group
     for args in [(key, (1,), 1.0, gpu), (key, (1, 8), 2.0, gpu), (key, (1, 8), 1.0, ("NVIDIA H100", 90)),
-                 (other_bucket, (1, 8), 1.0, gpu)]:
+                 (other_bucket, (1, 8), 1.0, gpu), (two_four, (1, 8), 1.0, gpu)]:
         assert llm.load_group_decision(*args) is None
     path_key = llm.group_decision_key(key, (1, 8), 1.0, gpu)
     KernelCache().put_tuned(path_key, 90, {"widths": [1, 8], "configs": {"1": {"family": "gone", "config": {}}},
@@ -416,3 +417,18 @@ def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode(
             assert torch.allclose(layer(x), lin(x), atol=1e-6)
     assert torch.allclose(layers[1](x), linears[1](x), atol=1e-6)
     assert layers[0].dense_weight().data_ptr() == layers[1].dense_weight().data_ptr()  # one buffer per shape
+
+
+def test_a_2of4_weight_and_an_unstructured_one_of_its_sparsity_are_different_groups():
+    from sparseforge.nn import llm
+    from sparseforge.prune import prune_model
+
+    torch.manual_seed(0)
+    two_four, unstructured = nn.Linear(64, 32, bias=False).half(), nn.Linear(64, 32, bias=False).half()
+    prune_model(two_four, nm="2:4", keep_masks=False)
+    prune_model(unstructured, sparsity=0.5, keep_masks=False)
+    a, b = llm._group_key(two_four), llm._group_key(unstructured)
+    assert a[3] == b[3] == 0.5 and a[5] and not b[5]
+    assert llm._group(a) != llm._group(b)
+    gpu = ("NVIDIA H200", 90)
+    assert llm.group_decision_key(a, (1,), 1.0, gpu) != llm.group_decision_key(b, (1,), 1.0, gpu)
