@@ -252,7 +252,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     policy = "measure" if device.type == "cuda" else "sparse"
     report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget)
     conversion = {"cold_seconds": report.seconds, "peak_gpu_bytes": report.peak_gpu_bytes,
-                  "measured_shapes": report.measured, "replaced": len(report.replaced),
+                  "measured_shapes": report.measured, "reused_shapes": report.reused, "replaced": len(report.replaced),
                   "choices": {c: sum(layer.choice == c for layer in report.layers)
                               for c in {layer.choice for layer in report.layers}}}
     phase(f"{pattern}: converted in {report.seconds:.1f} s ({report.measured} shapes measured, choices "
@@ -263,9 +263,12 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     if not args.no_warm:
         again = build(args, device)
         prune(again, pattern)
-        conversion["warm_seconds"] = sparseforge.convert(again, tokens=tuple(args.batches), policy=policy,
-                                                         tune_budget=args.tune_budget, progress=False).seconds
-        phase(f"{pattern}: converted again (warm cache) in {conversion['warm_seconds']:.1f} s")
+        warm = sparseforge.convert(again, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
+                                   progress=False)
+        conversion.update(warm_seconds=warm.seconds, warm_measured_shapes=warm.measured,
+                          warm_reused_shapes=warm.reused)
+        phase(f"{pattern}: converted again (warm cache) in {warm.seconds:.1f} s ({warm.measured} shapes measured, "
+              f"{warm.reused} decided by the first conversion)")
         del again
     sparsity = pattern if ":" in pattern else float(pattern)
     model_name = f"llama3-8b-hf-{args.layers}L" if not args.tiny else f"llama-tiny-hf-{args.layers}L"
