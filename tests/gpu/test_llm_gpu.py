@@ -159,3 +159,9 @@ def test_a_layers_widths_share_one_device_packing_of_w():
         x = torch.randn(n, 1024, device="cuda").half()
         want = x.double() @ linear.weight.double().T + linear.bias.double()
         assert ((inner(x).double() - want).norm() / want.norm()).item() < 5e-3
+    layer = DecodeLinear(inner, [1, 8])  # 4 tokens: the 8-token kernel on padded rows, nothing new decided
+    x = torch.randn(4, 1, 1024, device="cuda").half()
+    with torch.no_grad():
+        want = x.double() @ linear.weight.double().T + linear.bias.double()
+        assert ((layer(x).double() - want).norm() / want.norm()).item() < 5e-3
+    assert sorted(d.n for d in inner.decisions) == [1, 8]

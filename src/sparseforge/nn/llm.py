@@ -3,8 +3,9 @@ projections) and lm_head of a transformers `LlamaForCausalLM` (and the models th
 Qwen2) replaced by a DecodeLinear where the sparse kernels measured faster than dense at the decode widths.
 
 Decoding calls each Linear on batch x 1 tokens, so the decode widths are given at conversion (`tokens=(1, 8)`:
-batch 1 and 8) and decided then; `generate` never compiles or times anything. Every other width (the prefill:
-batch x prompt tokens) runs dense, from one workspace per (shape, dtype, device) shared by every layer of that
+batch 1 and 8) and decided then; `generate` never compiles or times anything. A width between them runs on the
+next larger width's kernel (its input padded with zero rows); a wider one (the prefill: batch x prompt tokens)
+runs dense, from one workspace per (shape, dtype, device) shared by every layer of that
 shape, so no layer keeps a dense W of its own.
 
 Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket, 2:4 or not): the first layer of a
@@ -125,7 +126,10 @@ def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -
 class DecodeLinear(nn.Module):
     """A decoder Linear converted for decoding: the inputs of `kernel_widths` tokens (x.numel() / in_features,
     decided at conversion) run on `inner` (a SparseLinear: the generated kernels; or a SparseLinear24: 2:4 on
-    Sparse Tensor Cores); every other width runs dense. For a SparseLinear the dense W is scattered from its
+    Sparse Tensor Cores); a width below the largest of them runs on the next larger one's kernel, its input
+    padded with zero rows (rows are independent, and a decode kernel's time is W's bytes, not the tokens:
+    batch 4 on a model converted for (1, 8) takes the 8-token kernel, nothing compiled or timed); wider
+    inputs (the prefill) run dense. For a SparseLinear the dense W is scattered from its
     CSR buffers into a workspace shared by every DecodeLinear of that shape (prefill is compute-bound: the
     scatter is small beside the matmul, and no layer keeps a dense W); a SparseLinear24 keeps its dense
     weight anyway (its own fallback) and uses it. Input x: (..., in_features) in the layer's dtype and device.
@@ -162,8 +166,13 @@ class DecodeLinear(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this layer takes (..., {self.in_features})")
-        if x.numel() // self.in_features in self.kernel_widths:
+        n = x.numel() // self.in_features
+        if n in self.kernel_widths:
             return self.inner(x)
+        bucket = min((w for w in self.kernel_widths if w > n), default=None)
+        if bucket is not None and n:  # within a decode width: its kernel on zero rows beyond the tokens
+            rows = F.pad(x.reshape(n, self.in_features), (0, 0, 0, bucket - n))
+            return self.inner(rows)[:n].view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.dense_weight(x), self.bias)
 
     def prepare(self) -> None:

@@ -432,3 +432,23 @@ def test_a_2of4_weight_and_an_unstructured_one_of_its_sparsity_are_different_gro
     assert llm._group(a) != llm._group(b)
     gpu = ("NVIDIA H200", 90)
     assert llm.group_decision_key(a, (1,), 1.0, gpu) != llm.group_decision_key(b, (1,), 1.0, gpu)
+
+
+def test_a_width_between_the_decode_widths_runs_the_next_ones_kernel_on_padded_rows(monkeypatch):
+    """tokens=(1, 8): 4 tokens run the 8-token path on 4 zero rows beyond them (nothing dense, nothing new
+    decided), and the result is the layer's; wider inputs (a prefill) run dense."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16)
+    prune_model(linear, sparsity=0.7, keep_masks=False)
+    layer = DecodeLinear(SparseLinear.from_dense(linear, policy="sparse"), [1, 8])
+    seen = []
+    forward = SparseLinear.forward
+    monkeypatch.setattr(SparseLinear, "forward", lambda self, x: seen.append(tuple(x.shape)) or forward(self, x))
+    monkeypatch.setattr(DecodeLinear, "dense_weight", lambda self, x=None: linear.weight)
+    x = torch.randn(2, 2, 32)
+    with torch.no_grad():
+        want = linear(x)
+        assert torch.allclose(layer(x), want, atol=1e-6) and seen == [(8, 32)]
+        assert torch.allclose(layer(x[:1, :1]), want[:1, :1], atol=1e-6) and seen[-1] == (1, 1, 32)
+        prefill = torch.randn(3, 5, 32)
+        assert torch.allclose(layer(prefill), linear(prefill), atol=1e-6) and len(seen) == 2
