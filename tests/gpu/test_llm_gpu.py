@@ -73,9 +73,9 @@ def test_measured_conversion_keeps_the_logits_and_measures_each_shape_once(dtype
     second = sparseforge.convert(again, tokens=(1, 8), tune_budget=1.0, progress=False)
     assert (second.measured, second.reused) == (0, 3)
     assert [layer.choice for layer in second.layers] == [layer.choice for layer in report.layers]
-    with torch.no_grad():
+    with torch.no_grad():  # the same kernels (split-K ones add atomically: the order may differ)
         ids = _ids(1, 5)
-        assert torch.equal(again(ids).logits, model(ids).logits)
+        assert torch.allclose(again(ids).logits, model(ids).logits, rtol=1e-3, atol=1e-3)
     assert report.peak_gpu_bytes and report.linear_bytes_after > 0
     for layer in report.layers:
         module = model.get_submodule(layer.name)
