@@ -14,7 +14,7 @@
 // - per value: the next set bit (FLO), clear it, one LDS of x, convert, FMA; a word is fetched when the
 //   lane's bits run out. Past its own run a lane walks sentinel bits over zeros of x (no end test a value).
 // - split K: M / 32 groups x S slices of warps; partial sums added atomically into an fp32 workspace,
-//   rounded into y by rowlane_finish.
+//   rounded into y by the last block of each row block (one launch a call).
 //
 // Format (rowlane_walk_bench.py pack): bm uint32 [G][K/32][32], column 32 w + j at bit 31 - j of word w;
 // vals uint2 [sum_g Q_g + pad][32] from quad row gbase[g]; off uint16 [G][S][32]: the quad where slice s
@@ -63,10 +63,43 @@ __device__ __forceinline__ float take(float acc, float v, unsigned& bits, const 
   return fmaf(v, xw[hb], acc);
 }
 
+// The lane's row over this warp's slice: the values of its run in lockstep with the warp (module header).
+__device__ __forceinline__ float walk_run(const uint2* __restrict__ vq, int count, const unsigned* bw,
+                                          const float* xw) {
+  int steps = count;  // the warp walks as many quads as its longest run
+  for (int d = 16; d; d >>= 1) steps = max(steps, __shfl_xor_sync(0xffffffffu, steps, d));
+  const int quads = (steps + 3) >> 2;
+  // a lane loads only its own run's quads: past it the lockstep multiplies zeros (no other slice's bytes read)
+  const int own = (count + 3) >> 2;
+  uint2 ring[PF];
+#pragma unroll
+  for (int k = 0; k < PF; ++k) ring[k] = k < own ? __ldg(vq + 32 * k) : make_uint2(0u, 0u);
+  float acc = 0.f;
+  unsigned bits = *bw;
+  for (int i = 0; i < quads; i += PF) {
+#pragma unroll
+    for (int k = 0; k < PF; ++k) {
+      const uint2 q = ring[k];
+      ring[k] = i + k + PF < own ? __ldg(vq + 32 * (i + k + PF)) : make_uint2(0u, 0u);
+      if (i + k < quads) {
+        acc = take(acc, lo_half(q.x), bits, bw, xw);
+        acc = take(acc, hi_half(q.x), bits, bw, xw);
+        acc = take(acc, lo_half(q.y), bits, bw, xw);
+        acc = take(acc, hi_half(q.y), bits, bw, xw);
+      }
+    }
+  }
+  return acc;
+}
+
+// y (M elements) = W x: grid (row blocks of WARPS groups, S slices). Each slice's partial sums are added into
+// the fp32 workspace; the last block of a row block to finish (a counter per row block, reset by it) rounds
+// its rows into y and zeroes them in the workspace, so a call is one launch (a second kernel costs ~2 us in a
+// graph, more than the whole call at 90%).
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 rowlane_walk(const unsigned* __restrict__ bm, const uint2* __restrict__ vals, const long long* __restrict__ gbase,
              const unsigned short* __restrict__ off, const elem_t* __restrict__ x, float* __restrict__ ws,
-             int M, int K, int S, int slice) {
+             unsigned short* __restrict__ y, unsigned* __restrict__ done, int M, int K, int S, int slice) {
   extern __shared__ float smem[];
   float* xs = smem;                                           // 2 x slice: x's slice (words reversed), then zeros
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -91,42 +124,23 @@ rowlane_walk(const unsigned* __restrict__ bm, const uint2* __restrict__ vals, co
     }
   }
   __syncthreads();
-  if (!active) return;
-  int steps = count;  // the warp walks as many quads as its longest run
-  for (int d = 16; d; d >>= 1) steps = max(steps, __shfl_xor_sync(0xffffffffu, steps, d));
-  const int quads = (steps + 3) >> 2;
-  // a lane loads only its own run's quads: past it the lockstep multiplies zeros (no other slice's bytes read)
-  const int own = (count + 3) >> 2;
-  const uint2* vq = vals + (gbase[g] + off[((size_t)g * S + s) * 32 + lane]) * 32 + lane;  // quad i: vq[32 i]
-  uint2 ring[PF];
-#pragma unroll
-  for (int k = 0; k < PF; ++k) ring[k] = k < own ? __ldg(vq + 32 * k) : make_uint2(0u, 0u);
-  float acc = 0.f;
-  const unsigned* bw = bs + lane;
-  const float* xw = xs;
-  unsigned bits = *bw;
-  for (int i = 0; i < quads; i += PF) {
-#pragma unroll
-    for (int k = 0; k < PF; ++k) {
-      const uint2 q = ring[k];
-      ring[k] = i + k + PF < own ? __ldg(vq + 32 * (i + k + PF)) : make_uint2(0u, 0u);
-      if (i + k < quads) {
-        acc = take(acc, lo_half(q.x), bits, bw, xw);
-        acc = take(acc, hi_half(q.x), bits, bw, xw);
-        acc = take(acc, lo_half(q.y), bits, bw, xw);
-        acc = take(acc, hi_half(q.y), bits, bw, xw);
-      }
-    }
+  if (active) {
+    const uint2* vq = vals + (gbase[g] + off[((size_t)g * S + s) * 32 + lane]) * 32 + lane;  // quad i: vq[32 i]
+    const float acc = walk_run(vq, count, bs + lane, xs);
+    const int row = g * 32 + lane;
+    if (row < M) atomicAdd(ws + row, acc);
   }
-  const int row = g * 32 + lane;
-  if (row < M) atomicAdd(ws + row, acc);
-}
-
-// y = the workspace rounded to the element type; the workspace zeroed for the next call
-extern "C" __global__ void rowlane_finish(float* __restrict__ ws, unsigned short* __restrict__ y, int count) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < count) {
-    y[i] = out_raw(ws[i]);
-    ws[i] = 0.f;
+  __threadfence();  // this block's sums visible before its arrival is counted
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(done + blockIdx.x, 1u) == (unsigned)S - 1;
+  __syncthreads();
+  if (last) {
+    const int row = blockIdx.x * WARPS * 32 + threadIdx.x;
+    if (row < M) {
+      y[row] = out_raw(__ldcg(ws + row));  // from L2, where the atomics landed
+      ws[row] = 0.f;
+    }
+    if (threadIdx.x == 0) done[blockIdx.x] = 0u;
   }
 }
