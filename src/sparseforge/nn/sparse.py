@@ -154,6 +154,12 @@ class _SparseWeight(nn.Module):
         """W as a host SparseMatrix (rows x cols) in the layer's dtype, made once per weight version."""
         self._refresh()
         if self._matrix is None:
+            kernel_dtype = self.weight_values.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            if self.weight_values.is_cuda and kernel_dtype:  # checked on the GPU by reductions, not numpy passes
+                self._matrix = DeviceCsr(self.weight_indptr.detach(), self.weight_indices.detach(),
+                                         self.weight_values.detach(), self._shape2d,
+                                         str(self.weight_values.dtype).replace("torch.", "")).to_host()
+                return self._matrix
             values = self.weight_values.detach().to("cpu", torch.float32).numpy()
             self._matrix = SparseMatrix(self.weight_indptr.cpu().numpy(), self.weight_indices.cpu().numpy(), values,
                                         self._shape2d, str(self.weight_values.dtype).replace("torch.", ""))

@@ -155,13 +155,33 @@ FORMATS_KEPT = 2
 
 
 def scatter_format(w: SparseMatrix) -> ScatterFormat:
-    """W's tc-scatter layout, built once per weight (numpy; ~3 s for a 4096 x 4096 layer at 50% on one core)."""
+    """W's tc-scatter layout in host memory, built once per weight: by torch ops on a GPU where there is one
+    (numpy takes ~3 s for a 4096 x 4096 layer at 50% on one core, seconds more at Llama's 14336 x 4096), else
+    by numpy; the same format either way (tests/cpu/mappings/tc_scatter)."""
     key = w.digest()
     if key not in _FORMATS:
         while len(_FORMATS) >= FORMATS_KEPT:
             _FORMATS.pop(next(iter(_FORMATS)))
-        _FORMATS[key] = _build(w)
+        _FORMATS[key] = _built_on_gpu(w) or _build(w)
     return _FORMATS[key]
+
+
+def _built_on_gpu(w: SparseMatrix) -> ScatterFormat | None:
+    """scatter_format_on_device's format brought to the host, or None where no GPU can build it."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from ...formats.device import DeviceCsr
+
+        dtype = w.dtype if w.dtype in ("float16", "bfloat16") else "float32"
+        values = torch.from_numpy(np.asarray(w.values, dtype=np.float32).copy()).cuda().to(getattr(torch, dtype))
+        device_w = DeviceCsr(torch.from_numpy(w.indptr.copy()).cuda(), torch.from_numpy(w.indices.copy()).cuda(),
+                             values, w.shape, dtype)
+        return scatter_format_on_device(device_w, dtype).on_host()
+    except (ImportError, RuntimeError):  # no usable CUDA build, or out of GPU memory: numpy builds it
+        return None
 
 
 def _build(w: SparseMatrix) -> ScatterFormat:

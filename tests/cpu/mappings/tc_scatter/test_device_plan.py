@@ -78,3 +78,21 @@ def test_refusals_are_the_host_plans():
         with pytest.raises(ValueError) as device:
             make_tc_scatter_plan_on_device(_device_csr(w.astype(dtype)), 8, dtype, "nk", arch=arch)
         assert str(host.value) == str(device.value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_host_format_built_by_torch_is_numpys(monkeypatch, dtype):
+    """Where a GPU is present the chooser's host format is built there and brought back: the plumbing (dtypes,
+    the host copy) run here with torch's CPU standing in for the GPU, against numpy's build."""
+    from sparseforge.mappings.tc_scatter import plan as tcs
+
+    w = _matrix(40, 300, 0.3, seed=9, dtype=dtype)
+    want = tcs._build(w)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+    got = tcs._built_on_gpu(w)
+    for name in ("records", "pos", "values", "chunks"):
+        assert getattr(got, name).dtype == getattr(want, name).dtype
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tcs._built_on_gpu(w) is None  # no GPU: numpy builds it
