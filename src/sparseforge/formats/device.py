@@ -133,12 +133,16 @@ class DeviceCsr:
         return self._packed[key]
 
     def to_host(self):
-        """The same matrix as a host SparseMatrix (what every family without a device packer takes)."""
+        """The same matrix as a host SparseMatrix (what every family without a device packer takes), made once
+        (its digest with it: spmm() keys its kernels by it)."""
         from .csr import SparseMatrix
 
-        values = self.values.detach().float().cpu().numpy()
-        return SparseMatrix(self.indptr.cpu().numpy(), self.indices.cpu().numpy(), values, self.shape, self.dtype,
-                            validate=False)  # checked on the device at construction
+        def copy():
+            values = self.values.detach().float().cpu().numpy()
+            return SparseMatrix(self.indptr.cpu().numpy(), self.indices.cpu().numpy(), values, self.shape,
+                                self.dtype, validate=False)  # checked on the device at construction
+
+        return self.packed(("host",), copy)
 
     def __repr__(self) -> str:
         return (f"DeviceCsr(shape={self.shape}, nnz={self.nnz}, density={self.density:.4f}, dtype={self.dtype}, "

@@ -112,3 +112,8 @@ def test_an_empty_matrix():
     w = _csr(torch.zeros(3, 5, dtype=torch.float32))
     assert w.nnz == 0 and w.to_host().nnz == 0
     assert np.array_equal(w.to_host().indptr, np.zeros(4))
+
+
+def test_the_host_copy_is_made_once():
+    w = _csr(_dense())
+    assert w.to_host() is w.to_host()
