@@ -14,8 +14,10 @@ import re
 
 import numpy as np
 
-_MASK = {16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
-_LABEL = re.compile(r"^([A-Za-z_][\w]*):$")
+_MASK = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF, 64: 0xFFFFFFFFFFFFFFFF}
+_LABEL = re.compile(r"^([$A-Za-z_][\w$]*):$")  # nvcc's labels start with $
+# a static shared variable a function declares in its body (nvcc's `__shared__ bool last;`): type, name, count
+_SHARED = re.compile(r"^\.shared \.align \d+ (\.[bfsu]\d+) (\w+)(?:\[(\d+)\])?;$")
 
 
 def _f32(bits: int) -> float:
@@ -72,10 +74,13 @@ class Function:
 
     def __init__(self, name: str, lines: list[str]):
         self.name, self.code, self.labels, self.tables = name, [], {}, {}
+        self.shared: dict[str, int] = {}  # static .shared variables declared in the body: name -> bytes
         i = 0
         while i < len(lines):
             line = lines[i]
-            if m := _LABEL.match(line):
+            if m := _SHARED.match(line):
+                self.shared[m.group(2)] = int(m.group(1)[1:].lstrip("bfsu") or 8) // 8 * int(m.group(3) or 1)
+            elif m := _LABEL.match(line):
                 self.labels[m.group(1)] = len(self.code)
             elif m := re.match(r"(\w+): \.branchtargets (.*);$", line):
                 self.tables[m.group(1)] = m.group(2).split(", ")
@@ -83,7 +88,7 @@ class Function:
                 end = lines.index("}", i)
                 self.code.append((None, "call", lines[i + 1:end]))
                 i = end
-            elif not line.startswith(".reg"):
+            elif not line.startswith((".reg", ".pragma")):  # declarations and hints: nothing to run
                 guard = None
                 if line.startswith("@"):
                     guard, line = line.split(" ", 1)
@@ -98,6 +103,10 @@ def parse(text: str) -> dict[str, Function]:
     functions, name, body, depth = {}, None, [], 0
     for raw in text.splitlines():
         line = raw.split("//")[0].strip()
+        if line.startswith("{") and line != "{":  # an inline-asm scope (cuda_fp16.h's): its lines run as they are
+            line = line[1:].strip()
+        if line.endswith(";}"):
+            line = line[:-1]
         if not line:
             continue
         if name is None:
@@ -131,10 +140,12 @@ class _Registers(dict):
 
 class Thread:
     def __init__(self, functions: dict[str, Function], headers: dict[str, dict], memory: Memory, tid: int,
-                 ctaid: tuple[int, int, int], nctaid: tuple[int, int, int] = (1, 1, 1)):
+                 ctaid: tuple[int, int, int], nctaid: tuple[int, int, int] = (1, 1, 1), ntid: int = 0):
         self.functions, self.headers, self.memory = functions, headers, memory
         self.special = {"%tid.x": tid, "%ctaid.x": ctaid[0], "%ctaid.y": ctaid[1], "%ctaid.z": ctaid[2],
                         "%nctaid.x": nctaid[0], "%nctaid.y": nctaid[1], "%nctaid.z": nctaid[2]}
+        if ntid:  # the block's threads (blockDim.x; one-dimensional blocks)
+            self.special.update({"%ntid.x": ntid, "%ntid.y": 1, "%ntid.z": 1})
 
     def run(self, name: str, params: dict[str, bytearray]):
         """Execute function `name` with its .param inputs (a generator: it yields at each bar.sync and
@@ -157,7 +168,10 @@ class Thread:
             elif op == "bar.warp.sync":  # the warp's lanes meet here, like at a shuffle that moves nothing
                 yield ("wsync", 0, 0)
             elif op == "shfl.sync.bfly.b32":  # the warp's lanes meet here: the runner swaps the values
-                self.regs[args[0]] = yield ("bfly", self._val(args[1]), self._val(args[2]))
+                dst, _, pred = args[0].partition("|")  # d|p: the partner lane is in range (always, full warp)
+                self.regs[dst] = yield ("bfly", self._val(args[1]), self._val(args[2]))
+                if pred:
+                    self.preds[pred] = True
             elif op == "shfl.sync.idx.b32":  # every lane reads lane `b` of its warp
                 self.regs[args[0]] = yield ("idx", self._val(args[1]), self._val(args[2]))
             elif op == "shfl.sync.up.b32":  # lane reads lane - b; in range or not in the predicate (d|p)
@@ -222,15 +236,17 @@ class Thread:
     def _val(self, token: str) -> int:
         if token in self.special:
             return self.special[token]
-        if token.startswith("%"):
+        if token.startswith("%") or token in self.regs:  # inline asm names its scoped registers without %
             return self.regs[token]
         if token.startswith("0f"):
             return int(token[2:], 16)
         return int(token, 0) & _MASK[64]
 
     def _address(self, token: str) -> int:
-        m = re.fullmatch(r"\[(%\w+)(?:\+(\d+))?\]", token)
-        return self.regs[m.group(1)] + int(m.group(2) or 0)
+        """[%reg], [%reg+N], [%reg+-N], or a shared variable by name ([name], [name+N])."""
+        m = re.fullmatch(r"\[(%?[\w$]+)(?:\+(-?\d+))?\]", token)
+        base = self.special[m.group(1)] if m.group(1) in self.special else self.regs[m.group(1)]
+        return base + int(m.group(2) or 0)
 
     # -- instructions ----------------------------------------------------------------------------
     def _execute(self, op: str, args: list[str], frame: dict | None = None) -> None:
@@ -312,10 +328,42 @@ class Thread:
         if op == "and.pred":
             self.preds[args[0]] = self.preds[args[1]] and self.preds[args[2]]
             return
+        if op == "or.pred":
+            self.preds[args[0]] = self.preds[args[1]] or self.preds[args[2]]
+            return
+        if op == "clz.b32":
+            r[args[0]] = 32 - (v(args[1]) & _MASK[32]).bit_length()
+            return
+        if op == "not.b32":
+            r[args[0]] = ~v(args[1]) & _MASK[32]
+            return
+        if op == "bfi.b32":  # d = b with len bits from position pos replaced by a's low bits
+            a, b, pos, length = v(args[1]), v(args[2]), v(args[3]) & 0xFF, v(args[4]) & 0xFF
+            field = ((1 << length) - 1) << pos
+            r[args[0]] = ((b & ~field) | ((a << pos) & field)) & _MASK[32]
+            return
+        if op == "membar.gl":  # threads run one at a time here: every store is already visible
+            return
+        if head == "atom" and parts[-2] == "add":  # atom.global.add.{u32,f32}: d = the old value
+            address = self._address(args[1])
+            r[args[0]] = self.memory.read(address, 4)
+            if parts[-1] == "f32":
+                self._atomic_add("f32", address, v(args[2]))
+            else:
+                self.memory.write(address, 4, (self.memory.read(address, 4) + v(args[2])) & _MASK[32])
+            return
+        if head == "cvt" and all(t[0] in "us" and t[1:].isdigit() for t in parts[1:3]):  # integer widths
+            (to, source), value = parts[1:3], v(args[1])
+            width = int(source[1:])
+            value &= _MASK[width] if width >= 16 else (1 << width) - 1
+            if source[0] == "s" and value >> (width - 1):  # sign-extended into the wider type
+                value -= 1 << width
+            r[args[0]] = value & _MASK[int(to[1:])]
+            return
         if op == "cvt.u16.u32":
             r[args[0]] = v(args[1]) & 0xFFFF
             return
-        if op in ("selp.u32", "selp.b32", "selp.u64", "selp.b64"):
+        if op in ("selp.u16", "selp.b16", "selp.u32", "selp.b32", "selp.u64", "selp.b64"):
             r[args[0]] = v(args[1]) if self.preds[args[3]] else v(args[2])
             return
         if op == "fma.rn.f32":
@@ -340,8 +388,8 @@ class Thread:
             a, b = _f32(v(args[1])), _f32(v(args[2]))
             r[args[0]] = _bits32(a if a != a else b if b != b else max(a, b))
             return
-        if op == "cvt.f32.f16":
-            r[args[0]] = _bits32(_half(v(args[1]) & 0xFFFF, False))  # a b16 register (undefined: NaN bits)
+        if op in ("cvt.f32.f16", "cvt.f32.bf16"):  # a b16 register (undefined: NaN bits)
+            r[args[0]] = _bits32(_half(v(args[1]) & 0xFFFF, op.endswith("bf16")))
             return
         if op == "cvt.u32.u16" or op == "cvt.u64.u32":
             r[args[0]] = v(args[1])
@@ -354,7 +402,7 @@ class Thread:
         result = {"shr": lambda: a[0] >> a[1], "shl": lambda: a[0] << a[1], "and": lambda: a[0] & a[1],
                   "add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "xor": lambda: a[0] ^ a[1], "or": lambda: a[0] | a[1],
                   "div": lambda: a[0] // a[1], "rem": lambda: a[0] % a[1], "min": lambda: min(a), "mul": lambda: a[0] * a[1],
-                  "mad": lambda: a[0] * a[1] + a[2]}[head]()
+                  "mad": lambda: a[0] * a[1] + a[2], "max": lambda: max(a)}[head]()
         r[args[0]] = result & _MASK[bits]
 
     def _atomic_add(self, kind: str, address: int, value: int) -> None:
@@ -434,9 +482,12 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
                     symbols[shared.group(1)] = memory.place(np.full(int(shared.group(2)), 0xFF, np.uint8))
                 if dynamic:
                     symbols[dynamic.group(1)] = memory.place(np.full(shared_bytes, 0xFF, np.uint8))
+                for function in functions.values():  # static shared variables of function bodies, per block
+                    for name, size in function.shared.items():
+                        symbols[name] = memory.place(np.full(size, 0xFF, np.uint8))
                 block = []
                 for tid in range(threads):
-                    thread = Thread(functions, headers, memory, tid, (x, y, z), grid)
+                    thread = Thread(functions, headers, memory, tid, (x, y, z), grid, threads)
                     thread.special.update(symbols)
                     block.append(thread.run(entry, {k: bytearray(val) for k, val in params.items()}))
                 _run_block(block, memory)
