@@ -116,57 +116,18 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk(
     xs[i] = to_xs(xv);
   }
   unsigned* mybm = bms + warp * W;
-  int cnt = 0;
-#pragma unroll
-  for (int k = 0; k < PMAX; ++k) {
-    const int wi = lane * P + k;
-    if (k < P && wi < W) mybm[wi] = words[k];
-    cnt += __popc(words[k]);
-  }
+  const int cnt = stage_words(mybm, words, lane, P, W);
   __syncthreads();
   if (!live) return;
-  int incl = cnt;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int o = __shfl_up_sync(FULL, incl, d);
-    if (lane >= d) incl += o;
-  }
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-  int o = 0;  // the first lane whose inclusive count passes t0: the lane of words holding nonzero t0
-#pragma unroll
-  for (int step = 16; step >= 1; step >>= 1) {
-    const int iv = __shfl_sync(FULL, incl, o + step - 1);
-    if (iv <= t0) o += step;
-  }
-  o = min(o, 31);
-  const int ex = __shfl_sync(FULL, incl - cnt, o);
+  int ex;
+  const int o = run_start(cnt, t0, lane, ex);  // the lane of words holding nonzero t0
   if (cl > 0) walk_run(acc, buf, vp, cl, mybm, W, P, o, t0 - ex, xs);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) acc[t] += __shfl_xor_sync(FULL, acc[t], d);
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (lane == t && t < n) {
-      if (nseg == 1)
-        y[(size_t)t * rows + row] = out_raw(acc[t]);
-      else
-        atomicAdd(ws + (size_t)t * rows + row, acc[t]);
-    }
-  }
+  store_row(acc, lane, n, nseg, y, ws, rows, row);
 }
 
-// Segments summed by atomics into an fp32 workspace: written out here, and the workspace zeroed for the next call.
-extern "C" __global__ void bitmap_walk_finish(float* __restrict__ ws, unsigned short* __restrict__ y, int count) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < count) {
-    y[i] = out_raw(ws[i]);
-    ws[i] = 0.f;
-  }
-}
 
 // What a warp loads for one row before walking it: the chunk offsets, its lanes' bitmap words and the first
 // PF value chunks of each lane's run.
@@ -227,55 +188,23 @@ extern "C" __global__ void __launch_bounds__(MAXT) bitmap_walk_rows(
   __syncthreads();
   unsigned* mybm = bms + warp * W;
   for (; row < rows; row += stride) {
-    const int v = s * rows + row;
     const int after = row + stride;
     RowLoads nxt;
     load_row_head(nxt, bm, coff, s * rows + min(after, rows - 1), after < rows, lane, P, W);
     __syncwarp();  // the last row's walk has read mybm
-    int cnt = 0;
-#pragma unroll
-    for (int k = 0; k < PMAX; ++k) {
-      const int wi = lane * P + k;
-      if (k < P && wi < W) mybm[wi] = cur.words[k];
-      cnt += __popc(cur.words[k]);
-    }
+    const int cnt = stage_words(mybm, cur.words, lane, P, W);
     __syncwarp();
-    int incl = cnt;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int o = __shfl_up_sync(FULL, incl, d);
-      if (lane >= d) incl += o;
-    }
     const int nch = cur.nch, qc = (nch + 31) >> 5, e = nch - 32 * (qc - 1);
     const int cl = nch == 0 ? 0 : (lane < e ? qc : qc - 1);
     const int t0 = (lane * (qc - 1) + min(lane, e)) * C;
-    int o = 0;
-#pragma unroll
-    for (int step = 16; step >= 1; step >>= 1) {
-      const int iv = __shfl_sync(FULL, incl, o + step - 1);
-      if (iv <= t0) o += step;
-    }
-    o = min(o, 31);
-    const int ex = __shfl_sync(FULL, incl - cnt, o);
+    int ex;
+    const int o = run_start(cnt, t0, lane, ex);
     load_row_chunks(nxt, vals, lane);  // its offsets have arrived by now
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
     if (cl > 0) walk_run(acc, cur.buf, vals + (size_t)cur.base + lane, cl, mybm, W, P, o, t0 - ex, xs);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-      for (int d = 16; d >= 1; d >>= 1) acc[t] += __shfl_xor_sync(FULL, acc[t], d);
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (lane == t && t < n) {
-        if (nseg == 1)
-          y[(size_t)t * rows + row] = out_raw(acc[t]);
-        else
-          atomicAdd(ws + (size_t)t * rows + row, acc[t]);
-      }
-    }
+    store_row(acc, lane, n, nseg, y, ws, rows, row);
     cur = nxt;
   }
 }

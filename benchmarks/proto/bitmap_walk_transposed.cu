@@ -93,32 +93,14 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
   for (int i = 0; i < PF; ++i)
     if (i < cl) buf[i] = load_chunk(vp + i * 32);
   unsigned* mybm = bms + warp * W;
-  int cnt = 0;
-#pragma unroll
-  for (int k = 0; k < PMAX; ++k) {
-    const int wi = lane * P + k;
-    if (k < P && wi < W) mybm[wi] = words[k];
-    cnt += __popc(words[k]);
-  }
+  const int cnt = stage_words(mybm, words, lane, P, W);
   __syncthreads();
   if (!live) return;
-  int incl = cnt;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int o = __shfl_up_sync(FULL, incl, d);
-    if (lane >= d) incl += o;
-  }
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-  int o = 0;  // the first lane whose inclusive count passes t0: the lane of words holding nonzero t0
-#pragma unroll
-  for (int step = 16; step >= 1; step >>= 1) {
-    const int iv = __shfl_sync(FULL, incl, o + step - 1);
-    if (iv <= t0) o += step;
-  }
-  o = min(o, 31);
-  const int ex = __shfl_sync(FULL, incl - cnt, o);
+  int ex;
+  const int o = run_start(cnt, t0, lane, ex);  // the lane of words holding nonzero t0
   if (cl > 0) {
     int rem = t0 - ex, wi = o * P;
     unsigned w = mybm[wi];
@@ -181,27 +163,6 @@ extern "C" __global__ void __launch_bounds__(MAXT, 1) bitmap_walk(
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) acc[t] += __shfl_xor_sync(FULL, acc[t], d);
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (lane == t && t < n) {
-      if (nseg == 1)
-        y[(size_t)t * rows + row] = out_raw(acc[t]);
-      else
-        atomicAdd(ws + (size_t)t * rows + row, acc[t]);
-    }
-  }
+  store_row(acc, lane, n, nseg, y, ws, rows, row);
 }
 
-// Segments summed by atomics into an fp32 workspace: written out here, and the workspace zeroed for the next call.
-extern "C" __global__ void bitmap_walk_finish(float* __restrict__ ws, unsigned short* __restrict__ y, int count) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < count) {
-    y[i] = out_raw(ws[i]);
-    ws[i] = 0.f;
-  }
-}
