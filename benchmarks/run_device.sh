@@ -28,6 +28,7 @@
 #                 the first design, persistent warps (rows) and the transposed-x variant side by side
 #   rowlane       the one-row-a-lane bitmap decode (benchmarks/proto/rowlane_walk.cu) at N = 1, fp16: 4096^2 at
 #                 50 / 70 / 90% first, then the large shapes
+#   delta_runs    the 8-bit-gap run decode prototype (benchmarks/proto/delta_runs.cu) at N = 1, fp16 then bf16
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -157,6 +158,9 @@ stage() {
       SHAPES=4096x4096 run rowlane_4096 python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_4096.json"
       SHAPES="14336x4096 4096x14336 1024x4096" SLICES="256 512 1024" WARPS=4 \
         run rowlane_large python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_large.json" ;;
+    delta_runs)
+      WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
+      BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;
     timing)
       run timing_contention python3 benchmarks/timing_contention.py ;;
     bench24)

@@ -1,5 +1,6 @@
-"""CUDA-graph timing the decode prototypes share (bitmap_tiles_bench.py, bitmap_lanes_bench.py,
-bitmap_walk_bench.py): the calls captured once in order, replayed, the median per call."""
+"""What the decode prototypes' benches share (bitmap_*_bench.py, rowlane_walk_bench.py, delta_runs_bench.py):
+CUDA-graph timing (the calls captured once in order, replayed, the median per call), a seeded pruned case with
+cuBLAS's rotated time beside it, and NVRTC builds of a prototype's CUDA source."""
 import statistics
 
 import torch
@@ -27,3 +28,33 @@ def graph_us(calls, reps=15):
         a.record(); g.replay(); b.record(); b.synchronize()
         times.append(a.elapsed_time(b) * 1000 / len(calls))
     return statistics.median(times)
+
+
+def pruned_case(m: int, k: int, sparsity: float, dtype):
+    """(W pruned per row by magnitude to `sparsity`, x (1 x k), the float64 reference y, cuBLAS's microseconds
+    with W rotated through HBM) of one decode case, seeded: what the N = 1 prototypes are measured against."""
+    import math
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(m, k, device="cuda", generator=gen)
+    thr = w.abs().topk(round(k * (1 - sparsity)), dim=1).values[:, -1:]
+    w = torch.where(w.abs() >= thr, w, torch.zeros_like(w)).to(dtype)
+    x = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
+    ref = (x.double() @ w.double().t()).view(-1)
+    ys = torch.empty(1, m, device="cuda", dtype=dtype)
+    copies = [w.clone() for _ in range(max(2, math.ceil(256e6 / (m * k * 2))))]
+    dense = graph_us([lambda wi=wi: torch.matmul(x, wi.t(), out=ys) for wi in copies], reps=9)
+    return w, x, ref, dense
+
+
+def compiled(source: str, entry: str, defines: tuple[str, ...]):
+    """(the entry function of `source` built by NVRTC for sm_90 with `defines`, seconds it took), its dynamic
+    shared memory allowed up to the block's limit (the opt-in covers static and dynamic shared memory together)."""
+    import time
+
+    import cupy as cp
+
+    started = time.perf_counter()
+    fn = cp.RawModule(code=source, options=("-std=c++17", "-arch=sm_90", *defines)).get_function(entry)
+    fn.max_dynamic_shared_size_bytes = 227 * 1024 - fn.shared_size_bytes
+    return fn, time.perf_counter() - started

@@ -9,7 +9,8 @@ Knobs (environment): SHAPES ("4096x4096 ..."), SPS ("0.5 0.7 0.9"), SLICES ("128
 import json, math, os, sys, time
 import torch
 
-from proto_timing import graph_us
+from proto_timing import compiled, graph_us, pruned_case
+from sparseforge.bench.report import provenance
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "rowlane_walk.cu")).read()
@@ -116,15 +117,9 @@ _mods = {}
 
 
 def kernels(warps, pf, bf16):
-    import cupy as cp
     key = (warps, pf, bf16)
     if key not in _mods:
-        t0 = time.perf_counter()
-        opts = ("-std=c++17", "-arch=sm_90", f"-DWARPS={warps}", f"-DPF={pf}") + (("-DBF16",) if bf16 else ())
-        mod = cp.RawModule(code=SRC, options=opts)
-        fn = mod.get_function("rowlane_walk")
-        fn.max_dynamic_shared_size_bytes = 227 * 1024
-        _mods[key] = (fn, time.perf_counter() - t0)
+        _mods[key] = compiled(SRC, "rowlane_walk", (f"-DWARPS={warps}", f"-DPF={pf}") + (("-DBF16",) if bf16 else ()))
     return _mods[key]
 
 
@@ -155,17 +150,7 @@ def main():
     results = []
     for (m, k) in shapes:
         for s in sps:
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            w = torch.randn(m, k, device="cuda", generator=gen)
-            keep = round(k * (1 - s))
-            thr = w.abs().topk(keep, dim=1).values[:, -1:]
-            w = torch.where(w.abs() >= thr, w, torch.zeros_like(w)).to(dtype)
-            x = torch.randn(1, k, device="cuda", generator=gen).to(dtype)
-            ref = (x.double() @ w.double().t()).view(-1)
-            ys = torch.empty(1, m, device="cuda", dtype=dtype)
-            dws = [w.clone() for _ in range(max(2, math.ceil(256e6 / (m * k * 2))))]
-            dense = graph_us([lambda wi=wi: torch.matmul(x, wi.t(), out=ys) for wi in dws], reps=9)
-            del dws
+            w, x, ref, dense = pruned_case(m, k, s, dtype)
             rows = []
             for sl in [int(a) for a in os.environ.get("SLICES", "128 256 512 1024").split()]:
                 if sl > 32 * -(-k // 32) * 2:
@@ -178,7 +163,7 @@ def main():
                 ws = torch.zeros(m, device="cuda", dtype=torch.float32)
                 done = torch.zeros(p["G"], device="cuda", dtype=torch.int32)  # a counter a row block (any warps)
                 for warps in [int(a) for a in os.environ.get("WARPS", "4 8").split()]:
-                    if smem_bytes(p, warps) > 227 * 1024:
+                    if smem_bytes(p, warps) > 227 * 1024 - 16:
                         continue
                     for pf in [int(a) for a in os.environ.get("PFS", "4 8").split()]:
                         fns = kernels(warps, pf, dtype == torch.bfloat16)
@@ -204,8 +189,7 @@ def main():
                   f"{best and {q: best[q] for q in ('slice', 'warps', 'pf', 'regs', 'read_bytes_per_weight')}}",
                   flush=True)
             with open(out, "w") as f:
-                json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
-                               command=" ".join(sys.argv), results=results), f, indent=1)
+                json.dump(dict(provenance(sys.argv), results=results), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -528,6 +528,48 @@ def _prebuild_members(model, names, keys, decided) -> None:
         run_prebuilds(jobs, what="layers")
 
 
+def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacement: SparseLinear, tokens: tuple,
+                            tune_budget) -> SparseLinear | None:
+    """The measured layer's replacement for decoding: a kernel at every decode width, or None (kept dense).
+
+    measure_layer decides width by width, keeping a dense W for the widths where dense measured faster. A
+    DecodeLinear keeps no dense W of its own (prefill densifies into a shared workspace at every call, far
+    slower than any kernel, and not inside a CUDA graph), so there it runs its fastest kernel all the same.
+    The layer is replaced where the kernels' time summed over the decode widths beats dense's by the
+    chooser's margin; a width no kernel takes keeps the layer dense."""
+    from ..tune.choose import MIN_SPEEDUP, fastest_with_margin
+
+    decisions = [d for d in replacement.decisions if d.mode in ("graph", "any")]
+    lost = sorted(d.n for d in decisions if d.path == DENSE)
+    if not lost:
+        return replacement
+    configs = replacement.fastest_kernel_configs()
+    timed = {d.n: d for d in decisions if d.sparse_us and d.dense_us}
+    missing = [n for n in tokens if n not in configs or n not in timed]
+    if missing:
+        measured.choice, measured.reason = DENSE, f"{measured.reason}; no kernel measured at width(s) {missing}, " \
+                                                  "where a decoder layer keeps no dense W: kept dense"
+        return None
+    sparse_us = sum(timed[n].sparse_us for n in tokens)
+    dense_us = sum(timed[n].dense_us for n in tokens)
+    measured.times_us[UNSTRUCTURED] = measured.kernel_us[UNSTRUCTURED] = sparse_us
+    picked, ratio = fastest_with_margin({UNSTRUCTURED: sparse_us, DENSE: dense_us}, DENSE, MIN_SPEEDUP)
+    slower = ", ".join(f"{timed[n].dense_us / timed[n].sparse_us:.2f}x at {n}" for n in lost)
+    if picked == DENSE:
+        measured.choice = DENSE
+        measured.reason = f"its kernels at the decode widths {list(tokens)} measured {ratio:.2f}x of dense in " \
+                          f"sum ({slower} tokens; a decoder layer keeps no dense W, so it would run them there " \
+                          "too): kept dense"
+        return None
+    inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
+    inner.pin({n: configs[n] for n in tokens})
+    inner.prepare(tokens)
+    measured.choice = UNSTRUCTURED
+    measured.reason = f"its kernels at the decode widths {list(tokens)} measured {ratio:.2f}x faster than dense " \
+                      f"in sum; they run at every width ({slower} tokens, where a decoder layer keeps no dense W)"
+    return inner
+
+
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,
                    decided: dict, picked: dict | None = None) -> tuple[LayerReport, nn.Module | None]:
     shape, _, _, sparsity, _, _ = key
@@ -560,6 +602,8 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
     group = _group(key)
     if group not in decided:  # the group's first layer: timed
         measured, replacement = measure_layer(name, module, [tuple(s) for s in shapes], "measure", tune_budget)
+        if isinstance(replacement, SparseLinear):
+            replacement = _kernels_at_every_width(module, measured, replacement, tokens, tune_budget)
         widths = set()
         if replacement is not None:
             widths = {d.n for d in replacement.decisions if d.path != DENSE and d.mode in ("graph", "any")}
@@ -609,10 +653,10 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         return layer, None
     layer.reason = f"as {first.name} measured (same shape, sparsity within {SPARSITY_BUCKET:.0%}): its " \
                    f"{first.mapping or 'kernel'} configs at widths {sorted(own)}, compiled here, not timed"
-    if own != set(configs):  # some refused for this W: the layer keeps only the kernels it runs, no dense W
+    if own != set(configs):  # refused at some width: no dense W to run there (see _kernels_at_every_width)
         refused = [d for d in decisions if d.path == DENSE]
-        layer.reason += f"; dense at {sorted(d.n for d in refused)}: {refused[0].reason}"
-        inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
-        inner.pin({n: configs[n] for n in own})
-        inner.prepare(sorted(own))  # from the kernel cache: built a moment ago
+        layer.choice, layer.reason = DENSE, f"{first.name}'s kernel configs are refused for this weight at " \
+                                            f"{sorted(d.n for d in refused)} tokens ({refused[0].reason}), where " \
+                                            "a decoder layer keeps no dense W: kept dense"
+        return layer, None
     return layer, DecodeLinear(inner, own)

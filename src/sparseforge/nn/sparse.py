@@ -114,6 +114,7 @@ class _SparseWeight(nn.Module):
         self._decided: dict = {}      # shape key -> Decision (graph replay)
         self._eager_decided: dict = {}  # shape key -> Decision called eagerly, where that was measured
         self._eager_dense: set = set()  # shape keys whose kernel won under graph replay but lost eagerly
+        self._outpaced: dict = {}     # shape key -> config of the fastest kernel where dense measured faster
         self._dense = None
         self._dense_in_layout = None  # (the dense W it was made from, memory format, W in it): convolutions
         self._matrix = None
@@ -326,6 +327,7 @@ class _SparseWeight(nn.Module):
                     decision = decide(n, choice.sparse_us, choice.dense_us, MIN_SPEEDUP, path=UNSTRUCTURED,
                                       mode="graph")
                     if decision.path == DENSE:
+                        self._outpaced[key] = kernel.plan.config
                         kernel = None
                     elif self._measures_eagerly(example):
                         self._decide_eagerly(key, n, kernel, example)
@@ -388,7 +390,7 @@ class _SparseWeight(nn.Module):
     def __getstate__(self):
         # kernels are process- and device-bound: copies and pickles rebuild them (from the caches)
         state = self.__dict__.copy()
-        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _dense=None,
+        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _outpaced={}, _dense=None,
                      _dense_in_layout=None, _matrix=None,
                      _key=None)
         return state
@@ -580,6 +582,7 @@ class SparseLinear(_SparseWeight):
             self._decided.pop(n, None)
             self._eager_decided.pop(n, None)
             self._eager_dense.discard(n)
+            self._outpaced.pop(n, None)
 
     @property
     def pinned(self) -> dict:
@@ -600,6 +603,11 @@ class SparseLinear(_SparseWeight):
     def kernel_configs(self) -> dict:
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
         return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
+
+    def fastest_kernel_configs(self) -> dict:
+        """{token count: the config of the fastest kernel measured}, the token counts where dense measured
+        faster included (a caller that keeps no dense W, e.g. a decoder layer, runs the kernel there)."""
+        return dict(sorted({**self.__dict__.get("_outpaced", {}), **self.kernel_configs()}.items()))
 
     def kernel_args(self, n: int, on_device: bool = True) -> dict:
         """What compile_spmm and prebuild_spmm take for `n` tokens, alike. With on_device, a pinned config whose

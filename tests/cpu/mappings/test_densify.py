@@ -7,7 +7,10 @@ import torch
 
 from sparseforge import SparseMatrix
 from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig, make_csr_plan
+from sparseforge.formats.device import DeviceCsr
 from sparseforge.mappings.registry import families, plan_family
+from sparseforge.mappings.delta_runs.plan import make_delta_runs_plan, make_delta_runs_plan_on_device
+from sparseforge.mappings.tc_scatter.plan import make_tc_scatter_plan, make_tc_scatter_plan_on_device
 from sparseforge.runtime.kernel import weight_data
 
 
@@ -36,6 +39,35 @@ def test_csr_arrays_give_w_back(m, k, density, config, layout, dtype):
     assert plan_family(plan).hook("densify")(plan, arrays, out) is out
     want = torch.from_numpy(w.astype(dtype).to_dense().astype(np.float32)).to(out.dtype)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("m, k, density", [
+    (16, 64, 0.3),      # one strip, one chunk
+    (33, 200, 0.5),     # row and column tails
+    (40, 640, 0.02),    # empty tiles and chunks
+    (20, 130, 1.0),     # full tiles: rounds past one a chunk
+    (5, 8, 0.0),        # nothing stored
+    (70, 1000, 0.7),
+    (3, 3000, 0.002),   # gaps over 255 (delta-runs' fillers)
+])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("built", ["host", "device"])
+@pytest.mark.parametrize("family", ["tc-scatter", "delta-runs"])
+def test_16_bit_decode_arrays_give_w_back(m, k, density, dtype, built, family):
+    w = _matrix(m, k, density, seed=m + k, empty_rows=(m - 1,)).astype(dtype)
+    n = 1 if family == "delta-runs" else 8
+    if built == "host":
+        make = make_tc_scatter_plan if family == "tc-scatter" else make_delta_runs_plan
+        plan = make(w, n, dtype, "nk")
+    else:  # the format made by torch ops where W lies (here the CPU), as a GPU layer packs it
+        csr = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
+                        torch.from_numpy(w.values.astype(np.float32)).to(getattr(torch, dtype)), w.shape, dtype)
+        make = make_tc_scatter_plan_on_device if family == "tc-scatter" else make_delta_runs_plan_on_device
+        plan = make(csr, 1, dtype, "nk")
+    arrays, _ = weight_data(plan, "cpu")
+    out = torch.full((m, k), float("nan"), dtype=getattr(torch, dtype))
+    assert plan_family(plan).hook("densify")(plan, arrays, out) is out
+    assert torch.equal(out, torch.from_numpy(w.to_dense().astype(np.float32)).to(out.dtype))
 
 
 def test_densify_is_declared_only_where_the_arrays_hold_w():

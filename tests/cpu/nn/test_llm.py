@@ -242,27 +242,28 @@ def test_converting_without_transformers_names_the_extra(monkeypatch):
     assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
 
 
-@pytest.mark.parametrize("refused", ["none", "all", "one"])
+@pytest.mark.parametrize("refused", ["none", "all", "one", "slower"])
 def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch, tmp_path, refused):
     """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
     (shape, sparsity) is measured; every other layer of the group compiles its kernel configs (pinned, not
-    timed). refused: the kernels refuse the pinned configs for the other layers' weights at no width ("none":
-    the first layers' kernels win at 1 token, dense at 8), at every width ("all") or at one of two ("one":
-    the first layers' kernels win at 1 and 8, the others' at 1 only)."""
+    timed). The first layers' kernels win at 1 token and lose at 8 (1.25x slower), yet win in sum: a decoder
+    layer keeps no dense W, so they run at both widths. refused: the kernels refuse the pinned configs for the
+    other layers' weights at no width ("none"), at every width ("all") or at one of two ("one"): those layers
+    stay dense. "slower": the kernels lose in sum over the widths, so every layer stays dense."""
     from sparseforge.nn import llm
-    from sparseforge.semi.decide import DENSE, UNSTRUCTURED, fixed
+    from sparseforge.semi.decide import DENSE, UNSTRUCTURED, Decision, fixed
 
     from sparseforge.mappings.csr.plan import CsrConfig
 
     picked = CsrConfig(warps_per_block=4)
-    widths = {1: picked, 8: picked} if refused == "one" else {1: picked}
+    at_one = 16.0 if refused == "slower" else 10.0  # the kernel's time at 1 token, dense's 20 (25 and 20 at 8)
 
     class Measured(SparseLinear):
-        decisions = property(lambda self: [fixed(1, UNSTRUCTURED, "stub: faster"),
-                                           fixed(8, UNSTRUCTURED if 8 in widths else DENSE, "stub")])
+        decisions = property(lambda self: [Decision(1, UNSTRUCTURED, "stub: faster", at_one, 20.0, mode="graph"),
+                                           Decision(8, DENSE, "stub: slower", 25.0, 20.0, mode="graph")])
 
-        def kernel_configs(self):  # what the measured kernel ran: the others compile the same configs
-            return dict(widths)
+        def fastest_kernel_configs(self):  # what the measured kernels ran: the others compile the same configs
+            return {1: picked, 8: picked}
 
     measured = []
 
@@ -280,10 +281,25 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
     # kernels: none on a CPU; a layer built from its group's decision compiles the configs (nothing timed),
-    # and the stub says which widths the kernels refuse for its weight
-    refuses = {"none": set(), "all": {1, 8}, "one": {8}}[refused]
-    monkeypatch.setattr(SparseLinear, "prepare", lambda self, ws: [
-        fixed(n, DENSE, "stub: refused") if n in refuses else fixed(n, UNSTRUCTURED, "stub") for n in ws])
+    # and the stub says which widths the kernels refuse for its weight (the measured layers' own: none)
+    refuses = {"none": set(), "all": {1, 8}, "one": {8}, "slower": set()}[refused]
+
+    def prepare(self, ws):
+        self._decided = {n: fixed(n, DENSE, "stub: refused") if n in refuses and not getattr(self, "_first", False)
+                         else fixed(n, UNSTRUCTURED, "stub") for n in ws}
+        return self.decisions
+
+    monkeypatch.setattr(SparseLinear, "prepare", prepare)
+    monkeypatch.setattr(SparseLinear, "kernel_configs", lambda self: {  # the pinned configs that built
+        n: config for n, config in self.pinned.items() if n in self._decided and self._decided[n].path != DENSE})
+    original = llm._kernels_at_every_width
+
+    def kernels_at_every_width(*args):
+        with monkeypatch.context() as patched:  # the measured layer's own kernels build: the stub refuses the others'
+            patched.setattr(SparseLinear, "_first", True, raising=False)
+            return original(*args)
+
+    monkeypatch.setattr(llm, "_kernels_at_every_width", kernels_at_every_width)
     dense = _pruned_lm()
     model = copy.deepcopy(dense)
     report = sparseforge.convert(model, tokens=(1, 8), progress=False)
@@ -293,19 +309,26 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     reasons = {layer.name: layer.reason for layer in report.layers}
     choices = {layer.name: layer.choice for layer in report.layers}
     member = "model.layers.1.mlp.up_proj"
-    if refused == "all":  # kept dense, and the report says so: not reported as running a kernel it does not run
-        assert sorted(report.replaced) == sorted(firsts) and type(model.get_submodule(member)) is nn.Linear
-        assert reasons[member] == ("model.layers.0.mlp.gate_proj's kernel configs are refused for this weight "
-                                   "(stub: refused): kept dense") and choices[member] == DENSE
+    if refused == "slower":  # 41 us of kernels against 40 of dense: nothing replaced
+        assert report.replaced == [] and choices[firsts[0]] == DENSE
+        assert reasons[firsts[0]].startswith("its kernels at the decode widths [1, 8] measured 0.98x of dense")
+        assert reasons[firsts[0]].endswith("kept dense") and "0.80x at 8 tokens" in reasons[firsts[0]]
     else:
+        first = model.get_submodule(firsts[1])
+        assert type(first) is DecodeLinear and first.kernel_widths == {1, 8} and first.inner.pinned == \
+            {1: picked, 8: picked}
+        assert reasons[firsts[1]].startswith("its kernels at the decode widths [1, 8] measured 1.14x faster")
+    if refused in ("all", "one"):  # kept dense, and the report says so: no dense W to run a refused width
+        assert sorted(report.replaced) == sorted(firsts) and type(model.get_submodule(member)) is nn.Linear
+        assert choices[member] == DENSE and reasons[member].startswith(
+            f"model.layers.0.mlp.gate_proj's kernel configs are refused for this weight")
+        assert reasons[member].endswith("kept dense")
+    elif refused == "none":
         assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
         assert reasons["model.layers.1.self_attn.v_proj"].startswith("as model.layers.0.self_attn.q_proj measured")
         inner = model.get_submodule(member).inner
-        assert model.get_submodule(member).kernel_widths == {1} and inner.pinned == {1: picked}
+        assert model.get_submodule(member).kernel_widths == {1, 8} and inner.pinned == {1: picked, 8: picked}
         assert inner.policy == "sparse" and "compiled here, not timed" in reasons[member]
-        if refused == "one":  # rebuilt with the width it runs only: no dense W kept for the refused one
-            assert reasons[member].endswith("dense at [8]: stub: refused")
-            assert model.get_submodule(firsts[1]).kernel_widths == {1, 8}
     with torch.no_grad():
         for ids in (_ids(1, 1), _ids(8, 1), _ids(2, 3)):
             assert torch.allclose(model(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
@@ -316,7 +339,7 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
         assert sorted(second.replaced) == sorted(report.replaced)
         first = {layer.name: layer.reason for layer in second.layers}["model.layers.0.mlp.gate_proj"]
         assert first.startswith("as model.layers.0.mlp.gate_proj (an earlier conversion's decision) measured")
-        assert again.get_submodule(member).inner.pinned == {1: picked}
+        assert again.get_submodule(member).inner.pinned == {1: picked, 8: picked}
         monkeypatch.setattr(llm, "gpu_identity", lambda device: ("another GPU", 90))  # decided there: measured
         sparseforge.convert(copy.deepcopy(dense), tokens=(1, 8), progress=False)
         assert len(measured) == 6

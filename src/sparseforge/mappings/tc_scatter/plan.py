@@ -480,6 +480,53 @@ def decode_dense(plan_or_format) -> np.ndarray:
     return dense[: f.M, : f.K]
 
 
+def densify_tc_scatter(plan: TcScatterPlan, arrays, out):
+    """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays (values, pos,
+    records, chunks: runtime.kernel.weight_data), by torch ops on that device and without a host sync: the
+    walk of decode_dense, vectorised over quads. The counts come from the plan's host copy of `chunks`. A
+    tile's padding repeats its last entry, so duplicate writes carry the same value."""
+    import torch
+
+    values, pos, records = arrays[:3]
+    f, device = plan.format, out.device
+    out.zero_()
+    quads, rounds = f.entries // QUAD, f.rounds
+    if not quads:
+        return out
+    per_strip = f.chunks_per_strip
+    first = torch.from_numpy(f.chunks[:, 0].astype(np.int64)).to(device, non_blocking=True)  # a chunk's first round
+    chunk_of_round = torch.repeat_interleave(torch.arange(per_strip * f.strips, device=device), torch.diff(first),
+                                             output_size=rounds)
+    bits = records[:rounds].long() & 0xFFFFFFFF  # int32 bits as uint32
+    lo, hi = bits[:, 0], bits[:, 1]
+    active = hi & 63
+    quad_start = torch.cumsum(active, 0) - active  # the round's first quad
+    round_of_quad = torch.repeat_interleave(torch.arange(rounds, device=device), active, output_size=quads)
+    lane = torch.arange(quads, device=device) - quad_start[round_of_quad]
+    # the lane's tile: entry popc(lo & lanemask_le) - 1 of the round's tile list (2 bits each from bit 6)
+    below = lo[round_of_quad] & ((2 << lane) - 1)
+    below = below - ((below >> 1) & 0x55555555)
+    below = (below & 0x33333333) + ((below >> 2) & 0x33333333)
+    count = (((below + (below >> 4)) & 0x0F0F0F0F) * 0x01010101 & 0xFFFFFFFF) >> 24
+    tile = (hi[round_of_quad] >> (6 + 2 * (count - 1))) & 3
+    chunk = chunk_of_round[round_of_quad]
+    strip, within = chunk // per_strip, chunk % per_strip
+    base = strip * TILE * plan.K + within * CHUNK_COLUMNS  # the chunk's first cell, flat
+    # per entry: the byte's (row, logical column) in the tile, then the logical column's physical column
+    _, tile_of_col, logical_of_col = column_layout(np.arange(CHUNK_COLUMNS))
+    physical = np.zeros((TILES_PER_CHUNK, TILE), np.int64)
+    physical[tile_of_col, logical_of_col] = np.arange(CHUNK_COLUMNS)
+    r, L = np.divmod(np.arange(256), TILE)
+    unswizzle = np.zeros(256, np.int64)
+    unswizzle[position(r, L)] = r * TILE + L
+    physical = torch.from_numpy(physical.reshape(-1)).to(device)
+    unswizzle = torch.from_numpy(unswizzle).to(device)
+    cell = unswizzle[pos[: quads * QUAD].long().view(quads, QUAD)]
+    flat = base[:, None] + (cell >> 4) * plan.K + physical[(tile * TILE)[:, None] + (cell & (TILE - 1))]
+    out.view(-1)[flat.view(-1)] = values[: quads * QUAD].to(out.dtype)
+    return out
+
+
 def execute_tc_scatter(plan: TcScatterPlan, b: np.ndarray) -> np.ndarray:
     """float64 reference of what the kernel computes, from W decoded out of the plan's own layout."""
     b = np.asarray(b, dtype=np.float64)

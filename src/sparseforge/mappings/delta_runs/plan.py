@@ -1,0 +1,377 @@
+"""The delta-runs mapping for decode (N = 1..8, 16-bit): a warp a row, each lane one run of the row's
+nonzeros, each nonzero its value and an 8-bit gap to the lane's previous one.
+
+Why (measured on the H200, docs/design.md): decode is bound by W's bytes. Padded CSR with 16-bit indices
+costs 4 bytes a nonzero (as many as dense fp16 at 50%); the bitmap designs cost fewer bytes but pay per
+position (tensor-core fragments) or walk bits in a serial chain per lane, and streamed 1.1-1.4 TB/s. Here a
+nonzero costs 3 bytes and about 5 instructions (extract the gap, add it to the lane's column, read x from
+shared memory, convert, FMA), with no chain longer than an add, so the kernel streams at 2.5-3.2 TB/s: 1.2-1.3x
+over cuBLAS at 50%, 1.7-1.85x at 70%, 2.8-3.6x at 90% (Llama shapes, fp16, weights rotated through HBM).
+
+Layout (DeltaRunsPlan), per row r with Q_r quads of 4 entries (its nonzeros in column order, a zero-valued
+filler wherever a gap exceeds 255, the last quad padded with zero values at the last column):
+- the row's quads are split into 32 runs of consecutive quads: c = Q_r // 32 each, one more for the first
+  Q_r % 32 runs; lane l of the row's warp takes run l;
+- quad i of run l is stored at slot rows[r, 0] + 32 i + l, so a warp's loads of one step are contiguous
+  (rows[r] = (first slot, Q_r));
+- gaps[slot]: 4 bytes, entry e's column minus the previous entry's of its run (0 for a run's first entry);
+  values[4 slot + e]: the values; bases[r, l]: the column of run l's first entry (uint16: K <= 65536).
+Bytes: 3 a nonzero plus a quad's padding a row, 72 a row of offsets (0.018 B/weight at K = 4096, 0.005 at
+K = 14336).
+
+The kernel (render.py): a block stages X in shared memory as [K][Np] (Np: N rounded up to 1, 2, 4 or 8; fp32
+where it fits, else the kernel's dtype: Llama's K = 14336 at N = 8); warp w of block b takes row b * warps + w;
+each lane walks its run, `ahead` quads in flight while the previous group is summed (two register sets); a
+nonzero reads its column's Np values with one shared load and adds N FMAs into fp32 sums; a fixed-order
+butterfly over the lanes (deterministic, no atomics); lane 0 adds bias and the residual, applies ReLU and
+stores. One format serves every N, so a decoder layer converted for several widths holds W once.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...formats import SparseMatrix
+from ...plan.config import WARP, require_ints
+from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
+
+QUAD = 4            # entries a lane takes with one 32-bit gap load and one 64-bit value load
+MAX_GAP = 255       # the largest gap an entry's byte holds: wider gaps take zero-valued fillers
+MAX_K = 65536       # run bases are uint16
+MAX_N = 8           # columns of X a nonzero's one shared load brings (16 bytes of 16-bit values)
+# shared memory a block may have (static + dynamic, less the 1 KB the system reserves), per arch: X staged
+SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
+
+
+@dataclass(frozen=True)
+class DeltaRunsConfig:
+    warps_per_block: int = 8  # rows of a block (x is staged once per block for all of them)
+    ahead: int = 4            # quads a lane has in flight while it sums the previous group
+
+    def __post_init__(self):
+        require_ints(self)
+        if self.warps_per_block not in (2, 4, 8, 16):
+            raise ValueError(f"warps_per_block must be 2, 4, 8 or 16, got {self.warps_per_block}")
+        if self.ahead not in (1, 2, 4, 8):
+            raise ValueError(f"ahead must be 1, 2, 4 or 8, got {self.ahead}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps_per_block * WARP
+
+    def short(self) -> str:
+        return f"dr_w{self.warps_per_block}a{self.ahead}"
+
+
+@dataclass(frozen=True)
+class RunsFormat:
+    """W as the delta-runs kernel reads it (see the module docstring); shared by every config and width.
+    Arrays are numpy (host plans) or torch tensors on W's device (device plans), as the kernel reads them:
+    gaps int32 (the 4 bytes' bits), values in the kernel's dtype (numpy: float32), rows int32 [M, 2],
+    bases int16 [M, 32] (uint16 bits)."""
+    M: int
+    K: int
+    nnz: int
+    fillers: int
+    gaps: object = field(repr=False)
+    values: object = field(repr=False)
+    rows: object = field(repr=False)
+    bases: object = field(repr=False)
+
+    @property
+    def quads(self) -> int:
+        return int(self.gaps.shape[0])
+
+    def nbytes(self, element_bytes: int) -> int:
+        return self.quads * (4 + QUAD * element_bytes) + self.M * (8 + 2 * WARP)
+
+    def on_host(self) -> "RunsFormat":
+        if isinstance(self.gaps, np.ndarray):
+            return self
+        return RunsFormat(self.M, self.K, self.nnz, self.fillers, self.gaps.cpu().numpy(),
+                          self.values.float().cpu().numpy(), self.rows.cpu().numpy(), self.bases.cpu().numpy())
+
+
+def pack_runs(indptr, indices, values, shape: tuple[int, int]) -> RunsFormat:
+    """The format from CSR torch tensors (indptr [M + 1], indices [nnz] ascending within rows, values [nnz]),
+    by torch ops on their device; values keep their dtype."""
+    import torch
+
+    m, k = shape
+    device = indptr.device
+    counts = torch.diff(indptr.long())
+    nnz = int(indices.numel())
+    rows = torch.repeat_interleave(torch.arange(m, device=device), counts, output_size=nnz)
+    cols = indices.long()
+    vals = values
+    prev = torch.cat([cols.new_zeros(1), cols[:-1]]) if nnz else cols
+    same_row = torch.cat([torch.zeros(1, dtype=torch.bool, device=device), rows[1:] == rows[:-1]]) if nnz else \
+        torch.zeros(0, dtype=torch.bool, device=device)
+    gap = torch.where(same_row, cols - prev, torch.zeros_like(cols))
+    fill = torch.clamp((gap - 1) // MAX_GAP, min=0)  # fillers before an entry (its gap over 255)
+    fillers = int(fill.sum()) if nnz else 0
+    if fillers:  # entry e moves past the fillers before it; filler j (1..f) of entry e at prev + 255 j
+        moved = torch.arange(nnz, device=device) + torch.cumsum(fill, 0)
+        owner = torch.repeat_interleave(torch.arange(nnz, device=device), fill, output_size=fillers)
+        j = torch.arange(fillers, device=device) - (torch.cumsum(fill, 0) - fill)[owner] + 1
+        total = nnz + fillers
+        rows2, cols2 = rows.new_empty(total), cols.new_empty(total)
+        vals2 = torch.zeros(total, dtype=vals.dtype, device=device)
+        rows2[moved], cols2[moved], vals2[moved] = rows, cols, vals
+        at = moved[owner] - fill[owner] + j - 1
+        rows2[at], cols2[at] = rows[owner], prev[owner] + MAX_GAP * j
+        rows, cols, vals = rows2, cols2, vals2
+        counts = torch.bincount(rows, minlength=m)
+    entries = rows.numel()
+    quads = (counts + QUAD - 1) // QUAD
+    first_slot = torch.cumsum(quads, 0) - quads
+    first_entry = torch.cumsum(counts, 0) - counts
+    total = max(int(quads.sum()), 1)
+    j = torch.arange(entries, device=device) - first_entry[rows]  # entry within its row
+    q = j // QUAD
+    c, rem = (quads >> 5)[rows], (quads & (WARP - 1))[rows]
+    longer = rem * (c + 1)  # the quads of the runs with one more
+    in_longer = q < longer
+    per = torch.clamp(c, min=1)
+    lane = torch.where(in_longer, q // (c + 1), rem + (q - longer) // per)
+    i = torch.where(in_longer, q % (c + 1), (q - longer) % per)
+    run = rows * WARP + lane
+    starts = torch.ones(entries, dtype=torch.bool, device=device)  # a run's first entry
+    if entries > 1:
+        starts[1:] = run[1:] != run[:-1]
+    prev = torch.cat([cols.new_zeros(1), cols[:-1]]) if entries else cols
+    delta = torch.where(starts, torch.zeros_like(cols), cols - prev)
+    place = (first_slot[rows] + WARP * i + lane) * QUAD + j % QUAD
+    gaps = torch.zeros(total * QUAD, dtype=torch.int64, device=device)
+    gaps[place] = delta
+    out_values = torch.zeros(total * QUAD, dtype=vals.dtype, device=device)
+    out_values[place] = vals
+    bases = torch.zeros(m * WARP, dtype=torch.int64, device=device)
+    bases[run[starts]] = cols[starts]
+    g = gaps.view(total, QUAD)
+    words = g[:, 0] | (g[:, 1] << 8) | (g[:, 2] << 16) | (g[:, 3] << 24)
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the 32 bits, signed
+    bases = torch.where(bases >= 2 ** 15, bases - 2 ** 16, bases).to(torch.int16).view(m, WARP)
+    row_info = torch.stack([first_slot, quads], 1).to(torch.int32)
+    return RunsFormat(m, k, nnz, fillers, words, out_values, row_info, bases)
+
+
+def runs_format(w: SparseMatrix) -> RunsFormat:
+    """W's format in host memory (numpy), packed once per matrix (every config the chooser plans shares it):
+    by torch ops on a GPU where there is one (seconds on a host core for a Llama layer), else on the CPU; the
+    same format either way."""
+    return w.packed(("delta-runs",), lambda: _packed_on_gpu(w) or _pack_matrix(w, "cpu"))
+
+
+def _pack_matrix(w: SparseMatrix, device) -> RunsFormat:
+    import torch
+
+    values = torch.from_numpy(np.array(w.values, dtype=np.float32)).to(device)  # a copy: W's arrays are read-only
+    return pack_runs(torch.from_numpy(w.indptr.astype(np.int64)).to(device),
+                     torch.from_numpy(w.indices.astype(np.int64)).to(device), values, w.shape).on_host()
+
+
+def _packed_on_gpu(w: SparseMatrix) -> RunsFormat | None:
+    try:
+        import torch
+
+        return _pack_matrix(w, "cuda") if torch.cuda.is_available() else None
+    except RuntimeError:  # no usable CUDA build, or out of GPU memory: the CPU packs it
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class DeltaRunsPlan(WeightAsData):
+    """What the delta-runs kernel needs: the problem, the config and W's runs format."""
+    M: int
+    K: int
+    N: int
+    layout: str
+    dtype: str
+    config: DeltaRunsConfig
+    format: RunsFormat = field(repr=False)
+    nnz: int = 0
+    bias: tuple[float, ...] | None = None
+    relu: bool = False
+    arch: int = 90
+    digest: str = ""
+    residual: bool = False  # the epilogue adds R (laid out as the output, parameter p_residual) before ReLU
+
+    family = "delta-runs"  # W is data the runtime uploads (weight_arrays), not code
+    mapping = "delta-runs"
+    partial_rows: tuple[int, ...] = ()
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(1, row blocks) of one batch entry."""
+        return 1, math.ceil(self.M / self.config.warps_per_block)
+
+    @property
+    def n_pad(self) -> int:
+        """X's columns a nonzero reads with one shared load: N rounded up to a power of two."""
+        return 1 << (self.N - 1).bit_length()
+
+    @property
+    def x_bytes(self) -> int:
+        """Bytes of one staged X value: fp32 where [K][Np] fits the block's shared memory, else 16-bit."""
+        return 4 if _staged_bytes(self.K, self.n_pad, 4) <= SHARED_LIMIT.get(self.arch, 48 * 1024) else 2
+
+    @property
+    def registers(self) -> int:
+        """Registers a thread takes, a little over what ptxas 13.0 gives for sm_90 (N = 1: 32 / 48 / 78 at 2 / 4 /
+        8 quads ahead; N = 8 with X in 16 bits: 95 / 106 at 2 / 4): the two register sets of quads, the sums and
+        a column's X values."""
+        wide = 0 if self.N == 1 else 5 * self.n_pad + (16 if self.x_bytes == 2 else 0)
+        return 24 + 8 * self.config.ahead + wide
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """X staged as [K][Np], rounded up to 16 bytes."""
+        return _staged_bytes(self.K, self.n_pad, self.x_bytes)
+
+    def weight_arrays(self) -> tuple:
+        """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
+        uploaded as ("values": the kernel's dtype)."""
+        f = self.format
+        return (f.values, "values"), (f.gaps, "int32"), (f.rows, "int32"), (f.bases, "int16")
+
+    def bytes_read(self) -> int:
+        """W's bytes the kernel streams once: gaps and values of every quad, the rows' slots and run bases."""
+        return self.format.nbytes(self.element_bytes)
+
+    def describe(self) -> str:
+        dense = self.M * self.K * self.element_bytes
+        c = self.config
+        return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz} ({self.format.fillers} fillers, "
+                f"{self.format.quads} quads); N {self.N}; layout {self.layout}; dtype {self.dtype}\n  a warp a row, "
+                f"a lane a run of 8-bit column gaps + values: {self.bytes_read()} bytes of W "
+                f"({dense / max(self.bytes_read(), 1):.2f}x fewer than dense); X as [K][{self.n_pad}] "
+                f"{'fp32' if self.x_bytes == 4 else self.dtype} in shared memory "
+                f"({self.dynamic_shared_bytes} bytes a block); {c.ahead} quads in flight a lane; grid {self.grid} x "
+                f"batch, {self.threads} threads")
+
+
+def _staged_bytes(k: int, n_pad: int, x_bytes: int) -> int:
+    return -(-k * n_pad * x_bytes // 16) * 16
+
+
+def _checked_options(n: int, dtype: str, layout: str, config, k: int, arch: int) -> DeltaRunsConfig:
+    check_problem(n, dtype, layout)
+    config = config or DeltaRunsConfig()
+    if n > MAX_N:
+        raise ValueError(f"the delta-runs kernel computes N <= {MAX_N} (one shared load a nonzero), got N = {n}: use "
+                         "another mapping (compile_spmm without a config chooses one)")
+    if dtype == "float32":
+        raise ValueError("the delta-runs kernel reads 16-bit values (float16, bfloat16); for float32 use another "
+                         "mapping (compile_spmm without a config chooses one)")
+    limit = SHARED_LIMIT.get(arch, 48 * 1024)
+    n_pad = 1 << (n - 1).bit_length()
+    fits = limit // (n_pad * (4 if n == 1 else 2))  # N = 1 stages fp32 only; wider, 16-bit where fp32 is too big
+    if k > MAX_K or _staged_bytes(k, n_pad, 4 if n == 1 else 2) > limit:
+        raise ValueError(f"K = {k}, N = {n}: the delta-runs kernel keeps X in shared memory ({limit} bytes on "
+                         f"sm_{arch}) and run bases in 16 bits, so K <= {min(MAX_K, fits)} here: use another mapping")
+    return config
+
+
+def make_delta_runs_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
+                         config: DeltaRunsConfig | None = None, bias=None, relu: bool = False, arch: int = 90,
+                         residual: bool = False) -> DeltaRunsPlan:
+    config = _checked_options(n, dtype, layout, config, w.shape[1], arch)
+    m, k = w.shape
+    return _checked_plan(DeltaRunsPlan(m, k, n, layout, dtype, config, runs_format(w), w.nnz, fp32_bias(bias, m),
+                                       relu, arch, w.digest(), residual=bool(residual)))
+
+
+def _checked_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
+    if plan.threads * plan.registers > 65536:  # past it ptxas caps the registers and spills
+        raise ValueError(f"{plan.config.warps_per_block} warps with {plan.config.ahead} quads ahead at N = {plan.N} "
+                         f"need about {plan.registers} registers a thread, over a block's 65536: use fewer "
+                         "warps_per_block or a smaller ahead")
+    check_launch(plan.grid)
+    return plan
+
+
+def make_delta_runs_plan_on_device(w, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
+                                   config: DeltaRunsConfig | None = None, bias=None, relu: bool = False,
+                                   arch: int = 90, residual: bool = False) -> DeltaRunsPlan:
+    """make_delta_runs_plan's plan from a formats.DeviceCsr, its format packed by torch ops on W's device and
+    shared by the matrix's plans; the digest is empty (W is data)."""
+    import torch
+
+    config = _checked_options(n, dtype, layout, config, w.shape[1], arch)
+    m, k = w.shape
+    fmt = w.packed(("delta-runs", dtype), lambda: pack_runs(w.indptr, w.indices,
+                                                            w.values.to(getattr(torch, dtype)), w.shape))
+    return _checked_plan(DeltaRunsPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
+                                       "", residual=bool(residual)))
+
+
+def decoded(plan: DeltaRunsPlan, arrays=None):
+    """(rows, columns, values) torch tensors of every entry (fillers and padding included: value 0), read back
+    from the format the way the kernel walks it: a run's columns are its base plus its gaps' running sum. From
+    the kernel's device arrays (values, gaps, rows, bases) where given, else the plan's own. Elementwise ops,
+    scatters and one cumsum on the arrays' device, no host sync (a prefill densifies every layer with it)."""
+    import torch
+
+    f = plan.format
+    if arrays is None:
+        as_torch = (lambda a: a) if not isinstance(f.gaps, np.ndarray) else torch.from_numpy
+        arrays = tuple(as_torch(a) for a in (f.values, f.gaps, f.rows, f.bases))
+    values, gaps, rows, bases = arrays[:4]
+    device = gaps.device
+    used = f.quads if f.nnz + f.fillers else 0  # every slot is a row's quad (an empty W keeps one spare slot)
+    first_slot, quads = rows[:, 0].long(), rows[:, 1].long()
+    row = torch.repeat_interleave(torch.arange(plan.M, device=device), quads, output_size=used)
+    local = torch.arange(used, device=device) - first_slot[row]  # slots are the rows' quads in row order
+    i, lane = local >> 5, local & (WARP - 1)
+    c, rem = quads[row] >> 5, quads[row] & (WARP - 1)
+    run_first = first_slot[row] + lane * c + torch.minimum(lane, rem)  # the run's first quad in run order
+    order = run_first + i  # the quad's place in run order (runs of a row one after another)
+    delta = torch.zeros(used, QUAD, dtype=torch.int64, device=device)
+    delta[order] = (gaps[:used].long()[:, None] >> (torch.arange(QUAD, device=device) * 8)) & 0xFF
+    vals = torch.zeros(used, QUAD, dtype=values.dtype, device=device)
+    vals[order] = values.view(-1, QUAD)[:used]
+    begin = torch.zeros(used, dtype=torch.int64, device=device)
+    begin[order] = run_first * QUAD  # the run's first entry, in run order
+    base = torch.zeros(used, dtype=torch.int64, device=device)
+    base[order] = bases.reshape(-1).long()[row * WARP + lane] & 0xFFFF
+    at = torch.zeros(used, dtype=torch.int64, device=device)
+    at[order] = row
+    running = torch.cumsum(delta.view(-1), 0)  # a run's first gap is 0: its first column is its base
+    cols = base.repeat_interleave(QUAD) + running - running[begin.repeat_interleave(QUAD)]
+    return at.repeat_interleave(QUAD), cols, vals.view(-1)
+
+
+def execute_delta_runs(plan: DeltaRunsPlan, b: np.ndarray) -> np.ndarray:
+    """float64 reference of what the kernel computes, from W read back out of the plan's own layout."""
+    b = np.asarray(b, dtype=np.float64)
+    if b.ndim == 3:
+        return np.stack([execute_delta_runs(plan, one) for one in b])
+    rows, cols, vals = (t.cpu().numpy() for t in decoded(plan))
+    x = b if plan.layout == "kn" else b.T  # K x N
+    out = np.zeros((plan.M, plan.N))
+    np.add.at(out, rows, vals.astype(np.float64)[:, None] * x[cols])
+    if plan.bias is not None:
+        out += np.asarray(plan.bias)[:, None]
+    if plan.relu:
+        out = np.maximum(out, 0)
+    return out if plan.layout == "kn" else out.T
+
+
+def densify_delta_runs(plan: DeltaRunsPlan, arrays, out):
+    """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays, by torch ops
+    on that device. Fillers and padding add zeros (exact, in any order)."""
+    rows, cols, vals = decoded(plan, arrays)
+    out.zero_()
+    out.view(-1).index_add_(0, rows * plan.K + cols, vals.to(out.dtype))
+    return out
+
+
+def delta_runs_traffic(plan: DeltaRunsPlan) -> dict[str, int]:
+    """W's format streamed once, X staged once per block (from L2), C written once; and the floor."""
+    output = plan.M * plan.N * plan.element_bytes
+    staged = plan.grid[1] * plan.K * plan.N * plan.element_bytes
+    return {"fetched_bytes": plan.bytes_read() + staged + output,
+            "floor_bytes": plan.bytes_read() + plan.K * plan.N * plan.element_bytes + output}

@@ -1,0 +1,247 @@
+"""Lowering target: the delta-runs decode kernel (plan.py). Pure: render_delta_runs(plan) -> PTX.
+
+Parameters: X (kn: [batch,] K x N; nk: [batch,] N x K), C ([batch,] M x N or N x M), values (the kernel's
+dtype), gaps (uint32 a quad), rows (int32 pairs: first slot, quads), bases (uint16 [M, 32]), bias (fp32, or
+null), then the residual where the plan adds one.
+
+1. Every thread of the block copies pieces of X into shared memory as [K][Np] (16-byte loads where K allows,
+   the loads of a batch issued before their stores; N = 1: fp32, wider: fp32 where it fits, else 16-bit),
+   then a barrier.
+2. Warp w of block b takes row b * warps + w (rows past M leave). Lane l reads the row's (first slot, quads)
+   and its run's base column, and walks quads l, l + 32, ... of its run: `ahead` quads a group, the next
+   group's loads (one 32-bit gap word, one 64-bit value pair a quad) issued before the current group is
+   summed (two register sets, the loop unrolled twice). Past its run a lane reloads its last quad and adds
+   nothing (predicated), so no branch holds a load back.
+3. A quad's entry e: column += byte e of the gap word; the column's Np X values with one shared load; the
+   value widened; an fma a column (N = 1: into one of two fp32 sums, even / odd entries, for two chains).
+4. A fixed-order butterfly a column adds the lanes (deterministic, no atomics); lane 0 adds bias and the
+   residual, applies ReLU (max.NaN) and stores.
+"""
+from __future__ import annotations
+
+from .plan import QUAD, DeltaRunsPlan
+from ...plan.config import WARP
+from ...codegen.emitter import Emitter, widen
+from ...codegen.ptx import KernelSource, data_kernel
+
+STAGE_BATCH = 4     # 16-byte pieces of X a thread loads before it stores them
+ELEMENT_BATCH = 8   # single elements likewise, where K does not allow 16-byte pieces
+
+
+def _widen_pair(e: Emitter, dtype: str, lo: str, hi: str, word: str) -> None:
+    """fp32 registers lo, hi from a 32-bit word holding two 16-bit values (lo: the low half)."""
+    if dtype == "bfloat16":
+        e.lines([f"shl.b32 {lo}, {word}, 16;", f"and.b32 {hi}, {word}, -65536;"])
+    else:
+        e.lines([f"mov.b32 {{%h0, %h1}}, {word};", f"cvt.f32.f16 {lo}, %h0;", f"cvt.f32.f16 {hi}, %h1;"])
+
+
+def _stage_x(e: Emitter, plan: DeltaRunsPlan) -> None:
+    """X into shared memory as [K][Np], x_bytes a value. 16-byte pieces along X's contiguous dimension where its
+    bytes allow (N = 1, or kn with N = Np: the same layout, copied as it is; nk: 8 k of one column, stored to
+    their 8 places), else value by value; a batch of loads before its stores."""
+    es, xb, threads, k, n, npad = plan.element_bytes, plan.x_bytes, plan.config.threads, plan.K, plan.N, plan.n_pad
+    per = 16 // es
+    straight = (plan.layout == "kn" or n == 1) and n == npad and (k * n * es) % 16 == 0
+    if straight or (plan.layout == "nk" and (k * es) % 16 == 0):
+        pieces = k * n // per
+        passes = -(-pieces // threads)
+        e.comment(f"stage X as [K][{npad}]: {pieces} pieces of {per} values over {threads} threads")
+        e.lines(["mul.wide.u32 %rdt, %rtid, 16;", "add.s64 %rdq, %rdb, %rdt;"])
+        for start in range(0, passes, STAGE_BATCH):
+            batch = range(start, min(passes, start + STAGE_BATCH))
+            for i in batch:
+                j = i % STAGE_BATCH
+                regs = ", ".join(f"%st{4 * j + r}" for r in range(4))
+                e.lines([f"add.u32 %sp{j}, %rtid, {i * threads};", f"setp.lt.u32 %ps{j}, %sp{j}, {pieces};",
+                         f"@%ps{j} ld.global.nc.v4.b32 {{{regs}}}, [%rdq+{i * threads * 16}];"])
+            for i in batch:
+                j = i % STAGE_BATCH
+                words = [f"%st{4 * j + r}" for r in range(4)]
+                if straight:  # X's bytes in order: smem offset piece * per * xb
+                    e.line(f"mad.lo.u32 %rsq, %sp{j}, {per * xb}, %rsx;")
+                    if xb == 2:
+                        e.line(f"@%ps{j} st.shared.v4.b32 [%rsq], {{{', '.join(words)}}};")
+                    else:
+                        f = [f"%x{r}" for r in range(8)]
+                        for r in range(4):
+                            _widen_pair(e, plan.dtype, f[2 * r], f[2 * r + 1], words[r])
+                        e.lines([f"@%ps{j} st.shared.v4.f32 [%rsq], {{{', '.join(f[:4])}}};",
+                                 f"@%ps{j} st.shared.v4.f32 [%rsq+16], {{{', '.join(f[4:])}}};"])
+                    continue
+                # nk: piece p holds k0..k0+7 of column c (p = c * K / 8 + k0 / 8): value j to (k0 + j) * Np + c
+                e.lines([f"div.u32 %t, %sp{j}, {k // per};", f"rem.u32 %d, %sp{j}, {k // per};",
+                         f"mul.lo.u32 %d, %d, {per * npad * xb};", f"mad.lo.u32 %d, %t, {xb}, %d;",
+                         "add.u32 %rsq, %d, %rsx;"])
+                for r in range(4):
+                    if xb == 2:
+                        e.lines([f"mov.b32 {{%h0, %h1}}, {words[r]};",
+                                 f"@%ps{j} st.shared.b16 [%rsq+{2 * r * npad * xb}], %h0;",
+                                 f"@%ps{j} st.shared.b16 [%rsq+{(2 * r + 1) * npad * xb}], %h1;"])
+                    else:
+                        _widen_pair(e, plan.dtype, "%x0", "%x1", words[r])
+                        e.lines([f"@%ps{j} st.shared.f32 [%rsq+{2 * r * npad * xb}], %x0;",
+                                 f"@%ps{j} st.shared.f32 [%rsq+{(2 * r + 1) * npad * xb}], %x1;"])
+    else:
+        values = k * n
+        passes = -(-values // threads)
+        e.comment(f"stage X as [K][{npad}]: {values} values over {threads} threads")
+        e.lines([f"mul.wide.u32 %rdt, %rtid, {es};", "add.s64 %rdq, %rdb, %rdt;"])
+        for start in range(0, passes, ELEMENT_BATCH):
+            batch = range(start, min(passes, start + ELEMENT_BATCH))
+            for i in batch:
+                j = i % ELEMENT_BATCH
+                e.lines([f"add.u32 %sp{j}, %rtid, {i * threads};", f"setp.lt.u32 %pe{j}, %sp{j}, {values};",
+                         f"@%pe{j} ld.global.nc.b16 %hs{j}, [%rdq+{i * threads * es}];"])
+            for i in batch:
+                j = i % ELEMENT_BATCH
+                # value v of X: kn (k, c) = (v / N, v % N); nk (c, k) = (v / K, v % K)
+                kk, cc = ("%t", "%d") if plan.layout == "kn" else ("%d", "%t")
+                e.lines([f"div.u32 %t, %sp{j}, {n if plan.layout == 'kn' else k};",
+                         f"rem.u32 %d, %sp{j}, {n if plan.layout == 'kn' else k};",
+                         f"mul.lo.u32 {kk}, {kk}, {npad * xb};", f"mad.lo.u32 %rsq, {cc}, {xb}, {kk};",
+                         "add.u32 %rsq, %rsq, %rsx;"])
+                if xb == 2:
+                    e.line(f"@%pe{j} st.shared.b16 [%rsq], %hs{j};")
+                else:
+                    widen(e, plan.dtype, "%x0", f"%hs{j}")
+                    e.line(f"@%pe{j} st.shared.f32 [%rsq], %x0;")
+    e.line("bar.sync 0;")
+
+
+def _load_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str, guard: str) -> None:
+    """Register set s: the `ahead` quads from quad `first` of the lane's run (clamped to its last quad)."""
+    for u in range(plan.config.ahead):
+        e.lines([f"add.u32 %t, {first}, {u};", "min.u32 %t, %t, %nm1;",
+                 f"mul.wide.u32 %rdt, %t, {WARP * 4};", "add.s64 %rdq, %rdg, %rdt;",
+                 f"{guard}ld.global.nc.u32 %g{s}_{u}, [%rdq];",
+                 f"mul.wide.u32 %rdt, %t, {WARP * QUAD * plan.element_bytes};", "add.s64 %rdq, %rdv, %rdt;",
+                 f"{guard}ld.global.nc.v2.b32 {{%va{s}_{u}, %vb{s}_{u}}}, [%rdq];"])
+
+
+def _sum_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str) -> None:
+    """Register set s's quads into the sums, each predicated on lying within the lane's run."""
+    n, npad, xb = plan.N, plan.n_pad, plan.x_bytes
+    for u in range(plan.config.ahead):
+        e.lines([f"add.u32 %t, {first}, {u};", "setp.lt.u32 %pl, %t, %n;"])
+        _widen_pair(e, plan.dtype, "%w0", "%w1", f"%va{s}_{u}")
+        _widen_pair(e, plan.dtype, "%w2", "%w3", f"%vb{s}_{u}")
+        for q in range(QUAD):
+            e.lines([f"bfe.u32 %d, %g{s}_{u}, {8 * q}, 8;", f"@%pl mad.lo.u32 %xa, %d, {npad * xb}, %xa;"])
+            if n == 1:
+                acc = "%acc0" if q % 2 == 0 else "%acc1"
+                e.lines([f"@%pl ld.shared.f32 %x{q}, [%xa];", f"@%pl fma.rn.f32 {acc}, %w{q}, %x{q}, {acc};"])
+                continue
+            _load_column_values(e, plan)
+            e.lines([f"@%pl fma.rn.f32 %acc{c}, %w{q}, %x{c}, %acc{c};" for c in range(n)])
+
+
+def _load_column_values(e: Emitter, plan: DeltaRunsPlan) -> None:
+    """The Np staged X values of the column at %xa into %x0.. (fp32), with one or two shared loads."""
+    npad, xb = plan.n_pad, plan.x_bytes
+    if xb == 4:
+        for half in range(0, npad, 4):
+            regs = [f"%x{c}" for c in range(half, min(npad, half + 4))]
+            kind = {1: "f32", 2: "v2.f32", 4: "v4.f32"}[len(regs)]
+            target = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+            e.line(f"@%pl ld.shared.{kind} {target}, [%xa+{half * 4}];" if half else
+                   f"@%pl ld.shared.{kind} {target}, [%xa];")
+        return
+    words = [f"%xw{r}" for r in range(npad // 2)]
+    kind = {1: "b32", 2: "v2.b32", 4: "v4.b32"}[len(words)]
+    target = words[0] if len(words) == 1 else "{" + ", ".join(words) + "}"
+    e.line(f"@%pl ld.shared.{kind} {target}, [%xa];")
+    for r, word in enumerate(words):
+        if 2 * r < plan.N:
+            _widen_pair(e, plan.dtype, f"%x{2 * r}", f"%x{2 * r + 1}", word)
+
+
+def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
+    es, n, m = plan.element_bytes, plan.N, plan.M
+    e.comment("butterfly over the warp a column: a fixed order of additions, the same result every run")
+    accs = ["%acc"] if n == 1 else [f"%acc{c}" for c in range(n)]
+    if n == 1:
+        e.line("add.f32 %acc, %acc0, %acc1;")
+    for acc in accs:
+        offset = WARP // 2
+        while offset:
+            e.lines([f"shfl.sync.bfly.b32 %f, {acc}, {offset}, 31, -1;", f"add.f32 {acc}, {acc}, %f;"])
+            offset //= 2
+    e.lines(["setp.ne.u32 %pt, %lane, 0;", "@%pt bra DONE;"])
+    if plan.bias is not None:
+        e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
+                 "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %bias, [%rdt];"])
+        e.lines([f"add.f32 {acc}, {acc}, %bias;" for acc in accs])
+    # C[row, column] of this batch entry (kn: M x N; nk: N x M); the residual's alike
+    row_stride, col_stride = (n * es, es) if plan.layout == "kn" else (es, m * es)
+    e.lines([f"mul.lo.u64 %rdt, %rdz, {m * n * es};", f"mad.wide.u32 %rdt, %row, {row_stride}, %rdt;",
+             "ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;", "add.s64 %rdc, %rdc, %rdt;"])
+    if plan.residual:
+        e.lines(["ld.param.u64 %rdr, [p_residual];", "cvta.to.global.u64 %rdr, %rdr;", "add.s64 %rdr, %rdr, %rdt;"])
+    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+    for c, acc in enumerate(accs):
+        if plan.residual:
+            e.line(f"ld.global.nc.b16 %hx, [%rdr+{c * col_stride}];")
+            widen(e, plan.dtype, "%f", "%hx")
+            e.line(f"add.f32 {acc}, {acc}, %f;")
+        if plan.relu:
+            e.line(f"max.NaN.f32 {acc}, {acc}, 0f00000000;")
+        e.lines([f"{cvt} %hx, {acc};", f"st.global.b16 [%rdc+{c * col_stride}], %hx;"])
+
+
+def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
+    c, es = plan.config, plan.element_bytes
+    a = c.ahead
+    e = Emitter()
+    e.comment(f"a warp a row, lane l its run l; {c.warps_per_block} warps a block, {a} quads a group in flight")
+    e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
+             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
+             "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;", "mov.u32 %rsx, xs;"])
+    _stage_x(e, plan)
+    e.comment("this warp's row: its first slot and quads; this lane's run: its quads, base column, first slot")
+    e.lines(["mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %row, %t, {c.warps_per_block}, %warp;",
+             f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;",
+             "ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", "mad.wide.u32 %rdq, %row, 8, %rdq;",
+             "ld.global.nc.v2.u32 {%qb, %nq}, [%rdq];",
+             "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
+             f"mad.lo.u32 %t, %row, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
+             "ld.global.nc.u16 %hx, [%rdq];", "cvt.u32.u16 %t, %hx;",
+             f"mad.lo.u32 %xa, %t, {plan.n_pad * plan.x_bytes}, %rsx;",
+             "shr.u32 %n, %nq, 5;", f"and.b32 %t, %nq, {WARP - 1};", "setp.lt.u32 %pt, %lane, %t;",
+             "selp.u32 %t, 1, 0, %pt;", "add.u32 %n, %n, %t;", "sub.u32 %nm1, %n, 1;",
+             "add.u32 %t, %qb, %lane;",
+             "ld.param.u64 %rdg, [p_gaps];", "cvta.to.global.u64 %rdg, %rdg;", "mad.wide.u32 %rdg, %t, 4, %rdg;",
+             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+             f"mad.wide.u32 %rdv, %t, {QUAD * es}, %rdv;",
+             *[f"mov.f32 %acc{c}, 0f00000000;" for c in range(max(2, plan.N))],
+             "setp.eq.u32 %pt, %n, 0;", "@%pt bra SUMMED;", "mov.u32 %i, 0;"])
+    _load_group(e, plan, 0, "%i", "")
+    e.comment("the loop, unrolled twice: one register set's loads in flight while the other's quads are summed")
+    e.label("LOOP")
+    e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
+    _load_group(e, plan, 1, "%in", "@%p1 ")
+    _sum_group(e, plan, 0, "%i")
+    e.lines(["@!%p1 bra SUMMED;", f"add.u32 %i, %in, {a};", "setp.lt.u32 %p0, %i, %n;"])
+    _load_group(e, plan, 0, "%i", "@%p0 ")
+    _sum_group(e, plan, 1, "%in")
+    e.line("@%p0 bra LOOP;")
+    e.label("SUMMED")
+    _epilogue(e, plan)
+    e.label("DONE")
+    e.line("ret;")
+    sets = [f"%g{s}_{u}, %va{s}_{u}, %vb{s}_{u}" for s in range(2) for u in range(a)]
+    decl = [".reg .pred %pt, %pl, %p0, %p1" + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
+            + "".join(f", %pe{i}" for i in range(ELEMENT_BATCH)) + ";",
+            ".reg .b32 %rtid, %lane, %warp, %t, %row, %qb, %nq, %n, %nm1, %i, %in, %xa, %d, %f, %bias, %acc, "
+            "%rsx, %rsq, " + ", ".join(sets + [f"%w{q}" for q in range(QUAD)] + [f"%x{r}" for r in range(8)]
+                                       + [f"%acc{c}" for c in range(max(2, plan.N))] + [f"%xw{r}" for r in range(4)]
+                                       + [f"%sp{r}" for r in range(ELEMENT_BATCH)]
+                                       + [f"%st{r}" for r in range(4 * STAGE_BATCH)]) + ";",
+            ".reg .b16 %hx, %h0, %h1" + "".join(f", %hs{i}" for i in range(ELEMENT_BATCH)) + ";",
+            ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdr, %rdg, %rdv;"]
+    # dynamic: the launch gives plan.dynamic_shared_bytes (X staged, over the 48 KB a static declaration may have)
+    shared = ".extern .shared .align 16 .b8 xs[];"
+    return data_kernel(plan, "decode GEMV over runs of 8-bit column gaps + values (W as data)",
+                       ("p_b", "p_c", "p_values", "p_gaps", "p_rows", "p_bases", "p_bias")
+                       + (("p_residual",) if plan.residual else ()), decl, e.text(), 0, shared)

@@ -1,0 +1,121 @@
+"""The delta-runs decode kernel (mappings/delta_runs/render.py) run by the PTX interpreter against float64
+into NaN-poisoned outputs, N = 1 and 2..8, and ptxas for sm_90 and sm_80 without spills."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseforge import SparseMatrix
+from sparseforge.codegen import render
+from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig, make_delta_runs_plan
+from sparseforge.mappings.delta_runs.space import delta_runs_candidates
+
+from .test_interpreted import (TOLERANCE, _decode, _encode, _reference, assert_matches,
+                               random_weight_and_epilogue, run_data_kernel)
+from .test_ptx import _assemble_without_spills_and_link
+
+
+@st.composite
+def wide_delta_runs_kernels(draw):
+    """N = 2..8 (Np = 2, 4, 8 with unused columns where N is not a power of two), kn and nk, X staged 16-byte
+    pieces or value by value, as fp32 or, on a GPU of less shared memory (sm_86), in 16 bits."""
+    layout = draw(st.sampled_from(["kn", "nk"]))
+    config = DeltaRunsConfig(warps_per_block=2, ahead=draw(st.sampled_from([1, 2])))
+    n, m = draw(st.sampled_from([2, 3, 4, 5, 8])), draw(st.integers(1, 4))
+    k = draw(st.sampled_from([1, 24, 33, 300] + ([3208] if n > 4 else [])))
+    return (layout, config, m, k, n, draw(st.sampled_from([0.0, 0.01, 0.3])), draw(st.integers(0, 2**16)),
+            draw(st.sampled_from(["float16", "bfloat16"])), draw(st.sampled_from([90, 86])))
+
+
+@given(wide_delta_runs_kernels())
+@settings(max_examples=25, deadline=None)
+def test_random_wide_delta_runs_kernels_match_float64_reference(problem):
+    layout, config, m, k, n, density, seed, dtype, arch = problem
+    rng = np.random.default_rng(seed)
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, density, seed)
+    plan = make_delta_runs_plan(weight, n, dtype, layout, config, bias=bias, relu=relu, arch=arch)
+    b = rng.standard_normal((2, k, n) if layout == "kn" else (2, n, k))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, layout, dtype, bias, relu), dtype)
+
+
+def test_x_is_staged_in_16_bits_only_where_fp32_does_not_fit():
+    w = SparseMatrix.from_dense(np.eye(8, 14336, dtype=np.float32))
+    assert make_delta_runs_plan(w, 8, "float16", "nk").x_bytes == 2  # Llama's down projection at 8 tokens
+    assert make_delta_runs_plan(w, 4, "float16", "nk").x_bytes == 4
+    assert make_delta_runs_plan(w, 1, "bfloat16", "nk").x_bytes == 4
+
+
+@st.composite
+def delta_runs_kernels(draw):
+    """Random decode problems: rows of fewer than 32 quads (lanes without a run) and of several quads a lane
+    (groups past the first, the last one partial), gaps over 255 (fillers), K whose bytes are not a multiple
+    of 16 (x staged value by value), empty, all-zero, one-nonzero and dense rows, M not a multiple of a
+    block's rows; both 16-bit dtypes; batch; bias, ReLU."""
+    layout = draw(st.sampled_from(["kn", "nk"]))
+    config = DeltaRunsConfig(warps_per_block=draw(st.sampled_from([2, 4])), ahead=draw(st.sampled_from([1, 2, 4])))
+    m, k = draw(st.integers(1, 5)), draw(st.sampled_from([1, 7, 33, 200, 600, 1030]))
+    density = draw(st.sampled_from([0.0, 0.003, 0.3, 1.0]))
+    return (layout, config, m, k, density, draw(st.integers(0, 2**16)), draw(st.sampled_from(["float16", "bfloat16"])),
+            draw(st.integers(1, 2)))
+
+
+@given(delta_runs_kernels())
+@settings(max_examples=25, deadline=None)
+def test_random_delta_runs_kernels_match_float64_reference(problem):
+    layout, config, m, k, density, seed, dtype, batch = problem
+    rng = np.random.default_rng(seed)
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, density, seed, dense_row=True)
+    plan = make_delta_runs_plan(weight, 1, dtype, layout, config, bias=bias, relu=relu)
+    b = rng.standard_normal((batch, k, 1) if layout == "kn" else (batch, 1, k))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, layout, dtype, bias, relu), dtype)
+
+
+def test_long_runs_and_wide_gaps():
+    """Rows of many quads a lane (several groups of `ahead`, a partial last one, lanes of c and c + 1 quads)
+    and gaps over 255 and 510 (one and two fillers), in one kernel."""
+    rng = np.random.default_rng(3)
+    dense = np.where(rng.random((3, 1800)) < 0.6, rng.standard_normal((3, 1800)), 0).astype(np.float32)
+    dense[1] = 0
+    dense[1, [0, 300, 900, 1799]] = [1.0, -2.0, 0.5, 3.0]  # gaps of 300, 600 and 899
+    weight = SparseMatrix.from_dense(dense)
+    plan = make_delta_runs_plan(weight, 1, "float16", "nk", DeltaRunsConfig(warps_per_block=2, ahead=2))
+    assert plan.format.fillers == 1 + 2 + 3 and int(plan.format.rows[0, 1]) > 32 * 2 * 2
+    b = rng.standard_normal((1, 1, 1800))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", None, False), "float16")
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_delta_runs_kernel_adds_a_residual_before_relu(layout, dtype, n):
+    rng = np.random.default_rng(8)
+    dense = np.where(rng.random((6, 150)) < 0.2, rng.standard_normal((6, 150)), 0).astype(np.float32)
+    dense[2] = 0
+    weight, bias = SparseMatrix.from_dense(dense), rng.standard_normal(6)
+    plan = make_delta_runs_plan(weight, n, dtype, layout, DeltaRunsConfig(warps_per_block=4, ahead=2), bias=bias,
+                                relu=True, residual=True)
+    b = rng.standard_normal((2, 150, n) if layout == "kn" else (2, n, 150))
+    residual = rng.standard_normal((2, 6, n) if layout == "kn" else (2, n, 6))
+    got = run_data_kernel(plan, b, residual)
+    ref = np.maximum(_reference(weight, b, layout, dtype, bias, False) + _decode(_encode(residual, dtype), dtype), 0)
+    assert np.isfinite(got).all() and plan.name.endswith("_res")
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_proposed_config_assembles_without_spills(arch, dtype):
+    rng = np.random.default_rng(0)
+    k = 14336  # Llama's widest K
+    w = SparseMatrix.from_dense(np.where(rng.random((64, k)) < 0.1, rng.standard_normal((64, k)), 0)
+                                .astype(np.float32))
+    configs = delta_runs_candidates(1, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8)]
+    for config in configs:
+        for n, residual in ((1, False), (1, True), (2, True), (4, False), (8, True)):
+            try:
+                plan = make_delta_runs_plan(w, n, dtype, "kn" if n == 4 else "nk", config, bias=np.ones(64),
+                                            relu=True, arch=arch, residual=residual)
+            except ValueError as err:  # X of 14336 x 8 past sm_80's shared memory; 16 warps of 8 ahead at N = 8
+                assert ("K <= " in str(err) and n == 8 and arch == 80) or "registers" in str(err), err
+                continue
+            _assemble_without_spills_and_link(render(plan), arch)

@@ -1,0 +1,98 @@
+"""The delta-runs format: W read back exactly (hypothesis over shapes, densities, tails, wide gaps), the same
+format packed by torch ops where W lies (DeviceCsr), its bytes, and the refusals."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseforge import SparseMatrix
+from sparseforge.formats.device import DeviceCsr
+from sparseforge.mappings.delta_runs.plan import (DeltaRunsConfig, decoded, execute_delta_runs,
+                                                  make_delta_runs_plan, make_delta_runs_plan_on_device)
+from sparseforge.runtime.kernel import plan_key
+
+
+def _matrix(m, k, density, seed, dtype="float16", skew=False):
+    rng = np.random.default_rng(seed)
+    keep = rng.random((m, k)) < density * (np.linspace(0.2, 1.8, k) if skew else 1)  # columns unevenly kept
+    dense = (rng.standard_normal((m, k)) * keep).astype(np.float32)
+    dense[seed % m] = 0  # an empty row
+    if m > 1 and k > 2:
+        dense[(seed + 1) % m] = 0
+        dense[(seed + 1) % m, [0, k - 1]] = [1.5, -2.0]  # the widest gap a row can have
+    return SparseMatrix.from_dense(dense).astype(dtype)
+
+
+def _read_back(plan) -> np.ndarray:
+    rows, cols, vals = decoded(plan)
+    w = np.zeros((plan.M, plan.K))
+    np.add.at(w, (rows.numpy(), cols.numpy()), vals.double().numpy())
+    return w
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 1500), density=st.sampled_from([0.0, 0.002, 0.05, 0.5, 1.0]),
+       seed=st.integers(0, 1000), dtype=st.sampled_from(["float16", "bfloat16"]), skew=st.booleans())
+def test_the_format_reads_back_to_w_and_the_device_packing_is_the_same(m, k, density, seed, dtype, skew):
+    w = _matrix(m, k, density, seed, dtype, skew)
+    plan = make_delta_runs_plan(w, 1, dtype, "nk")
+    assert np.array_equal(_read_back(plan), w.to_dense().astype(np.float64))
+    gaps = plan.format.gaps.view(np.uint32)
+    quads = plan.format.rows[:, 1]
+    assert plan.format.quads == max(int(quads.sum()), 1)
+    # every row's quads are exactly its entries (nonzeros and fillers) rounded up to whole quads
+    assert int(quads.sum()) * 4 - (w.nnz + plan.format.fillers) < 4 * m
+    assert gaps.dtype == np.uint32 and plan.format.bases.dtype == np.int16
+    csr = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
+                    torch.from_numpy(w.values.astype(np.float32)).to(getattr(torch, dtype)), w.shape, dtype)
+    device = make_delta_runs_plan_on_device(csr, 1, dtype, "nk")
+    f = device.format.on_host()
+    for name in ("gaps", "rows", "bases"):
+        assert np.array_equal(getattr(plan.format, name), getattr(f, name)), name
+    assert np.array_equal(plan.format.values.astype(np.float32), f.values.astype(np.float32))
+    assert device.format.values.dtype == getattr(torch, dtype) and device.format.gaps.dtype == torch.int32
+    assert plan_key(plan, "toolkit") == plan_key(device, "toolkit") and plan.bytes_read() == device.bytes_read()
+
+
+def test_bytes_are_three_a_nonzero_and_the_offsets_small():
+    rng = np.random.default_rng(1)
+    w = SparseMatrix.from_dense((rng.standard_normal((512, 4096)) * (rng.random((512, 4096)) < 0.5))
+                                .astype(np.float32)).astype("float16")
+    plan = make_delta_runs_plan(w, 1, "float16", "nk")
+    per_weight = plan.bytes_read() / (512 * 4096)
+    assert plan.format.fillers == 0 and abs(per_weight - (3 * w.nnz / (512 * 4096) + 72 / 4096)) < 0.002
+    assert per_weight < 2 / 1.3  # at 50%: at least 1.3x fewer bytes than dense fp16
+
+
+def test_the_reference_executor_computes_w_times_x_with_the_epilogue():
+    w = _matrix(9, 700, 0.2, 4, "bfloat16")
+    rng = np.random.default_rng(0)
+    bias = rng.standard_normal(9)
+    plan = make_delta_runs_plan(w, 1, "bfloat16", "kn", bias=bias, relu=True)
+    x = rng.standard_normal((700, 1))
+    want = np.maximum(w.to_dense().astype(np.float64) @ x + bias[:, None], 0)
+    assert np.allclose(execute_delta_runs(plan, x), want)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": 9}, "N <= 8"),
+    ({"dtype": "float32"}, "16-bit values"),
+    ({"k": 70000}, "K <= 58112"),
+    ({"k": 50000, "arch": 80}, "K <= 41728"),
+    ({"k": 15000, "n": 8}, "K <= 14528"),
+    ({"k": 14336, "n": 8, "config": DeltaRunsConfig(warps_per_block=16, ahead=8)}, "registers"),
+])
+def test_refusals_name_the_reason_and_the_fix(kwargs, message):
+    k = kwargs.pop("k", 64)
+    w = _matrix(4, k, 0.01, 0, "float32" if kwargs.get("dtype") == "float32" else "float16")
+    options = {"n": 1, "dtype": "float16", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        make_delta_runs_plan(w, options.pop("n"), options.pop("dtype"), "nk", **options)
+
+
+@pytest.mark.parametrize("fields, error", [({"warps_per_block": 3}, "warps_per_block"), ({"ahead": 3}, "ahead"),
+                                           ({"ahead": 2.0}, "int")])
+def test_configs_validate_themselves(fields, error):
+    with pytest.raises((ValueError, TypeError), match=error):
+        DeltaRunsConfig(**fields)
