@@ -19,9 +19,9 @@
 #   rn50          ResNet-50 end to end (benchmarks/model_rn50.py), $SPARSITIES x $DTYPES at batch $BATCH
 #                 (16-bit runs channels_last)
 #   llama         a 2-layer Llama decoder at Llama-3-8B widths, 70% and 2:4, fp16 (benchmarks/model_llama.py)
-#   llama_hf      transformers' Llama-3-8B (32 layers, seeded weights) at 70%, fp16, batch 1 and 8, context 128:
-#                 conversion cold and warm, memory, one decode step each side (benchmarks/llama_hf_decode.py;
-#                 its phases' times in the log as they end; STEP_S 560 unless set)
+#   llama_hf      transformers' Llama-3-8B (32 layers, seeded weights) at 70% then 50%, fp16, batch 1 and 8, context
+#                 128: conversion cold and warm, memory, one decode step each side, generate of 128 tokens
+#                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
 #   minilm        all-MiniLM-L6-v2's encoder at 80%, fp16, batch $BATCH x 128 tokens (benchmarks/model_minilm.py)
 #   host_time     eager host time per call against dense (benchmarks/host_time.py)
 #   walk          the nonzero-driven bitmap decode prototypes (benchmarks/proto/bitmap_walk*.cu): ncu, then
@@ -131,8 +131,8 @@ stage() {
           "$OUT/model_rn50_${s}_${dt}_b$BATCH.json" --tune-budget "$TUNE" --dtype "${LONG[$dt]}" --batch "$BATCH" "${layout[@]}"
       done; done ;;
     llama_hf)
-      STEP_S=${LLAMA_HF_S:-560} run llama_hf_0.7_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7 \
-        --dtype float16 --batches 1 8 --contexts 128 --generate 0 --tune-budget 1 --out "$OUT/llama_hf_0.7_fp16.json" ;;
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
+        --dtype float16 --batches 1 8 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_fp16.json" ;;
     llama)
       run model_llama_0.7_fp16_b1 python3 benchmarks/model_llama.py "$OUT/model_llama_0.7_fp16_b1.json" --sparsity 0.7 \
         --dtype float16 --tune-budget "$TUNE"

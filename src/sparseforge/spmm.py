@@ -16,6 +16,7 @@ from .plan import DEFAULT_LAYOUT, LAYOUTS, TileConfig
 from .plan.plan import clusters_of, remember_clusters
 from .mappings.bitmap.plan import BitmapConfig
 from .mappings.csr.plan import CsrColumnsConfig, CsrConfig
+from .mappings.delta_runs.plan import DeltaRunsConfig
 from .mappings.split24.plan import Split24Config
 from .mappings.tc_scatter.plan import TcScatterConfig
 from .runtime import KernelCache, build_kernel, cache_key, default_compiler, kernel_key
@@ -85,8 +86,8 @@ def _make_plan(w: SparseMatrix, n: int, dtype: str, layout: str, config, bias, r
 @forgets_packings
 def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False,
                  device="cuda",
-                 config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | Split24Config
-                 | None = None,
+                 config: TileConfig | CsrConfig | CsrColumnsConfig | BitmapConfig | TcScatterConfig | DeltaRunsConfig
+                 | Split24Config | None = None,
                  tune_budget: float | None = TUNE_BUDGET_S,
                  deterministic: bool = False, time_dense: bool = True, residual: bool = False):
     """Generate, compile (or fetch from cache) and load the fastest kernel for W among every mapping.
@@ -100,15 +101,16 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
 
     The choice (tune/choose.py): the cost model ranks every candidate of tune/space.py (row groups, row
     per block, split K, the small-N kernel for n <= 64, the tensor-core tc-scatter kernel for float16 /
-    bfloat16 at n <= 64); with tune_budget seconds (default TUNE_BUDGET_S, 5) the top few
+    bfloat16 at n <= 64, the delta-runs decode kernel for float16 / bfloat16 at n = 1); with tune_budget seconds (default TUNE_BUDGET_S, 5) the top few
     are compiled side by side and timed by CUDA-graph replay, and, with time_dense, dense cuBLAS beside
     them; the winner is cached with the kernel. tune_budget=None or 0: the cost model's pick, nothing timed.
-    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig / TcScatterConfig instead, or
+    config: a fixed TileConfig / CsrConfig / CsrColumnsConfig / BitmapConfig / TcScatterConfig / DeltaRunsConfig
+    (n <= 8) instead, or
     Split24Config (layout "nk", 16-bit: W's 2:4 part on Sparse Tensor Cores, the rest by an SpMM kernel; an
     Split24Kernel comes back; not yet in the default space: benchmarks/designs.py measures it first).
     deterministic: no atomics (bitwise-reproducible runs). residual=True: the kernel takes k(B, residual=R)
     and adds R (laid out as the output) before relu; only the kernels that read W as data (csr, csr-columns,
-    bitmap, tc-scatter) add one so far, so the chooser picks among those.
+    bitmap, tc-scatter, delta-runs) add one so far, so the chooser picks among those.
 
     Returns an SpmmKernel: k(B) -> C, k(B, out=C); k.plan (k.mapping names the winner's mapping),
     k.source, k.compile_seconds (the winner's build; 0 when cached), k.tune_seconds, k.choice (every

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Iterable
 
 import torch
@@ -136,7 +137,7 @@ class DecodeLinear(nn.Module):
 
     Once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one copy of W on the device), so
     the workspace is filled from the kernel's own device arrays where its family can (runtime.kernel densify:
-    the csr families); otherwise each prefill copies the CSR buffers over, 6 bytes per nonzero in fp16 (21 GB
+    csr, tc-scatter and delta-runs); otherwise each prefill copies the CSR buffers over, 6 bytes per nonzero in fp16 (21 GB
     for the decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe)."""
 
     def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int]):
@@ -433,8 +434,21 @@ def group_decision_key(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, i
 
     shape, bias, dtype, _, bucket, two_four = key
     spec = "|".join([f"{shape[0]}x{shape[1]}", f"bias={bias}", str(dtype), f"bucket={bucket}", f"2:4={two_four}",
-                     "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}", gpu[0], chooser_digest()])
+                     "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}", gpu[0], chooser_digest(),
+                     _decision_digest()])
     return kernel_key(GROUP_DECISION, spec, gpu[1], default_compiler().version)
+
+
+@lru_cache(maxsize=1)
+def _decision_digest() -> str:
+    """sha256 of the code that turns a layer's measurements into a decoder layer's decision (this module, the
+    per-layer measurement, the layer's per-width decisions): editing it invalidates kept group decisions."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in ("llm.py", "convert.py", "sparse.py")
+                                   )).hexdigest()
 
 
 def _is_group_record(record) -> bool:
@@ -479,6 +493,8 @@ def load_group_decision(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, 
     if any(c is None for c in configs.values()) or first.choice not in (DENSE, UNSTRUCTURED, SPARSE) or \
             not set(configs) <= widths <= set(tokens):
         return None
+    if first.choice == UNSTRUCTURED and not set(configs) == widths == set(tokens):
+        return None  # a decoder layer runs a kernel at every decode width: a record of fewer is not one of ours
     return first, widths, configs
 
 
@@ -529,14 +545,14 @@ def _prebuild_members(model, names, keys, decided) -> None:
 
 
 def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacement: SparseLinear, tokens: tuple,
-                            tune_budget) -> SparseLinear | None:
+                            tune_budget) -> nn.Module | None:
     """The measured layer's replacement for decoding: a kernel at every decode width, or None (kept dense).
 
     measure_layer decides width by width, keeping a dense W for the widths where dense measured faster. A
     DecodeLinear keeps no dense W of its own (prefill densifies into a shared workspace at every call, far
     slower than any kernel, and not inside a CUDA graph), so there it runs its fastest kernel all the same.
-    The layer is replaced where the kernels' time summed over the decode widths beats dense's by the
-    chooser's margin; a width no kernel takes keeps the layer dense."""
+    The layer is replaced where the kernels' time summed over the decode widths beats dense's (and 2:4's, where
+    measured) by the chooser's margin; a width no kernel takes keeps the layer dense."""
     from ..tune.choose import MIN_SPEEDUP, fastest_with_margin
 
     decisions = [d for d in replacement.decisions if d.mode in ("graph", "any")]
@@ -553,20 +569,42 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
     sparse_us = sum(timed[n].sparse_us for n in tokens)
     dense_us = sum(timed[n].dense_us for n in tokens)
     measured.times_us[UNSTRUCTURED] = measured.kernel_us[UNSTRUCTURED] = sparse_us
-    picked, ratio = fastest_with_margin({UNSTRUCTURED: sparse_us, DENSE: dense_us}, DENSE, MIN_SPEEDUP)
+    times = {UNSTRUCTURED: sparse_us, DENSE: dense_us}
+    if measured.times_us.get(SPARSE):  # a 2:4 weight: its path keeps its own dense W, so its time stands
+        times[SPARSE] = measured.times_us[SPARSE]
+    picked, ratio = fastest_with_margin(times, DENSE, MIN_SPEEDUP)
     slower = ", ".join(f"{timed[n].dense_us / timed[n].sparse_us:.2f}x at {n}" for n in lost)
+    where = f"its kernels at the decode widths {list(tokens)}"
     if picked == DENSE:
         measured.choice = DENSE
-        measured.reason = f"its kernels at the decode widths {list(tokens)} measured {ratio:.2f}x of dense in " \
-                          f"sum ({slower} tokens; a decoder layer keeps no dense W, so it would run them there " \
-                          "too): kept dense"
+        measured.reason = f"{where} measured {dense_us / sparse_us:.2f}x of dense in sum ({slower} tokens; a " \
+                          "decoder layer keeps no dense W, so it would run them there too): kept dense"
         return None
+    if picked == SPARSE:
+        measured.choice = SPARSE
+        measured.reason = f"2:4 measured {ratio:.2f}x faster than dense, before {where} ({dense_us / sparse_us:.2f}x " \
+                          "of dense in sum, run at every width)"
+        semi = SparseLinear24.from_dense(module, policy="measure")
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        for n in tokens:
+            semi.runtime().prepare(torch.randn(n, module.in_features, generator=generator).to(module.weight.device,
+                                                                                           module.weight.dtype))
+        return semi
     inner = SparseLinear.from_dense(module, policy="sparse", tune_budget=tune_budget)
     inner.pin({n: configs[n] for n in tokens})
-    inner.prepare(tokens)
+    try:
+        built = inner.prepare(tokens)
+    except CompileError as exc:
+        built, failure = [], f"{type(exc).__name__}: {str(exc)[:120]}"
+    else:
+        failure = next((d.reason for d in built if d.path == DENSE), None)
+    if failure is not None or len(built) != len(tokens):
+        measured.choice, measured.reason = DENSE, f"{where} measured faster in sum, but do not build for this " \
+                                                  f"weight ({failure}): kept dense"
+        return None
     measured.choice = UNSTRUCTURED
-    measured.reason = f"its kernels at the decode widths {list(tokens)} measured {ratio:.2f}x faster than dense " \
-                      f"in sum; they run at every width ({slower} tokens, where a decoder layer keeps no dense W)"
+    measured.reason = f"{where} measured {ratio:.2f}x faster than dense in sum; they run at every width " \
+                      f"({slower} tokens, where a decoder layer keeps no dense W)"
     return inner
 
 

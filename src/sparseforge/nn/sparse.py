@@ -582,7 +582,7 @@ class SparseLinear(_SparseWeight):
             self._decided.pop(n, None)
             self._eager_decided.pop(n, None)
             self._eager_dense.discard(n)
-            self._outpaced.pop(n, None)
+            self.__dict__.setdefault("_outpaced", {}).pop(n, None)  # a layer pickled before it had none
 
     @property
     def pinned(self) -> dict:

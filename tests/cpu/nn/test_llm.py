@@ -242,14 +242,15 @@ def test_converting_without_transformers_names_the_extra(monkeypatch):
     assert all(type(model.get_submodule(n)) is nn.Linear for n in decoder_linear_names(model))
 
 
-@pytest.mark.parametrize("refused", ["none", "all", "one", "slower"])
+@pytest.mark.parametrize("refused", ["none", "all", "one", "slower", "rebuilt"])
 def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkeypatch, tmp_path, refused):
     """The grouping of policy='measure', its timing stubbed (the GPU tests time it): the first layer of each
     (shape, sparsity) is measured; every other layer of the group compiles its kernel configs (pinned, not
     timed). The first layers' kernels win at 1 token and lose at 8 (1.25x slower), yet win in sum: a decoder
     layer keeps no dense W, so they run at both widths. refused: the kernels refuse the pinned configs for the
     other layers' weights at no width ("none"), at every width ("all") or at one of two ("one"): those layers
-    stay dense. "slower": the kernels lose in sum over the widths, so every layer stays dense."""
+    stay dense. "slower": the kernels lose in sum over the widths, so every layer stays dense. "rebuilt": the
+    measured layers' own kernels do not build again at 8 tokens, so they stay dense too."""
     from sparseforge.nn import llm
     from sparseforge.semi.decide import DENSE, UNSTRUCTURED, Decision, fixed
 
@@ -282,10 +283,11 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: 123)
     # kernels: none on a CPU; a layer built from its group's decision compiles the configs (nothing timed),
     # and the stub says which widths the kernels refuse for its weight (the measured layers' own: none)
-    refuses = {"none": set(), "all": {1, 8}, "one": {8}, "slower": set()}[refused]
+    refuses = {"none": set(), "all": {1, 8}, "one": {8}, "slower": set(), "rebuilt": {8}}[refused]
 
     def prepare(self, ws):
-        self._decided = {n: fixed(n, DENSE, "stub: refused") if n in refuses and not getattr(self, "_first", False)
+        spared = getattr(self, "_first", False) and refused != "rebuilt"
+        self._decided = {n: fixed(n, DENSE, "stub: refused") if n in refuses and not spared
                          else fixed(n, UNSTRUCTURED, "stub") for n in ws}
         return self.decisions
 
@@ -309,7 +311,10 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     reasons = {layer.name: layer.reason for layer in report.layers}
     choices = {layer.name: layer.choice for layer in report.layers}
     member = "model.layers.1.mlp.up_proj"
-    if refused == "slower":  # 41 us of kernels against 40 of dense: nothing replaced
+    if refused == "rebuilt":
+        assert report.replaced == [] and choices[firsts[0]] == DENSE
+        assert reasons[firsts[0]].endswith("do not build for this weight (stub: refused): kept dense")
+    elif refused == "slower":  # 41 us of kernels against 40 of dense: nothing replaced
         assert report.replaced == [] and choices[firsts[0]] == DENSE
         assert reasons[firsts[0]].startswith("its kernels at the decode widths [1, 8] measured 0.98x of dense")
         assert reasons[firsts[0]].endswith("kept dense") and "0.80x at 8 tokens" in reasons[firsts[0]]
@@ -373,6 +378,9 @@ def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path
     KernelCache().put_tuned(path_key, 90, {"widths": [1, 8], "configs": {"1": {"family": "gone", "config": {}}},
                                            "report": {}})
     assert llm.load_group_decision(key, (1, 8), 1.0, gpu) is None  # unreadable here: measured again
+    # a kernel at fewer widths than the decode widths is no decoder layer's decision (it would densify W there)
+    llm.store_group_decision(key, (1, 8), 1.0, gpu, (first, {1}, {1: configs[1]}))
+    assert llm.load_group_decision(key, (1, 8), 1.0, gpu) is None
 
 
 def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):

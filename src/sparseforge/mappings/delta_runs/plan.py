@@ -129,6 +129,8 @@ def pack_runs(indptr, indices, values, shape: tuple[int, int]) -> RunsFormat:
     first_slot = torch.cumsum(quads, 0) - quads
     first_entry = torch.cumsum(counts, 0) - counts
     total = max(int(quads.sum()), 1)
+    if total >= 2 ** 31:
+        raise ValueError(f"W has {total} quads of entries; the delta-runs kernel indexes them with 32 bits")
     j = torch.arange(entries, device=device) - first_entry[rows]  # entry within its row
     q = j // QUAD
     c, rem = (quads >> 5)[rows], (quads & (WARP - 1))[rows]

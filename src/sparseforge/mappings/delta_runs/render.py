@@ -181,7 +181,7 @@ def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     for c, acc in enumerate(accs):
         if plan.residual:
-            e.line(f"ld.global.nc.b16 %hx, [%rdr+{c * col_stride}];")
+            e.line(f"ld.global.b16 %hx, [%rdr+{c * col_stride}];")  # not .nc: C may be the residual itself
             widen(e, plan.dtype, "%f", "%hx")
             e.line(f"add.f32 {acc}, {acc}, %f;")
         if plan.relu:
