@@ -30,6 +30,7 @@ from sparseforge.tune.pipeline import compile_candidate, describe as _describe, 
 from sparseforge.tune.choose import TOP, choose, shortlist
 from sparseforge.mappings.bitmap.plan import BitmapConfig
 from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
+from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
 from sparseforge.mappings.split24.plan import Split24Config
 from sparseforge.semi.cusparselt import Sparse24Error
 from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
@@ -38,7 +39,7 @@ from sparseforge.tune.space import search_space
 # the mappings each config family can give: --mappings drops a family before its plans are made (sketching
 # every generated candidate of a million-nonzero LLM layer costs minutes)
 FAMILY_MAPPINGS = {CsrConfig: {"csr", "csr-staged"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"},
-                   TcScatterConfig: {"tc-scatter"}, Split24Config: {"split-24"}}
+                   TcScatterConfig: {"tc-scatter"}, Split24Config: {"split-24"}, DeltaRunsConfig: {"delta-runs"}}
 TILE_MAPPINGS = {"row-groups", "row-per-block", "split-k", "staged-x", "inline"}
 
 

@@ -53,15 +53,18 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
     """Every candidate config of every kernel family (mappings/registry.py, in its order) for an
     M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
-    unmeasured: also the families not yet run on a GPU, which the default space leaves out until
-    benchmarks/designs.py has measured them (bitmap, split-24 today; inline and csr-columns were measured on
-    the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers: docs/history.md). sms: the
+    unmeasured: also the families and configs not yet run on a GPU, which the default space leaves out until
+    benchmarks/designs.py has measured them (bitmap, split-24 and delta-runs' trial configs today; inline and
+    csr-columns were measured on the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers:
+    docs/history.md). sms: the
     GPU's SM count (sm_count: csr-staged's persistent blocks; configs whose copy of B does not fit the arch
     are refused when their plans are made)."""
     configs = []
     for family in families(SPMM):
         if family.candidates is not None and (family.proposed or unmeasured):
             configs += family.hook("candidates")(n, layout, m, row_nnz, relu, dtype, sms)
+        if family.trials is not None and unmeasured:
+            configs += family.hook("trials")(n, layout, m, row_nnz, relu, dtype, sms)
     if deterministic:
         configs = [c for c in configs if not getattr(c, "segment_nnz", 0)]
     unique = []

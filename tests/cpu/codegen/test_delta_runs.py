@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
 from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig, make_delta_runs_plan
-from sparseforge.mappings.delta_runs.space import delta_runs_candidates
+from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_trials
 
 from .test_interpreted import (TOLERANCE, _decode, _encode, _reference, assert_matches,
                                random_weight_and_epilogue, run_data_kernel)
@@ -20,7 +20,7 @@ def wide_delta_runs_kernels(draw):
     """N = 2..8 (Np = 2, 4, 8 with unused columns where N is not a power of two), kn and nk, X staged 16-byte
     pieces or value by value, as fp32 or, on a GPU of less shared memory (sm_86), in 16 bits."""
     layout = draw(st.sampled_from(["kn", "nk"]))
-    config = DeltaRunsConfig(warps_per_block=2, ahead=draw(st.sampled_from([1, 2])))
+    config = DeltaRunsConfig(warps_per_block=2, ahead=draw(st.sampled_from([1, 2])), gap_bits=draw(st.sampled_from([8, 4])))
     n, m = draw(st.sampled_from([2, 3, 4, 5, 8])), draw(st.integers(1, 4))
     k = draw(st.sampled_from([1, 24, 33, 300] + ([3208] if n > 4 else [])))
     return (layout, config, m, k, n, draw(st.sampled_from([0.0, 0.01, 0.3])), draw(st.integers(0, 2**16)),
@@ -47,12 +47,13 @@ def test_x_is_staged_in_16_bits_only_where_fp32_does_not_fit():
 
 @st.composite
 def delta_runs_kernels(draw):
-    """Random decode problems: rows of fewer than 32 quads (lanes without a run) and of several quads a lane
-    (groups past the first, the last one partial), gaps over 255 (fillers), K whose bytes are not a multiple
-    of 16 (x staged value by value), empty, all-zero, one-nonzero and dense rows, M not a multiple of a
-    block's rows; both 16-bit dtypes; batch; bias, ReLU."""
+    """Random decode problems: rows of fewer than 32 slots (lanes without a run) and of several slots a lane
+    (groups past the first, the last one partial), gaps over 255 or 15 (fillers), 8- and 4-bit gaps, K whose
+    bytes are not a multiple of 16 (x staged value by value), empty, all-zero, one-nonzero and dense rows, M not
+    a multiple of a block's rows; both 16-bit dtypes; batch; bias, ReLU."""
     layout = draw(st.sampled_from(["kn", "nk"]))
-    config = DeltaRunsConfig(warps_per_block=draw(st.sampled_from([2, 4])), ahead=draw(st.sampled_from([1, 2, 4])))
+    config = DeltaRunsConfig(warps_per_block=draw(st.sampled_from([2, 4])), ahead=draw(st.sampled_from([1, 2, 4])),
+                             gap_bits=draw(st.sampled_from([8, 4])))
     m, k = draw(st.integers(1, 5)), draw(st.sampled_from([1, 7, 33, 200, 600, 1030]))
     density = draw(st.sampled_from([0.0, 0.003, 0.3, 1.0]))
     return (layout, config, m, k, density, draw(st.integers(0, 2**16)), draw(st.sampled_from(["float16", "bfloat16"])),
@@ -70,16 +71,19 @@ def test_random_delta_runs_kernels_match_float64_reference(problem):
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, layout, dtype, bias, relu), dtype)
 
 
-def test_long_runs_and_wide_gaps():
-    """Rows of many quads a lane (several groups of `ahead`, a partial last one, lanes of c and c + 1 quads)
-    and gaps over 255 and 510 (one and two fillers), in one kernel."""
+@pytest.mark.parametrize("gap_bits", [8, 4])
+def test_long_runs_and_wide_gaps(gap_bits):
+    """Rows of many slots a lane (several groups of `ahead`, a partial last one, lanes of c and c + 1 slots)
+    and gaps over 255 and 510 (one and two fillers in 8 bits; many in 4), in one kernel."""
     rng = np.random.default_rng(3)
     dense = np.where(rng.random((3, 1800)) < 0.6, rng.standard_normal((3, 1800)), 0).astype(np.float32)
     dense[1] = 0
     dense[1, [0, 300, 900, 1799]] = [1.0, -2.0, 0.5, 3.0]  # gaps of 300, 600 and 899
     weight = SparseMatrix.from_dense(dense)
-    plan = make_delta_runs_plan(weight, 1, "float16", "nk", DeltaRunsConfig(warps_per_block=2, ahead=2))
-    assert plan.format.fillers == 1 + 2 + 3 and int(plan.format.rows[0, 1]) > 32 * 2 * 2
+    plan = make_delta_runs_plan(weight, 1, "float16", "nk", DeltaRunsConfig(warps_per_block=2, ahead=2,
+                                                                            gap_bits=gap_bits))
+    assert (plan.format.fillers == 1 + 2 + 3 if gap_bits == 8 else plan.format.fillers > 100)
+    assert int(plan.format.rows[0, 1]) > 32 * 2 * 2
     b = rng.standard_normal((1, 1, 1800))
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", None, False), "float16")
 
@@ -109,7 +113,8 @@ def test_every_proposed_config_assembles_without_spills(arch, dtype):
     k = 14336  # Llama's widest K
     w = SparseMatrix.from_dense(np.where(rng.random((64, k)) < 0.1, rng.standard_normal((64, k)), 0)
                                 .astype(np.float32))
-    configs = delta_runs_candidates(1, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8)]
+    configs = delta_runs_candidates(1, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8)] + \
+        delta_runs_trials(8, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8, 4)]
     for config in configs:
         for n, residual in ((1, False), (1, True), (2, True), (4, False), (8, True)):
             try:

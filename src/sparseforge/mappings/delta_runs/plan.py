@@ -8,20 +8,22 @@ nonzero costs 3 bytes and about 5 instructions (extract the gap, add it to the l
 shared memory, convert, FMA), with no chain longer than an add, so the kernel streams at 2.5-3.2 TB/s: 1.2-1.3x
 over cuBLAS at 50%, 1.7-1.85x at 70%, 2.8-3.6x at 90% (Llama shapes, fp16, weights rotated through HBM).
 
-Layout (DeltaRunsPlan), per row r with Q_r quads of 4 entries (its nonzeros in column order, a zero-valued
-filler wherever a gap exceeds 255, the last quad padded with zero values at the last column):
-- the row's quads are split into 32 runs of consecutive quads: c = Q_r // 32 each, one more for the first
+Layout (DeltaRunsPlan), per row r with Q_r slots of E entries (E = 4 with 8-bit gaps, 8 with 4-bit gaps; the
+row's nonzeros in column order, a zero-valued filler wherever a gap exceeds 255 / 15, the last slot padded with
+zero values at the last column):
+- the row's slots are split into 32 runs of consecutive slots: c = Q_r // 32 each, one more for the first
   Q_r % 32 runs; lane l of the row's warp takes run l;
-- quad i of run l is stored at slot rows[r, 0] + 32 i + l, so a warp's loads of one step are contiguous
+- slot i of run l is stored at rows[r, 0] + 32 i + l, so a warp's loads of one step are contiguous
   (rows[r] = (first slot, Q_r));
-- gaps[slot]: 4 bytes, entry e's column minus the previous entry's of its run (0 for a run's first entry);
-  values[4 slot + e]: the values; bases[r, l]: the column of run l's first entry (uint16: K <= 65536).
-Bytes: 3 a nonzero plus a quad's padding a row, 72 a row of offsets (0.018 B/weight at K = 4096, 0.005 at
-K = 14336).
+- gaps[slot]: one 32-bit word, entry e's column minus the previous entry's of its run in bits [e g, e g + g)
+  (0 for a run's first entry); values[E slot + e]: the values; bases[r, l]: the column of run l's first entry
+  (uint16: K <= 65536).
+Bytes: 3 a nonzero with 8-bit gaps, 2.5 with 4-bit gaps (fewer where gaps are short: 50-70%), plus a slot's
+padding a row and 72 a row of offsets (0.018 B/weight at K = 4096, 0.005 at K = 14336).
 
 The kernel (render.py): a block stages X in shared memory as [K][Np] (Np: N rounded up to 1, 2, 4 or 8; fp32
 where it fits, else the kernel's dtype: Llama's K = 14336 at N = 8); warp w of block b takes row b * warps + w;
-each lane walks its run, `ahead` quads in flight while the previous group is summed (two register sets); a
+each lane walks its run, `ahead` slots in flight while the previous group is summed (two register sets); a
 nonzero reads its column's Np values with one shared load and adds N FMAs into fp32 sums; a fixed-order
 butterfly over the lanes (deterministic, no atomics); lane 0 adds bias and the residual, applies ReLU and
 stores. One format serves every N, so a decoder layer converted for several widths holds W once.
@@ -37,8 +39,7 @@ from ...formats import SparseMatrix
 from ...plan.config import WARP, require_ints
 from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
 
-QUAD = 4            # entries a lane takes with one 32-bit gap load and one 64-bit value load
-MAX_GAP = 255       # the largest gap an entry's byte holds: wider gaps take zero-valued fillers
+GAP_BITS = (8, 4)   # bits of an entry's gap: 8 (4 entries a slot) or 4 (8 entries a slot, 2.5 bytes a nonzero)
 MAX_K = 65536       # run bases are uint16
 MAX_N = 8           # columns of X a nonzero's one shared load brings (16 bytes of 16-bit values)
 # shared memory a block may have (static + dynamic, less the 1 KB the system reserves), per arch: X staged
@@ -48,7 +49,9 @@ SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
 @dataclass(frozen=True)
 class DeltaRunsConfig:
     warps_per_block: int = 8  # rows of a block (x is staged once per block for all of them)
-    ahead: int = 4            # quads a lane has in flight while it sums the previous group
+    ahead: int = 4            # slots a lane has in flight while it sums the previous group
+    gap_bits: int = 8         # 8: a slot is 4 entries (a 32-bit gap word, 8 bytes of values); 4: 8 entries (16
+    # bytes of values), 2.5 bytes a nonzero where gaps are short (a gap past 15 takes a zero-valued filler)
 
     def __post_init__(self):
         require_ints(self)
@@ -56,13 +59,15 @@ class DeltaRunsConfig:
             raise ValueError(f"warps_per_block must be 2, 4, 8 or 16, got {self.warps_per_block}")
         if self.ahead not in (1, 2, 4, 8):
             raise ValueError(f"ahead must be 1, 2, 4 or 8, got {self.ahead}")
+        if self.gap_bits not in GAP_BITS:
+            raise ValueError(f"gap_bits must be 8 or 4, got {self.gap_bits}")
 
     @property
     def threads(self) -> int:
         return self.warps_per_block * WARP
 
     def short(self) -> str:
-        return f"dr_w{self.warps_per_block}a{self.ahead}"
+        return f"dr_w{self.warps_per_block}a{self.ahead}" + ("" if self.gap_bits == 8 else f"g{self.gap_bits}")
 
 
 @dataclass(frozen=True)
@@ -75,31 +80,38 @@ class RunsFormat:
     K: int
     nnz: int
     fillers: int
+    gap_bits: int
     gaps: object = field(repr=False)
     values: object = field(repr=False)
     rows: object = field(repr=False)
     bases: object = field(repr=False)
 
     @property
-    def quads(self) -> int:
+    def slots(self) -> int:
         return int(self.gaps.shape[0])
 
+    @property
+    def per_slot(self) -> int:
+        """Entries a slot holds: its 32-bit gap word's gaps."""
+        return 32 // self.gap_bits
+
     def nbytes(self, element_bytes: int) -> int:
-        return self.quads * (4 + QUAD * element_bytes) + self.M * (8 + 2 * WARP)
+        return self.slots * (4 + self.per_slot * element_bytes) + self.M * (8 + 2 * WARP)
 
     def on_host(self) -> "RunsFormat":
         if isinstance(self.gaps, np.ndarray):
             return self
-        return RunsFormat(self.M, self.K, self.nnz, self.fillers, self.gaps.cpu().numpy(),
+        return RunsFormat(self.M, self.K, self.nnz, self.fillers, self.gap_bits, self.gaps.cpu().numpy(),
                           self.values.float().cpu().numpy(), self.rows.cpu().numpy(), self.bases.cpu().numpy())
 
 
-def pack_runs(indptr, indices, values, shape: tuple[int, int]) -> RunsFormat:
+def pack_runs(indptr, indices, values, shape: tuple[int, int], gap_bits: int = 8) -> RunsFormat:
     """The format from CSR torch tensors (indptr [M + 1], indices [nnz] ascending within rows, values [nnz]),
-    by torch ops on their device; values keep their dtype."""
+    by torch ops on their device; values keep their dtype. gap_bits: 8 or 4 (see DeltaRunsConfig)."""
     import torch
 
     m, k = shape
+    per, max_gap = 32 // gap_bits, (1 << gap_bits) - 1
     device = indptr.device
     counts = torch.diff(indptr.long())
     nnz = int(indices.numel())
@@ -110,7 +122,7 @@ def pack_runs(indptr, indices, values, shape: tuple[int, int]) -> RunsFormat:
     same_row = torch.cat([torch.zeros(1, dtype=torch.bool, device=device), rows[1:] == rows[:-1]]) if nnz else \
         torch.zeros(0, dtype=torch.bool, device=device)
     gap = torch.where(same_row, cols - prev, torch.zeros_like(cols))
-    fill = torch.clamp((gap - 1) // MAX_GAP, min=0)  # fillers before an entry (its gap over 255)
+    fill = torch.clamp((gap - 1) // max_gap, min=0)  # fillers before an entry (its gap over max_gap)
     fillers = int(fill.sum()) if nnz else 0
     if fillers:  # entry e moves past the fillers before it; filler j (1..f) of entry e at prev + 255 j
         moved = torch.arange(nnz, device=device) + torch.cumsum(fill, 0)
@@ -121,65 +133,64 @@ def pack_runs(indptr, indices, values, shape: tuple[int, int]) -> RunsFormat:
         vals2 = torch.zeros(total, dtype=vals.dtype, device=device)
         rows2[moved], cols2[moved], vals2[moved] = rows, cols, vals
         at = moved[owner] - fill[owner] + j - 1
-        rows2[at], cols2[at] = rows[owner], prev[owner] + MAX_GAP * j
+        rows2[at], cols2[at] = rows[owner], prev[owner] + max_gap * j
         rows, cols, vals = rows2, cols2, vals2
         counts = torch.bincount(rows, minlength=m)
     entries = rows.numel()
-    quads = (counts + QUAD - 1) // QUAD
-    first_slot = torch.cumsum(quads, 0) - quads
+    slots = (counts + per - 1) // per  # slots a row
+    first_slot = torch.cumsum(slots, 0) - slots
     first_entry = torch.cumsum(counts, 0) - counts
-    total = max(int(quads.sum()), 1)
+    total = max(int(slots.sum()), 1)
     if total >= 2 ** 31:
-        raise ValueError(f"W has {total} quads of entries; the delta-runs kernel indexes them with 32 bits")
+        raise ValueError(f"W has {total} slots of entries; the delta-runs kernel indexes them with 32 bits")
     j = torch.arange(entries, device=device) - first_entry[rows]  # entry within its row
-    q = j // QUAD
-    c, rem = (quads >> 5)[rows], (quads & (WARP - 1))[rows]
-    longer = rem * (c + 1)  # the quads of the runs with one more
+    q = j // per
+    c, rem = (slots >> 5)[rows], (slots & (WARP - 1))[rows]
+    longer = rem * (c + 1)  # the slots of the runs with one more
     in_longer = q < longer
-    per = torch.clamp(c, min=1)
-    lane = torch.where(in_longer, q // (c + 1), rem + (q - longer) // per)
-    i = torch.where(in_longer, q % (c + 1), (q - longer) % per)
+    shorter = torch.clamp(c, min=1)  # the other runs' length (never 0 where one is used)
+    lane = torch.where(in_longer, q // (c + 1), rem + (q - longer) // shorter)
+    i = torch.where(in_longer, q % (c + 1), (q - longer) % shorter)
     run = rows * WARP + lane
     starts = torch.ones(entries, dtype=torch.bool, device=device)  # a run's first entry
     if entries > 1:
         starts[1:] = run[1:] != run[:-1]
     prev = torch.cat([cols.new_zeros(1), cols[:-1]]) if entries else cols
     delta = torch.where(starts, torch.zeros_like(cols), cols - prev)
-    place = (first_slot[rows] + WARP * i + lane) * QUAD + j % QUAD
-    gaps = torch.zeros(total * QUAD, dtype=torch.int64, device=device)
+    place = (first_slot[rows] + WARP * i + lane) * per + j % per
+    gaps = torch.zeros(total * per, dtype=torch.int64, device=device)
     gaps[place] = delta
-    out_values = torch.zeros(total * QUAD, dtype=vals.dtype, device=device)
+    out_values = torch.zeros(total * per, dtype=vals.dtype, device=device)
     out_values[place] = vals
     bases = torch.zeros(m * WARP, dtype=torch.int64, device=device)
     bases[run[starts]] = cols[starts]
-    g = gaps.view(total, QUAD)
-    words = g[:, 0] | (g[:, 1] << 8) | (g[:, 2] << 16) | (g[:, 3] << 24)
+    words = (gaps.view(total, per) << (torch.arange(per, device=device) * gap_bits)).sum(1)  # disjoint bits
     words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the 32 bits, signed
     bases = torch.where(bases >= 2 ** 15, bases - 2 ** 16, bases).to(torch.int16).view(m, WARP)
-    row_info = torch.stack([first_slot, quads], 1).to(torch.int32)
-    return RunsFormat(m, k, nnz, fillers, words, out_values, row_info, bases)
+    row_info = torch.stack([first_slot, slots], 1).to(torch.int32)
+    return RunsFormat(m, k, nnz, fillers, gap_bits, words, out_values, row_info, bases)
 
 
-def runs_format(w: SparseMatrix) -> RunsFormat:
-    """W's format in host memory (numpy), packed once per matrix (every config the chooser plans shares it):
-    by torch ops on a GPU where there is one (seconds on a host core for a Llama layer), else on the CPU; the
-    same format either way."""
-    return w.packed(("delta-runs",), lambda: _packed_on_gpu(w) or _pack_matrix(w, "cpu"))
+def runs_format(w: SparseMatrix, gap_bits: int = 8) -> RunsFormat:
+    """W's format in host memory (numpy), packed once per matrix and gap width (every config the chooser plans
+    shares it): by torch ops on a GPU where there is one (seconds on a host core for a Llama layer), else on the
+    CPU; the same format either way."""
+    return w.packed(("delta-runs", gap_bits), lambda: _packed_on_gpu(w, gap_bits) or _pack_matrix(w, "cpu", gap_bits))
 
 
-def _pack_matrix(w: SparseMatrix, device) -> RunsFormat:
+def _pack_matrix(w: SparseMatrix, device, gap_bits: int) -> RunsFormat:
     import torch
 
     values = torch.from_numpy(np.array(w.values, dtype=np.float32)).to(device)  # a copy: W's arrays are read-only
     return pack_runs(torch.from_numpy(w.indptr.astype(np.int64)).to(device),
-                     torch.from_numpy(w.indices.astype(np.int64)).to(device), values, w.shape).on_host()
+                     torch.from_numpy(w.indices.astype(np.int64)).to(device), values, w.shape, gap_bits).on_host()
 
 
-def _packed_on_gpu(w: SparseMatrix) -> RunsFormat | None:
+def _packed_on_gpu(w: SparseMatrix, gap_bits: int) -> RunsFormat | None:
     try:
         import torch
 
-        return _pack_matrix(w, "cuda") if torch.cuda.is_available() else None
+        return _pack_matrix(w, "cuda", gap_bits) if torch.cuda.is_available() else None
     except RuntimeError:  # no usable CUDA build, or out of GPU memory: the CPU packs it
         return None
 
@@ -222,11 +233,12 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def registers(self) -> int:
-        """Registers a thread takes, a little over what ptxas 13.0 gives for sm_90 (N = 1: 32 / 48 / 78 at 2 / 4 /
-        8 quads ahead; N = 8 with X in 16 bits: 95 / 106 at 2 / 4): the two register sets of quads, the sums and
-        a column's X values."""
+        """Registers a thread takes, a little over what ptxas 13.0 gives for sm_90 (N = 1, 8-bit gaps: 32 / 48 /
+        78 at 2 / 4 / 8 slots ahead; N = 8 with X in 16 bits: 95 / 106 at 2 / 4): the two register sets of
+        slots (a gap word and the values' words each), the sums and a column's X values."""
         wide = 0 if self.N == 1 else 5 * self.n_pad + (16 if self.x_bytes == 2 else 0)
-        return 24 + 8 * self.config.ahead + wide
+        per_slot = 2 * (1 + self.format.per_slot // 2) + 2  # both sets' gap word and value words, and temporaries
+        return 24 + per_slot * self.config.ahead + wide
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -240,18 +252,19 @@ class DeltaRunsPlan(WeightAsData):
         return (f.values, "values"), (f.gaps, "int32"), (f.rows, "int32"), (f.bases, "int16")
 
     def bytes_read(self) -> int:
-        """W's bytes the kernel streams once: gaps and values of every quad, the rows' slots and run bases."""
+        """W's bytes the kernel streams once: gaps and values of every slot, the rows' slots and run bases."""
         return self.format.nbytes(self.element_bytes)
 
     def describe(self) -> str:
         dense = self.M * self.K * self.element_bytes
         c = self.config
         return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz} ({self.format.fillers} fillers, "
-                f"{self.format.quads} quads); N {self.N}; layout {self.layout}; dtype {self.dtype}\n  a warp a row, "
-                f"a lane a run of 8-bit column gaps + values: {self.bytes_read()} bytes of W "
+                f"{self.format.slots} slots of {self.format.per_slot}); N {self.N}; layout {self.layout}; dtype "
+                f"{self.dtype}\n  a warp a row, a lane a run of {self.format.gap_bits}-bit column gaps + values: "
+                f"{self.bytes_read()} bytes of W "
                 f"({dense / max(self.bytes_read(), 1):.2f}x fewer than dense); X as [K][{self.n_pad}] "
                 f"{'fp32' if self.x_bytes == 4 else self.dtype} in shared memory "
-                f"({self.dynamic_shared_bytes} bytes a block); {c.ahead} quads in flight a lane; grid {self.grid} x "
+                f"({self.dynamic_shared_bytes} bytes a block); {c.ahead} slots in flight a lane; grid {self.grid} x "
                 f"batch, {self.threads} threads")
 
 
@@ -282,13 +295,13 @@ def make_delta_runs_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout
                          residual: bool = False) -> DeltaRunsPlan:
     config = _checked_options(n, dtype, layout, config, w.shape[1], arch)
     m, k = w.shape
-    return _checked_plan(DeltaRunsPlan(m, k, n, layout, dtype, config, runs_format(w), w.nnz, fp32_bias(bias, m),
-                                       relu, arch, w.digest(), residual=bool(residual)))
+    return _checked_plan(DeltaRunsPlan(m, k, n, layout, dtype, config, runs_format(w, config.gap_bits), w.nnz,
+                                       fp32_bias(bias, m), relu, arch, w.digest(), residual=bool(residual)))
 
 
 def _checked_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
     if plan.threads * plan.registers > 65536:  # past it ptxas caps the registers and spills
-        raise ValueError(f"{plan.config.warps_per_block} warps with {plan.config.ahead} quads ahead at N = {plan.N} "
+        raise ValueError(f"{plan.config.warps_per_block} warps with {plan.config.ahead} slots ahead at N = {plan.N} "
                          f"need about {plan.registers} registers a thread, over a block's 65536: use fewer "
                          "warps_per_block or a smaller ahead")
     check_launch(plan.grid)
@@ -304,8 +317,8 @@ def make_delta_runs_plan_on_device(w, n: int, dtype: str = "float16", layout: st
 
     config = _checked_options(n, dtype, layout, config, w.shape[1], arch)
     m, k = w.shape
-    fmt = w.packed(("delta-runs", dtype), lambda: pack_runs(w.indptr, w.indices,
-                                                            w.values.to(getattr(torch, dtype)), w.shape))
+    fmt = w.packed(("delta-runs", dtype, config.gap_bits),
+                   lambda: pack_runs(w.indptr, w.indices, w.values.to(getattr(torch, dtype)), w.shape, config.gap_bits))
     return _checked_plan(DeltaRunsPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
                                        "", residual=bool(residual)))
 
@@ -323,27 +336,28 @@ def decoded(plan: DeltaRunsPlan, arrays=None):
         arrays = tuple(as_torch(a) for a in (f.values, f.gaps, f.rows, f.bases))
     values, gaps, rows, bases = arrays[:4]
     device = gaps.device
-    used = f.quads if f.nnz + f.fillers else 0  # every slot is a row's quad (an empty W keeps one spare slot)
-    first_slot, quads = rows[:, 0].long(), rows[:, 1].long()
-    row = torch.repeat_interleave(torch.arange(plan.M, device=device), quads, output_size=used)
-    local = torch.arange(used, device=device) - first_slot[row]  # slots are the rows' quads in row order
+    per, bits = f.per_slot, f.gap_bits
+    used = f.slots if f.nnz + f.fillers else 0  # every slot is a row's (an empty W keeps one spare slot)
+    first_slot, slots = rows[:, 0].long(), rows[:, 1].long()
+    row = torch.repeat_interleave(torch.arange(plan.M, device=device), slots, output_size=used)
+    local = torch.arange(used, device=device) - first_slot[row]  # slots are the rows' in row order
     i, lane = local >> 5, local & (WARP - 1)
-    c, rem = quads[row] >> 5, quads[row] & (WARP - 1)
-    run_first = first_slot[row] + lane * c + torch.minimum(lane, rem)  # the run's first quad in run order
-    order = run_first + i  # the quad's place in run order (runs of a row one after another)
-    delta = torch.zeros(used, QUAD, dtype=torch.int64, device=device)
-    delta[order] = (gaps[:used].long()[:, None] >> (torch.arange(QUAD, device=device) * 8)) & 0xFF
-    vals = torch.zeros(used, QUAD, dtype=values.dtype, device=device)
-    vals[order] = values.view(-1, QUAD)[:used]
+    c, rem = slots[row] >> 5, slots[row] & (WARP - 1)
+    run_first = first_slot[row] + lane * c + torch.minimum(lane, rem)  # the run's first slot in run order
+    order = run_first + i  # the slot's place in run order (runs of a row one after another)
+    delta = torch.zeros(used, per, dtype=torch.int64, device=device)
+    delta[order] = (gaps[:used].long()[:, None] >> (torch.arange(per, device=device) * bits)) & ((1 << bits) - 1)
+    vals = torch.zeros(used, per, dtype=values.dtype, device=device)
+    vals[order] = values.view(-1, per)[:used]
     begin = torch.zeros(used, dtype=torch.int64, device=device)
-    begin[order] = run_first * QUAD  # the run's first entry, in run order
+    begin[order] = run_first * per  # the run's first entry, in run order
     base = torch.zeros(used, dtype=torch.int64, device=device)
     base[order] = bases.reshape(-1).long()[row * WARP + lane] & 0xFFFF
     at = torch.zeros(used, dtype=torch.int64, device=device)
     at[order] = row
     running = torch.cumsum(delta.view(-1), 0)  # a run's first gap is 0: its first column is its base
-    cols = base.repeat_interleave(QUAD) + running - running[begin.repeat_interleave(QUAD)]
-    return at.repeat_interleave(QUAD), cols, vals.view(-1)
+    cols = base.repeat_interleave(per) + running - running[begin.repeat_interleave(per)]
+    return at.repeat_interleave(per), cols, vals.view(-1)
 
 
 def execute_delta_runs(plan: DeltaRunsPlan, b: np.ndarray) -> np.ndarray:

@@ -1,25 +1,25 @@
 """Lowering target: the delta-runs decode kernel (plan.py). Pure: render_delta_runs(plan) -> PTX.
 
 Parameters: X (kn: [batch,] K x N; nk: [batch,] N x K), C ([batch,] M x N or N x M), values (the kernel's
-dtype), gaps (uint32 a quad), rows (int32 pairs: first slot, quads), bases (uint16 [M, 32]), bias (fp32, or
+dtype), gaps (uint32 a slot), rows (int32 pairs: first slot, slots), bases (uint16 [M, 32]), bias (fp32, or
 null), then the residual where the plan adds one.
 
 1. Every thread of the block copies pieces of X into shared memory as [K][Np] (16-byte loads where K allows,
    the loads of a batch issued before their stores; N = 1: fp32, wider: fp32 where it fits, else 16-bit),
    then a barrier.
-2. Warp w of block b takes row b * warps + w (rows past M leave). Lane l reads the row's (first slot, quads)
-   and its run's base column, and walks quads l, l + 32, ... of its run: `ahead` quads a group, the next
-   group's loads (one 32-bit gap word, one 64-bit value pair a quad) issued before the current group is
-   summed (two register sets, the loop unrolled twice). Past its run a lane reloads its last quad and adds
+2. Warp w of block b takes row b * warps + w (rows past M leave). Lane l reads the row's (first slot, slots)
+   and its run's base column, and walks slots l, l + 32, ... of its run: `ahead` slots a group, the next
+   group's loads (one 32-bit gap word, one 8- or 16-byte load of values a slot) issued before the current group
+   is summed (two register sets, the loop unrolled twice). Past its run a lane reloads its last slot and adds
    nothing (predicated), so no branch holds a load back.
-3. A quad's entry e: column += byte e of the gap word; the column's Np X values with one shared load; the
+3. A slot's entry e: column += gap e of the gap word (8 or 4 bits); the column's Np X values with one shared load; the
    value widened; an fma a column (N = 1: into one of two fp32 sums, even / odd entries, for two chains).
 4. A fixed-order butterfly a column adds the lanes (deterministic, no atomics); lane 0 adds bias and the
    residual, applies ReLU (max.NaN) and stores.
 """
 from __future__ import annotations
 
-from .plan import QUAD, DeltaRunsPlan
+from .plan import DeltaRunsPlan
 from ...plan.config import WARP
 from ...codegen.emitter import Emitter, widen
 from ...codegen.ptx import KernelSource, data_kernel
@@ -109,25 +109,32 @@ def _stage_x(e: Emitter, plan: DeltaRunsPlan) -> None:
     e.line("bar.sync 0;")
 
 
+def _value_words(plan: DeltaRunsPlan, s: int, u: int) -> list[str]:
+    """Register set s's 32-bit words of slot u's values (two 16-bit values each)."""
+    return [f"%v{s}_{u}_{r}" for r in range(plan.format.per_slot // 2)]
+
+
 def _load_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str, guard: str) -> None:
-    """Register set s: the `ahead` quads from quad `first` of the lane's run (clamped to its last quad)."""
+    """Register set s: the `ahead` slots from slot `first` of the lane's run (clamped to its last slot)."""
+    per = plan.format.per_slot
     for u in range(plan.config.ahead):
+        words = _value_words(plan, s, u)
         e.lines([f"add.u32 %t, {first}, {u};", "min.u32 %t, %t, %nm1;",
                  f"mul.wide.u32 %rdt, %t, {WARP * 4};", "add.s64 %rdq, %rdg, %rdt;",
                  f"{guard}ld.global.nc.u32 %g{s}_{u}, [%rdq];",
-                 f"mul.wide.u32 %rdt, %t, {WARP * QUAD * plan.element_bytes};", "add.s64 %rdq, %rdv, %rdt;",
-                 f"{guard}ld.global.nc.v2.b32 {{%va{s}_{u}, %vb{s}_{u}}}, [%rdq];"])
+                 f"mul.wide.u32 %rdt, %t, {WARP * per * plan.element_bytes};", "add.s64 %rdq, %rdv, %rdt;",
+                 f"{guard}ld.global.nc.v{len(words)}.b32 {{{', '.join(words)}}}, [%rdq];"])
 
 
 def _sum_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str) -> None:
-    """Register set s's quads into the sums, each predicated on lying within the lane's run."""
-    n, npad, xb = plan.N, plan.n_pad, plan.x_bytes
+    """Register set s's slots into the sums, each predicated on lying within the lane's run."""
+    n, npad, xb, bits = plan.N, plan.n_pad, plan.x_bytes, plan.format.gap_bits
     for u in range(plan.config.ahead):
         e.lines([f"add.u32 %t, {first}, {u};", "setp.lt.u32 %pl, %t, %n;"])
-        _widen_pair(e, plan.dtype, "%w0", "%w1", f"%va{s}_{u}")
-        _widen_pair(e, plan.dtype, "%w2", "%w3", f"%vb{s}_{u}")
-        for q in range(QUAD):
-            e.lines([f"bfe.u32 %d, %g{s}_{u}, {8 * q}, 8;", f"@%pl mad.lo.u32 %xa, %d, {npad * xb}, %xa;"])
+        for r, word in enumerate(_value_words(plan, s, u)):
+            _widen_pair(e, plan.dtype, f"%w{2 * r}", f"%w{2 * r + 1}", word)
+        for q in range(plan.format.per_slot):
+            e.lines([f"bfe.u32 %d, %g{s}_{u}, {bits * q}, {bits};", f"@%pl mad.lo.u32 %xa, %d, {npad * xb}, %xa;"])
             if n == 1:
                 acc = "%acc0" if q % 2 == 0 else "%acc1"
                 e.lines([f"@%pl ld.shared.f32 %x{q}, [%xa];", f"@%pl fma.rn.f32 {acc}, %w{q}, %x{q}, {acc};"])
@@ -193,13 +200,13 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     c, es = plan.config, plan.element_bytes
     a = c.ahead
     e = Emitter()
-    e.comment(f"a warp a row, lane l its run l; {c.warps_per_block} warps a block, {a} quads a group in flight")
+    e.comment(f"a warp a row, lane l its run l; {c.warps_per_block} warps a block, {a} slots a group in flight")
     e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;", "mov.u32 %rsx, xs;"])
     _stage_x(e, plan)
-    e.comment("this warp's row: its first slot and quads; this lane's run: its quads, base column, first slot")
+    e.comment("this warp's row: its first slot and slots; this lane's run: its slots, base column, first slot")
     e.lines(["mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %row, %t, {c.warps_per_block}, %warp;",
              f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;",
              "ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", "mad.wide.u32 %rdq, %row, 8, %rdq;",
@@ -213,11 +220,11 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
              "add.u32 %t, %qb, %lane;",
              "ld.param.u64 %rdg, [p_gaps];", "cvta.to.global.u64 %rdg, %rdg;", "mad.wide.u32 %rdg, %t, 4, %rdg;",
              "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
-             f"mad.wide.u32 %rdv, %t, {QUAD * es}, %rdv;",
+             f"mad.wide.u32 %rdv, %t, {plan.format.per_slot * es}, %rdv;",
              *[f"mov.f32 %acc{c}, 0f00000000;" for c in range(max(2, plan.N))],
              "setp.eq.u32 %pt, %n, 0;", "@%pt bra SUMMED;", "mov.u32 %i, 0;"])
     _load_group(e, plan, 0, "%i", "")
-    e.comment("the loop, unrolled twice: one register set's loads in flight while the other's quads are summed")
+    e.comment("the loop, unrolled twice: one register set's loads in flight while the other's slots are summed")
     e.label("LOOP")
     e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
     _load_group(e, plan, 1, "%in", "@%p1 ")
@@ -230,11 +237,11 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     _epilogue(e, plan)
     e.label("DONE")
     e.line("ret;")
-    sets = [f"%g{s}_{u}, %va{s}_{u}, %vb{s}_{u}" for s in range(2) for u in range(a)]
+    sets = [", ".join([f"%g{s}_{u}"] + _value_words(plan, s, u)) for s in range(2) for u in range(a)]
     decl = [".reg .pred %pt, %pl, %p0, %p1" + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
             + "".join(f", %pe{i}" for i in range(ELEMENT_BATCH)) + ";",
             ".reg .b32 %rtid, %lane, %warp, %t, %row, %qb, %nq, %n, %nm1, %i, %in, %xa, %d, %f, %bias, %acc, "
-            "%rsx, %rsq, " + ", ".join(sets + [f"%w{q}" for q in range(QUAD)] + [f"%x{r}" for r in range(8)]
+            "%rsx, %rsq, " + ", ".join(sets + [f"%w{q}" for q in range(plan.format.per_slot)] + [f"%x{r}" for r in range(8)]
                                        + [f"%acc{c}" for c in range(max(2, plan.N))] + [f"%xw{r}" for r in range(4)]
                                        + [f"%sp{r}" for r in range(ELEMENT_BATCH)]
                                        + [f"%st{r}" for r in range(4 * STAGE_BATCH)]) + ";",

@@ -4,14 +4,26 @@ from __future__ import annotations
 from .plan import DeltaRunsConfig
 
 # measured on the H200 (benchmarks/proto/delta_runs_bench.py, Llama shapes at 50-90%, fp16 / bf16): 8 warps
-# a block won every case, 2 or 4 quads in flight a lane
+# a block won every case, 2 or 4 slots in flight a lane
 CONFIGS = ((8, 2), (8, 4), (4, 4), (16, 2))
+# not yet timed on a GPU: 4-bit gaps (2.5 bytes a nonzero), and N = 2..8 (warps, ahead, gap bits)
+TRIALS_N1 = ((8, 2, 4), (8, 4, 4))
+TRIALS_WIDE = ((8, 2, 8), (8, 4, 8), (8, 2, 4))
 
 
 def delta_runs_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
                           sms: int) -> list[DeltaRunsConfig]:
-    """Delta-runs configs: N = 1 in float16 / bfloat16. N = 2..8 compile, and match float64 in the PTX
-    interpreter, but have not been timed on a GPU: they are reachable by config= until they are."""
+    """Delta-runs configs: N = 1 in float16 / bfloat16, 8-bit gaps (measured)."""
     if n != 1 or dtype not in ("float16", "bfloat16"):
         return []
     return [DeltaRunsConfig(warps_per_block=w, ahead=a) for w, a in CONFIGS]
+
+
+def delta_runs_trials(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                      sms: int) -> list[DeltaRunsConfig]:
+    """The configs that compile, and match float64 in the PTX interpreter, but have not been timed on a GPU:
+    4-bit gaps, and N = 2..8. Proposed only with unmeasured=True (benchmarks/designs.py) until they are."""
+    if not 1 <= n <= 8 or dtype not in ("float16", "bfloat16"):
+        return []
+    return [DeltaRunsConfig(warps_per_block=w, ahead=a, gap_bits=g) for w, a, g in
+            (TRIALS_N1 if n == 1 else TRIALS_WIDE)]

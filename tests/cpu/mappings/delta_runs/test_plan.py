@@ -33,26 +33,40 @@ def _read_back(plan) -> np.ndarray:
 
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 70), k=st.integers(1, 1500), density=st.sampled_from([0.0, 0.002, 0.05, 0.5, 1.0]),
-       seed=st.integers(0, 1000), dtype=st.sampled_from(["float16", "bfloat16"]), skew=st.booleans())
-def test_the_format_reads_back_to_w_and_the_device_packing_is_the_same(m, k, density, seed, dtype, skew):
+       seed=st.integers(0, 1000), dtype=st.sampled_from(["float16", "bfloat16"]), skew=st.booleans(),
+       gap_bits=st.sampled_from([8, 4]))
+def test_the_format_reads_back_to_w_and_the_device_packing_is_the_same(m, k, density, seed, dtype, skew, gap_bits):
     w = _matrix(m, k, density, seed, dtype, skew)
-    plan = make_delta_runs_plan(w, 1, dtype, "nk")
+    config = DeltaRunsConfig(gap_bits=gap_bits)
+    plan = make_delta_runs_plan(w, 1, dtype, "nk", config)
     assert np.array_equal(_read_back(plan), w.to_dense().astype(np.float64))
-    gaps = plan.format.gaps.view(np.uint32)
-    quads = plan.format.rows[:, 1]
-    assert plan.format.quads == max(int(quads.sum()), 1)
-    # every row's quads are exactly its entries (nonzeros and fillers) rounded up to whole quads
-    assert int(quads.sum()) * 4 - (w.nnz + plan.format.fillers) < 4 * m
-    assert gaps.dtype == np.uint32 and plan.format.bases.dtype == np.int16
+    f, per = plan.format, 32 // gap_bits
+    slots = f.rows[:, 1]
+    assert f.gap_bits == gap_bits and f.per_slot == per and f.slots == max(int(slots.sum()), 1)
+    # every row's slots are exactly its entries (nonzeros and fillers) rounded up to whole slots
+    assert 0 <= int(slots.sum()) * per - (w.nnz + f.fillers) < per * m
+    assert f.gaps.dtype == np.int32 and f.bases.dtype == np.int16 and f.values.size == f.slots * per
     csr = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
                     torch.from_numpy(w.values.astype(np.float32)).to(getattr(torch, dtype)), w.shape, dtype)
-    device = make_delta_runs_plan_on_device(csr, 1, dtype, "nk")
-    f = device.format.on_host()
+    device = make_delta_runs_plan_on_device(csr, 1, dtype, "nk", config)
+    on_host = device.format.on_host()
     for name in ("gaps", "rows", "bases"):
-        assert np.array_equal(getattr(plan.format, name), getattr(f, name)), name
-    assert np.array_equal(plan.format.values.astype(np.float32), f.values.astype(np.float32))
+        assert np.array_equal(getattr(f, name), getattr(on_host, name)), name
+    assert np.array_equal(f.values.astype(np.float32), on_host.values.astype(np.float32))
     assert device.format.values.dtype == getattr(torch, dtype) and device.format.gaps.dtype == torch.int32
     assert plan_key(plan, "toolkit") == plan_key(device, "toolkit") and plan.bytes_read() == device.bytes_read()
+
+
+def test_4_bit_gaps_take_fillers_past_15_and_fewer_bytes_where_gaps_are_short():
+    rng = np.random.default_rng(2)
+    dense = (rng.standard_normal((256, 4096)) * (rng.random((256, 4096)) < 0.5)).astype(np.float32)
+    dense[0] = 0
+    dense[0, [3, 19, 40]] = 1.0  # gaps of 16 and 21: one filler each in 4 bits, none in 8
+    w = SparseMatrix.from_dense(dense).astype("float16")
+    eight, four = (make_delta_runs_plan(w, 1, "float16", "nk", DeltaRunsConfig(gap_bits=g)) for g in (8, 4))
+    assert eight.format.fillers == 0 and four.format.fillers >= 2
+    assert four.bytes_read() < 0.85 * eight.bytes_read()  # 2.5 bytes a nonzero against 3 at 50%
+    assert eight.name != four.name  # different kernels
 
 
 def test_bytes_are_three_a_nonzero_and_the_offsets_small():
