@@ -29,6 +29,8 @@
 #   rowlane       the one-row-a-lane bitmap decode (benchmarks/proto/rowlane_walk.cu) at N = 1, fp16: 4096^2 at
 #                 50 / 70 / 90% first, then the large shapes
 #   delta_runs    the 8-bit-gap run decode prototype (benchmarks/proto/delta_runs.cu) at N = 1, fp16 then bf16
+#   delta_trials  delta-runs' trial configs (4-bit gaps; N = 8) beside the measured decode families, Llama shapes
+#                 at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -158,6 +160,11 @@ stage() {
       SHAPES=4096x4096 run rowlane_4096 python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_4096.json"
       SHAPES="14336x4096 4096x14336 1024x4096" SLICES="256 512 1024" WARPS=4 \
         run rowlane_large python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_large.json" ;;
+    delta_trials)
+      run designs_delta_trials python3 benchmarks/designs.py "$OUT/designs_delta_trials_fp16.json" "$D" \
+        "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/1" \
+        "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/8" --dtype float16 \
+        --mappings delta-runs,tc-scatter,csr-staged --rotate ;;
     delta_runs)
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;
