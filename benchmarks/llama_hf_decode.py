@@ -31,11 +31,13 @@ CPU path), eager steps timed by the wall clock; it checks the script, not the ke
 from __future__ import annotations
 
 import argparse
+import cProfile
 import copy
 import datetime
 import inspect
 import math
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -265,10 +267,13 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     phase(f"{pattern}: converted side measured")
     if spare is not None:
         spare.to(device)
+        profiler = cProfile.Profile()  # where a warm conversion's seconds go: the top functions land in the JSON
+        profiler.enable()
         warm = sparseforge.convert(spare, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
                                    progress=False)
+        profiler.disable()
         conversion.update(warm_seconds=warm.seconds, warm_measured_shapes=warm.measured,
-                          warm_reused_shapes=warm.reused)
+                          warm_reused_shapes=warm.reused, warm_profile=_top_functions(profiler))
         phase(f"{pattern}: converted again (warm cache) in {warm.seconds:.1f} s ({warm.measured} shapes measured, "
               f"{warm.reused} decided by the first conversion)")
         del spare
@@ -318,6 +323,14 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return cases, {"pattern": pattern, "summary": summary, "conversion": conversion, "report": report.as_dict()}
+
+
+def _top_functions(profiler, count: int = 25) -> list[dict]:
+    """The functions a profile spent the most cumulative time in: file:line name, calls, seconds."""
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][3], reverse=True)[:count]
+    return [{"function": f"{Path(f).name}:{line} {name}", "calls": calls, "cumulative_s": round(cum, 3),
+             "own_s": round(own, 3)} for (f, line, name), (_, calls, own, cum, _) in rows]
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
     spec.loader.exec_module(script)
     out = tmp_path / "tiny.json"
     status = script.main(["--tiny", "--patterns", "0.6,2:4", "--batches", "1", "2", "--contexts", "4",
-                          "--generate", "3", "--generate-batches", "1", "2", "--no-warm", "--out", str(out)])
+                          "--generate", "3", "--generate-batches", "1", "2", "--out", str(out)])
     assert status == 0, capsys.readouterr().out
     result = json.loads(out.read_text())
     assert {"date", "commit", "command"} <= set(result["provenance"])
@@ -30,6 +30,9 @@ def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
     assert all(case["sparseforge_prefill_s"] > 0 and case["dense_tbps"] > 0 for case in result["cases"])
     assert result["notes"] == []
     assert all(p["conversion"]["replaced"] == 14 for p in result["patterns"])
+    for p in result["patterns"]:  # where the warm conversion's seconds went, the conversion itself at the top
+        profile = p["conversion"]["warm_profile"]
+        assert len(profile) == 25 and any(" convert" in row["function"] for row in profile[:5])
 
 
 def test_bad_arguments_stop_before_any_work(capsys):
