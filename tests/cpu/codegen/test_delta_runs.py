@@ -20,7 +20,8 @@ def wide_delta_runs_kernels(draw):
     """N = 2..8 (Np = 2, 4, 8 with unused columns where N is not a power of two), kn and nk, X staged 16-byte
     pieces or value by value, as fp32 or, on a GPU of less shared memory (sm_86), in 16 bits."""
     layout = draw(st.sampled_from(["kn", "nk"]))
-    config = DeltaRunsConfig(warps_per_block=2, ahead=draw(st.sampled_from([1, 2])), gap_bits=draw(st.sampled_from([8, 4])))
+    config = DeltaRunsConfig(warps_per_block=2, ahead=draw(st.sampled_from([1, 2])), gap_bits=draw(st.sampled_from([8, 4])),
+                             overlap=draw(st.booleans()))
     n, m = draw(st.sampled_from([2, 3, 4, 5, 8])), draw(st.integers(1, 4))
     k = draw(st.sampled_from([1, 24, 33, 300] + ([3208] if n > 4 else [])))
     return (layout, config, m, k, n, draw(st.sampled_from([0.0, 0.01, 0.3])), draw(st.integers(0, 2**16)),
@@ -48,12 +49,13 @@ def test_x_is_staged_in_16_bits_only_where_fp32_does_not_fit():
 @st.composite
 def delta_runs_kernels(draw):
     """Random decode problems: rows of fewer than 32 slots (lanes without a run) and of several slots a lane
-    (groups past the first, the last one partial), gaps over 255 or 15 (fillers), 8- and 4-bit gaps, K whose
+    (groups past the first, the last one partial), gaps over 255 or 15 (fillers), 8- and 4-bit gaps, the row's
+    first loads before or after X's copy (rows past M then load nothing but still meet the barrier), K whose
     bytes are not a multiple of 16 (x staged value by value), empty, all-zero, one-nonzero and dense rows, M not
     a multiple of a block's rows; both 16-bit dtypes; batch; bias, ReLU."""
     layout = draw(st.sampled_from(["kn", "nk"]))
     config = DeltaRunsConfig(warps_per_block=draw(st.sampled_from([2, 4])), ahead=draw(st.sampled_from([1, 2, 4])),
-                             gap_bits=draw(st.sampled_from([8, 4])))
+                             gap_bits=draw(st.sampled_from([8, 4])), overlap=draw(st.booleans()))
     m, k = draw(st.integers(1, 5)), draw(st.sampled_from([1, 7, 33, 200, 600, 1030]))
     density = draw(st.sampled_from([0.0, 0.003, 0.3, 1.0]))
     return (layout, config, m, k, density, draw(st.integers(0, 2**16)), draw(st.sampled_from(["float16", "bfloat16"])),
@@ -114,6 +116,7 @@ def test_every_proposed_config_assembles_without_spills(arch, dtype):
     w = SparseMatrix.from_dense(np.where(rng.random((64, k)) < 0.1, rng.standard_normal((64, k)), 0)
                                 .astype(np.float32))
     configs = delta_runs_candidates(1, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8)] + \
+        delta_runs_trials(1, "nk", 64, 0.1 * k, False, dtype, 132) + \
         delta_runs_trials(8, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8, 4)]
     for config in configs:
         for n, residual in ((1, False), (1, True), (2, True), (4, False), (8, True)):

@@ -52,9 +52,11 @@ class DeltaRunsConfig:
     ahead: int = 4            # slots a lane has in flight while it sums the previous group
     gap_bits: int = 8         # 8: a slot is 4 entries (a 32-bit gap word, 8 bytes of values); 4: 8 entries (16
     # bytes of values), 2.5 bytes a nonzero where gaps are short (a gap past 15 takes a zero-valued filler)
+    overlap: bool = False     # the row's first loads issued before X is staged (their round trip overlaps the copy:
+    # what a call at 90% is mostly made of)
 
     def __post_init__(self):
-        require_ints(self)
+        require_ints(self, flags=("overlap",))
         if self.warps_per_block not in (2, 4, 8, 16):
             raise ValueError(f"warps_per_block must be 2, 4, 8 or 16, got {self.warps_per_block}")
         if self.ahead not in (1, 2, 4, 8):
@@ -67,7 +69,8 @@ class DeltaRunsConfig:
         return self.warps_per_block * WARP
 
     def short(self) -> str:
-        return f"dr_w{self.warps_per_block}a{self.ahead}" + ("" if self.gap_bits == 8 else f"g{self.gap_bits}")
+        return (f"dr_w{self.warps_per_block}a{self.ahead}" + ("" if self.gap_bits == 8 else f"g{self.gap_bits}")
+                + ("o" if self.overlap else ""))
 
 
 @dataclass(frozen=True)
@@ -233,12 +236,15 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def registers(self) -> int:
-        """Registers a thread takes, a little over what ptxas 13.0 gives for sm_90 (N = 1, 8-bit gaps: 32 / 48 /
-        78 at 2 / 4 / 8 slots ahead; N = 8 with X in 16 bits: 95 / 106 at 2 / 4): the two register sets of
-        slots (a gap word and the values' words each), the sums and a column's X values."""
-        wide = 0 if self.N == 1 else 5 * self.n_pad + (16 if self.x_bytes == 2 else 0)
-        per_slot = 2 * (1 + self.format.per_slot // 2) + 2  # both sets' gap word and value words, and temporaries
-        return 24 + per_slot * self.config.ahead + wide
+        """Registers a thread takes, at or a little over what ptxas 13.0 gives for sm_90 as the runtime builds it
+        (-c): N = 1, 8-bit gaps: 36 / 42 / 48 / 96 at 1 / 2 / 4 / 8 slots ahead, 4-bit: 40 / 55 / 80 / 128. With X
+        staged in 16 bits (N = 8 at K = 14336) ptxas hoists every entry's X words and their widening: 108 / 128
+        / 192 at 1 / 2 / 4 slots ahead with 8-bit gaps, 126 / 191 with 4-bit, past 255 beyond."""
+        per, ahead = self.format.per_slot, self.config.ahead
+        if self.N > 1 and self.x_bytes == 2:
+            return 64 + 8 * per * ahead
+        wide = 0 if self.N == 1 else 5 * self.n_pad
+        return 32 + (2 * (1 + per // 2) + 2) * ahead + wide
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -300,10 +306,10 @@ def make_delta_runs_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout
 
 
 def _checked_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
-    if plan.threads * plan.registers > 65536:  # past it ptxas caps the registers and spills
+    if plan.registers > min(255, 65536 // plan.threads):  # past it ptxas caps the registers and spills
         raise ValueError(f"{plan.config.warps_per_block} warps with {plan.config.ahead} slots ahead at N = {plan.N} "
-                         f"need about {plan.registers} registers a thread, over a block's 65536: use fewer "
-                         "warps_per_block or a smaller ahead")
+                         f"need about {plan.registers} registers a thread, over the {min(255, 65536 // plan.threads)} "
+                         "a thread may have (255, and a block's 65536): use fewer warps_per_block or a smaller ahead")
     check_launch(plan.grid)
     return plan
 

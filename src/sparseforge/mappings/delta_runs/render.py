@@ -196,6 +196,41 @@ def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
         e.lines([f"{cvt} %hx, {acc};", f"st.global.b16 [%rdc+{c * col_stride}], %hx;"])
 
 
+def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
+    """This warp's row (its first slot and slots), this lane's run (its slots, base column, first slot) and the
+    run's first group of slots in register set 0. guarded: every load predicated on the row being one of W's
+    (%pv) and the run having a slot (%pf), which the caller tests after the block's barrier; else a row past M
+    and an empty run branch away here."""
+    c, es = plan.config, plan.element_bytes
+    e.comment("this warp's row: its first slot and slots; this lane's run: its slots, base column, first slot")
+    e.lines(["mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %row, %t, {c.warps_per_block}, %warp;"])
+    if guarded:
+        e.line(f"setp.lt.u32 %pv, %row, {plan.M};")
+    else:
+        e.lines([f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;"])
+    guard = "@%pv " if guarded else ""
+    e.lines(["ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", "mad.wide.u32 %rdq, %row, 8, %rdq;",
+             f"{guard}ld.global.nc.v2.u32 {{%qb, %nq}}, [%rdq];",
+             "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
+             f"mad.lo.u32 %t, %row, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
+             f"{guard}ld.global.nc.u16 %hx, [%rdq];", "cvt.u32.u16 %t, %hx;",
+             f"mad.lo.u32 %xa, %t, {plan.n_pad * plan.x_bytes}, %rsx;",
+             "shr.u32 %n, %nq, 5;", f"and.b32 %t, %nq, {WARP - 1};", "setp.lt.u32 %pt, %lane, %t;",
+             "selp.u32 %t, 1, 0, %pt;", "add.u32 %n, %n, %t;"]
+            + (["@!%pv mov.u32 %n, 0;"] if guarded else [])
+            + ["sub.u32 %nm1, %n, 1;", "add.u32 %t, %qb, %lane;",
+               "ld.param.u64 %rdg, [p_gaps];", "cvta.to.global.u64 %rdg, %rdg;", "mad.wide.u32 %rdg, %t, 4, %rdg;",
+               "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+               f"mad.wide.u32 %rdv, %t, {plan.format.per_slot * es}, %rdv;",
+               *[f"mov.f32 %acc{col}, 0f00000000;" for col in range(max(2, plan.N))], "mov.u32 %i, 0;"])
+    if guarded:
+        e.line("setp.ne.u32 %pf, %n, 0;")
+        _load_group(e, plan, 0, "%i", "@%pf ")
+    else:
+        e.lines(["setp.eq.u32 %pt, %n, 0;", "@%pt bra SUMMED;"])
+        _load_group(e, plan, 0, "%i", "")
+
+
 def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     c, es = plan.config, plan.element_bytes
     a = c.ahead
@@ -205,25 +240,13 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;", "mov.u32 %rsx, xs;"])
-    _stage_x(e, plan)
-    e.comment("this warp's row: its first slot and slots; this lane's run: its slots, base column, first slot")
-    e.lines(["mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %row, %t, {c.warps_per_block}, %warp;",
-             f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;",
-             "ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", "mad.wide.u32 %rdq, %row, 8, %rdq;",
-             "ld.global.nc.v2.u32 {%qb, %nq}, [%rdq];",
-             "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
-             f"mad.lo.u32 %t, %row, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
-             "ld.global.nc.u16 %hx, [%rdq];", "cvt.u32.u16 %t, %hx;",
-             f"mad.lo.u32 %xa, %t, {plan.n_pad * plan.x_bytes}, %rsx;",
-             "shr.u32 %n, %nq, 5;", f"and.b32 %t, %nq, {WARP - 1};", "setp.lt.u32 %pt, %lane, %t;",
-             "selp.u32 %t, 1, 0, %pt;", "add.u32 %n, %n, %t;", "sub.u32 %nm1, %n, 1;",
-             "add.u32 %t, %qb, %lane;",
-             "ld.param.u64 %rdg, [p_gaps];", "cvta.to.global.u64 %rdg, %rdg;", "mad.wide.u32 %rdg, %t, 4, %rdg;",
-             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
-             f"mad.wide.u32 %rdv, %t, {plan.format.per_slot * es}, %rdv;",
-             *[f"mov.f32 %acc{c}, 0f00000000;" for c in range(max(2, plan.N))],
-             "setp.eq.u32 %pt, %n, 0;", "@%pt bra SUMMED;", "mov.u32 %i, 0;"])
-    _load_group(e, plan, 0, "%i", "")
+    if c.overlap:  # the row's first loads go out before X is staged: their round trip overlaps the copy
+        _row_and_first_group(e, plan, guarded=True)
+        _stage_x(e, plan)
+        e.lines(["@!%pv bra DONE;", "@!%pf bra SUMMED;"])
+    else:
+        _stage_x(e, plan)
+        _row_and_first_group(e, plan, guarded=False)
     e.comment("the loop, unrolled twice: one register set's loads in flight while the other's slots are summed")
     e.label("LOOP")
     e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
@@ -238,7 +261,7 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     e.label("DONE")
     e.line("ret;")
     sets = [", ".join([f"%g{s}_{u}"] + _value_words(plan, s, u)) for s in range(2) for u in range(a)]
-    decl = [".reg .pred %pt, %pl, %p0, %p1" + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
+    decl = [".reg .pred %pt, %pl, %p0, %p1, %pv, %pf" + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
             + "".join(f", %pe{i}" for i in range(ELEMENT_BATCH)) + ";",
             ".reg .b32 %rtid, %lane, %warp, %t, %row, %qb, %nq, %n, %nm1, %i, %in, %xa, %d, %f, %bias, %acc, "
             "%rsx, %rsq, " + ", ".join(sets + [f"%w{q}" for q in range(plan.format.per_slot)] + [f"%x{r}" for r in range(8)]

@@ -106,7 +106,8 @@ def test_refusals_name_the_reason_and_the_fix(kwargs, message):
 
 
 @pytest.mark.parametrize("fields, error", [({"warps_per_block": 3}, "warps_per_block"), ({"ahead": 3}, "ahead"),
-                                           ({"ahead": 2.0}, "int")])
+                                           ({"ahead": 2.0}, "int"), ({"gap_bits": 6}, "gap_bits"),
+                                           ({"overlap": 1}, "bool")])
 def test_configs_validate_themselves(fields, error):
     with pytest.raises((ValueError, TypeError), match=error):
         DeltaRunsConfig(**fields)
