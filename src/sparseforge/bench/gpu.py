@@ -142,6 +142,8 @@ def _rotating_times(kernel, dense, layout: str, dtype, shape, seed: int) -> dict
             "speedup_vs_cublas_rotating": dense_us / sparse_us, "weight_copies": sparse_copies,
             "dense_weight_copies": dense_copies, "l2_bytes": l2, "sparse_weight_bytes": sparse_bytes,
             "sparse_code_bytes": getattr(kernel, "code_bytes", 0),
+            # the format as built (offsets and padding included) against dense's 2 or 4 bytes a weight
+            "sparse_bytes_per_weight": sparse_bytes / max(dense.numel(), 1),
             "sparseforge_rotating_tbs": moved_sparse / (sparse_us * 1e-6) / 1e12,
             "cublas_rotating_tbs": moved_dense / (dense_us * 1e-6) / 1e12}
 

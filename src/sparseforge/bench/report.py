@@ -55,6 +55,9 @@ def summarize(records: list[dict]) -> list[dict]:
         # the roofline in two numbers: how far from the byte/FLOP floor, and the fetch rate that explains it
         row["median_floor_fraction"] = _median(r["floor_us"] / r["sparseforge_us"] for r in items if "floor_us" in r)
         row["median_fetched_tbs"] = _median(r.get("fetched_tbs") for r in items)
+        if "sparseforge_rotating_tbs" in items[0]:  # streamed from HBM: the rates and the format's bytes
+            for key in ("sparseforge_rotating_tbs", "cublas_rotating_tbs", "sparse_bytes_per_weight"):
+                row[f"median_{key}"] = _median(r.get(key) for r in items)
         wins: dict[str, int] = defaultdict(int)
         for r in items:
             wins[r.get("mapping", "?")] += 1

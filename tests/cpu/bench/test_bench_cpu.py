@@ -53,6 +53,18 @@ def test_geomean_and_summary():
     assert math.isclose(row["geomean_speedup_vs_cublas"], 2.0) and row["all_correct"]
     assert math.isclose(row["median_floor_fraction"], 0.2) and row["median_fetched_tbs"] == 2.0
     assert row["n"] is None  # no N in the records
+    assert "median_sparse_bytes_per_weight" not in row  # not timed with the weights rotated
+
+
+def test_a_rotated_decode_summary_carries_both_rates_and_the_formats_bytes():
+    records = [{"model": "llama", "sparsity": 0.5, "dtype": "float16", "layout": "kn", "batch": 1, "N": 1,
+                "sparseforge_us": 1.0, "error_ok": True, "speedup_vs_cublas": 1.2, "speedup_vs_cublas_rotating": r,
+                "sparseforge_rotating_tbs": 3.0 * r, "cublas_rotating_tbs": 3.5, "sparse_bytes_per_weight": b}
+               for r, b in ((1.1, 1.52), (1.3, 1.27), (1.2, 1.5))]
+    row = summarize(records)[0]
+    assert math.isclose(row["geomean_speedup_vs_cublas_rotating"], (1.1 * 1.3 * 1.2) ** (1 / 3))
+    assert math.isclose(row["median_sparseforge_rotating_tbs"], 3.6) and row["median_cublas_rotating_tbs"] == 3.5
+    assert row["median_sparse_bytes_per_weight"] == 1.5 and row["n"] == 1
 
 
 def test_a_summary_row_names_the_token_count_of_a_decode_run():
