@@ -80,6 +80,20 @@ def test_measured_conversion_keeps_the_logits_and_measures_each_shape_once(dtype
     for layer in report.layers:
         module = model.get_submodule(layer.name)
         assert isinstance(module, DecodeLinear) == (layer.choice != "dense"), (layer.name, layer.choice, layer.reason)
+        if isinstance(module, DecodeLinear) and layer.choice == "unstructured":  # no dense W: a kernel at each width
+            assert module.kernel_widths == {1, 8}, (layer.name, layer.reason)
+    replaced = [m for m in model.modules() if isinstance(m, DecodeLinear)]
+    for linear, batch in ((linear, batch) for linear in replaced[:1] for batch in (1, 8)):
+        # a decode step of either width captures into a CUDA graph (nothing densified in it)
+        x = torch.randn(batch, 1, linear.in_features, device="cuda", dtype=dtype)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad():
+            linear(x)
+            with torch.cuda.graph(graph):
+                y = linear(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(y).all()
     ids = _ids(1, 5)
     with torch.no_grad():
         reference = copy.deepcopy(dense).double()
