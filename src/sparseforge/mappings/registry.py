@@ -15,6 +15,8 @@ Hook signatures (every family alike; None where the family has no such part):
 - candidates(n, layout, m, row_nnz, relu, dtype, sms) -> configs the chooser weighs; conv families:
   candidates(geometry, w, relu);
 - trials: as candidates, the configs not yet timed on a GPU (in the space only with unmeasured=True);
+- format_fields: the config fields that change W's arrays; configs of one family equal in them share one
+  packing of W (a decoder layer's widths can then hold W once: nn/llm.py);
 - execute(plan, b) -> float64 result on the CPU (conv families: execute(plan, x, residual=None));
 - operand_bytes(plan) -> {"fetched_bytes", "floor_bytes"}: what the kernel moves and the floor;
 - compile_seconds(config, nnz) -> predicted cold compile (None: it does not grow with W);
@@ -60,6 +62,7 @@ class Family:
     densify: str | None = None  # W dense from the kernel's own device arrays (where they hold W)
     device_plan: str | None = None  # the plan with W's arrays packed on W's device (formats.DeviceCsr)
     trials: str | None = None  # configs not yet timed on a GPU: proposed only with unmeasured=True
+    format_fields: tuple[str, ...] = ()  # config fields that change W's arrays (else one packing serves all)
 
     @property
     def choice_name(self) -> str:
@@ -113,7 +116,8 @@ FAMILIES: tuple[Family, ...] = (
            _DR + "plan:make_delta_runs_plan", _DR + "render:render_delta_runs", _DR + "cost:delta_runs_estimate",
            _DR + "space:delta_runs_candidates", _DR + "plan:execute_delta_runs", _DR + "plan:delta_runs_traffic",
            residual=True, densify=_DR + "plan:densify_delta_runs",
-           device_plan=_DR + "plan:make_delta_runs_plan_on_device", trials=_DR + "space:delta_runs_trials"),
+           device_plan=_DR + "plan:make_delta_runs_plan_on_device", trials=_DR + "space:delta_runs_trials",
+           format_fields=("gap_bits",)),
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..mappings.registry import family_of
 from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..runtime.compiler import CompileError
 from ..semi.cusparselt import Sparse24Error, check_weight
@@ -518,7 +519,6 @@ def _prebuild_members(model, names, keys, decided) -> None:
     runs (keyed by shape and options), already in the cache."""
     from functools import partial
 
-    from ..mappings.registry import family_of
     from ..runtime.prebuild import prebuild_useful, run_prebuilds
     from ..spmm import prebuild_spmm
 
@@ -551,30 +551,39 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
     measure_layer decides width by width, keeping a dense W for the widths where dense measured faster. A
     DecodeLinear keeps no dense W of its own (prefill densifies into a shared workspace at every call, far
     slower than any kernel, and not inside a CUDA graph), so there it runs its fastest kernel all the same.
-    The layer is replaced where the kernels' time summed over the decode widths beats dense's (and 2:4's, where
-    measured) by the chooser's margin; a width no kernel takes keeps the layer dense."""
+    Where the widths' fastest kernels pack W differently, one packing serving every width is taken instead if
+    its summed time is within the chooser's margin (W held once: the layer's memory). The layer is replaced
+    where the kernels' time summed over the decode widths beats dense's (and 2:4's, where measured) by the
+    margin; a width no kernel takes keeps the layer dense."""
     from ..tune.choose import MIN_SPEEDUP, fastest_with_margin
 
     decisions = [d for d in replacement.decisions if d.mode in ("graph", "any")]
     lost = sorted(d.n for d in decisions if d.path == DENSE)
-    if not lost:
-        return replacement
     configs = replacement.fastest_kernel_configs()
     timed = {d.n: d for d in decisions if d.sparse_us and d.dense_us}
     missing = [n for n in tokens if n not in configs or n not in timed]
     if missing:
+        if not lost:
+            return replacement
         measured.choice, measured.reason = DENSE, f"{measured.reason}; no kernel measured at width(s) {missing}, " \
                                                   "where a decoder layer keeps no dense W: kept dense"
         return None
-    sparse_us = sum(timed[n].sparse_us for n in tokens)
-    dense_us = sum(timed[n].dense_us for n in tokens)
+    kernel_us = {n: timed[n].sparse_us for n in tokens}
+    single = _one_packing(replacement, tokens, configs, kernel_us)
+    if single is not None:
+        configs, kernel_us = single
+    elif not lost:
+        return replacement
+    sparse_us, dense_us = sum(kernel_us.values()), sum(timed[n].dense_us for n in tokens)
     measured.times_us[UNSTRUCTURED] = measured.kernel_us[UNSTRUCTURED] = sparse_us
     times = {UNSTRUCTURED: sparse_us, DENSE: dense_us}
     if measured.times_us.get(SPARSE):  # a 2:4 weight: its path keeps its own dense W, so its time stands
         times[SPARSE] = measured.times_us[SPARSE]
     picked, ratio = fastest_with_margin(times, DENSE, MIN_SPEEDUP)
-    slower = ", ".join(f"{timed[n].dense_us / timed[n].sparse_us:.2f}x at {n}" for n in lost)
-    where = f"its kernels at the decode widths {list(tokens)}"
+    slower = ", ".join(f"{timed[n].dense_us / kernel_us[n]:.2f}x at {n}" for n in tokens
+                       if kernel_us[n] > timed[n].dense_us)
+    where = f"its kernels at the decode widths {list(tokens)}" + (
+        f" ({family_of(configs[tokens[0]]).name}: one packing of W for every width)" if single else "")
     if picked == DENSE:
         measured.choice = DENSE
         measured.reason = f"{where} measured {dense_us / sparse_us:.2f}x of dense in sum ({slower} tokens; a " \
@@ -603,9 +612,36 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
                                                   f"weight ({failure}): kept dense"
         return None
     measured.choice = UNSTRUCTURED
-    measured.reason = f"{where} measured {ratio:.2f}x faster than dense in sum; they run at every width " \
-                      f"({slower} tokens, where a decoder layer keeps no dense W)"
+    measured.reason = f"{where} measured {ratio:.2f}x faster than dense in sum; they run at every width" + (
+        f" ({slower} tokens, where a decoder layer keeps no dense W)" if slower else "")
     return inner
+
+
+def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel_us: dict) -> tuple | None:
+    """({width: config}, {width: us}) of the one packing of W (a family and its format_fields) that every
+    width's timed candidates share, the fastest in sum, where the widths' fastest kernels pack W differently and
+    it is within the chooser's margin of their summed time; else None."""
+    from ..tune.choose import MIN_SPEEDUP
+
+    def packing(config) -> tuple:
+        family = family_of(config)
+        return (family.name, *(getattr(config, name) for name in family.format_fields))
+
+    if len({packing(configs[n]) for n in tokens}) == 1:
+        return None
+    best: dict = {}  # packing -> {width: (config, us)}
+    for n in tokens:
+        for config, us in replacement.timed_configs(n):
+            held = best.setdefault(packing(config), {})
+            if n not in held or us < held[n][1]:
+                held[n] = (config, us)
+    whole = {key: held for key, held in best.items() if set(held) == set(tokens)}
+    if not whole:
+        return None
+    key = min(whole, key=lambda k: sum(us for _, us in whole[k].values()))
+    if sum(us for _, us in whole[key].values()) > sum(kernel_us.values()) * MIN_SPEEDUP:
+        return None
+    return {n: whole[key][n][0] for n in tokens}, {n: whole[key][n][1] for n in tokens}
 
 
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,

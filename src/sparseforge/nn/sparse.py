@@ -115,6 +115,7 @@ class _SparseWeight(nn.Module):
         self._eager_decided: dict = {}  # shape key -> Decision called eagerly, where that was measured
         self._eager_dense: set = set()  # shape keys whose kernel won under graph replay but lost eagerly
         self._outpaced: dict = {}     # shape key -> config of the fastest kernel where dense measured faster
+        self._timed: dict = {}        # shape key -> [(config, us)] of every candidate the chooser timed
         self._dense = None
         self._dense_in_layout = None  # (the dense W it was made from, memory format, W in it): convolutions
         self._matrix = None
@@ -319,6 +320,8 @@ class _SparseWeight(nn.Module):
                 kernel, decision = None, fixed(n, DENSE, f"the sparse kernels refuse it ({exc}): dense")
             else:
                 choice = kernel.choice
+                if choice is not None:
+                    self._timed[key] = _timed_configs(choice)
                 if n in self.__dict__.get("_pinned", ()) and key == n:
                     decision = fixed(n, UNSTRUCTURED, f"the pinned {kernel.mapping} config, compiled and not timed")
                 elif self.policy == "sparse" or choice is None or choice.dense_us is None or choice.sparse_us is None:
@@ -390,7 +393,8 @@ class _SparseWeight(nn.Module):
     def __getstate__(self):
         # kernels are process- and device-bound: copies and pickles rebuild them (from the caches)
         state = self.__dict__.copy()
-        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _outpaced={}, _dense=None,
+        state.update(_paths={}, _decided={}, _eager_decided={}, _eager_dense=set(), _outpaced={}, _timed={},
+                     _dense=None,
                      _dense_in_layout=None, _matrix=None,
                      _key=None)
         return state
@@ -583,6 +587,7 @@ class SparseLinear(_SparseWeight):
             self._eager_decided.pop(n, None)
             self._eager_dense.discard(n)
             self.__dict__.setdefault("_outpaced", {}).pop(n, None)  # a layer pickled before it had none
+            self.__dict__.setdefault("_timed", {}).pop(n, None)
 
     @property
     def pinned(self) -> dict:
@@ -603,6 +608,12 @@ class SparseLinear(_SparseWeight):
     def kernel_configs(self) -> dict:
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
         return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
+
+    def timed_configs(self, key) -> list[tuple[object, float]]:
+        """(config, microseconds) of every candidate the chooser timed for shape `key` (token count), the
+        losing families' included; empty where nothing was timed (a pinned config, a cached choice's lost
+        records)."""
+        return list(self.__dict__.get("_timed", {}).get(key, ()))
 
     def fastest_kernel_configs(self) -> dict:
         """{token count: the config of the fastest kernel measured}, the token counts where dense measured
@@ -912,3 +923,14 @@ class ConvEpilogue(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         y = self.conv(x) + residual
         return F.relu(y) if self.relu else y
+
+
+def _timed_configs(choice) -> list[tuple[object, float]]:
+    from ..tune.pipeline import config_from_record
+
+    timed = []
+    for record in choice.records:
+        config = config_from_record(record) if record.get("us") else None
+        if config is not None:
+            timed.append((config, float(record["us"])))
+    return timed

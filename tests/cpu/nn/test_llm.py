@@ -326,7 +326,7 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
     if refused in ("all", "one"):  # kept dense, and the report says so: no dense W to run a refused width
         assert sorted(report.replaced) == sorted(firsts) and type(model.get_submodule(member)) is nn.Linear
         assert choices[member] == DENSE and reasons[member].startswith(
-            f"model.layers.0.mlp.gate_proj's kernel configs are refused for this weight")
+            "model.layers.0.mlp.gate_proj's kernel configs are refused for this weight")
         assert reasons[member].endswith("kept dense")
     elif refused == "none":
         assert sorted(report.replaced) == sorted(decoder_linear_names(dense))
@@ -483,3 +483,44 @@ def test_a_width_between_the_decode_widths_runs_the_next_ones_kernel_on_padded_r
         assert torch.allclose(layer(x[:1, :1]), want[:1, :1], atol=1e-6) and seen[-1] == (1, 1, 32)
         prefill = torch.randn(3, 5, 32)
         assert torch.allclose(layer(prefill), linear(prefill), atol=1e-6) and len(seen) == 2
+
+
+@pytest.mark.parametrize("delta_runs_at_8, switched", [(20.5, True), (25.0, False)])
+def test_one_packing_serves_every_width_where_it_costs_no_more_than_the_margin(monkeypatch, delta_runs_at_8, switched):
+    """The widths' fastest kernels pack W differently (delta-runs at 1 token, tc-scatter at 8): the layer runs
+    delta-runs at both, W held once, where its summed time is within the chooser's margin (30.5 us against
+    30: switched; 35: the fastest kernel at each width, two packings)."""
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+    from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
+    from sparseforge.nn import llm
+    from sparseforge.semi.decide import UNSTRUCTURED, Decision
+
+    runs, scatter = DeltaRunsConfig(), TcScatterConfig()
+    timed = {1: [(runs, 10.0), (scatter, 14.0)], 8: [(scatter, 20.0), (runs, delta_runs_at_8)]}
+
+    class Measured(SparseLinear):
+        decisions = property(lambda self: [Decision(1, UNSTRUCTURED, "stub", 10.0, 20.0, mode="graph"),
+                                           Decision(8, UNSTRUCTURED, "stub", 20.0, 28.0, mode="graph")])
+
+        def fastest_kernel_configs(self):
+            return {1: runs, 8: scatter}
+
+        def timed_configs(self, n):
+            return timed[n]
+
+    def prepare(self, ws):  # the pinned configs build (no kernel on a CPU)
+        self._decided = {n: Decision(n, UNSTRUCTURED, "stub: pinned") for n in ws}
+        return self.decisions
+
+    monkeypatch.setattr(SparseLinear, "prepare", prepare)
+    linear = nn.Linear(64, 32, bias=False)
+    layer = llm.LayerReport("q", "Linear", (32, 64), 0.7, [[1, 64], [8, 64]], UNSTRUCTURED, {"dense": 48.0,
+                            UNSTRUCTURED: 30.0}, {UNSTRUCTURED: 30.0}, "delta-runs", "stub: faster")
+    measured = Measured.from_dense(linear, policy="sparse")
+    out = llm._kernels_at_every_width(linear, layer, measured, (1, 8), None)
+    if switched:
+        assert out is not measured and out.pinned == {1: runs, 8: runs}
+        assert "(delta-runs: one packing of W for every width)" in layer.reason
+        assert layer.times_us[UNSTRUCTURED] == 10.0 + delta_runs_at_8
+    else:
+        assert out is measured and layer.reason == "stub: faster"

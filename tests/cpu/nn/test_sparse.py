@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from sparseforge.formats import SparseFormatError
+from sparseforge.mappings.csr.plan import CsrConfig
 from sparseforge.nn import SparseConv2d, SparseLinear, SparseShapeError
 
 
@@ -208,6 +209,7 @@ def test_a_layer_built_on_meta_and_assigned_a_state_computes_where_the_state_is(
 class _Choice:
     def __init__(self, sparse_us, dense_us):
         self.sparse_us, self.dense_us = sparse_us, dense_us
+        self.records = [{"family": "csr", "config": {}, "mapping": "csr", "us": sparse_us}]  # the winner, timed
 
 
 class _FakeKernel:
@@ -217,8 +219,6 @@ class _FakeKernel:
 
     def __init__(self, layer, sparse_us, dense_us):
         from types import SimpleNamespace
-
-        from sparseforge.mappings.csr.plan import CsrConfig
 
         self.choice, self.layer, self.calls = _Choice(sparse_us, dense_us), layer, 0
         self.plan = SimpleNamespace(config=CsrConfig())
@@ -279,6 +279,7 @@ def test_a_width_dense_in_a_graph_is_not_timed_eagerly(monkeypatch):
     assert layer.decisions[0].path == "dense" and layer.eager_decisions == []
     # the kernel that lost is remembered for callers that keep no dense W (a decoder layer runs it anyway)
     assert layer.kernel_configs() == {} and layer.fastest_kernel_configs() == {3: kernel.plan.config}
+    assert layer.timed_configs(3) == [(CsrConfig(), 9.0)] and layer.timed_configs(5) == []
 
 
 def test_a_conv_with_a_residual_is_timed_eagerly_with_one(monkeypatch):
