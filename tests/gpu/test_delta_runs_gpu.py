@@ -53,6 +53,7 @@ def test_llm_shaped_decode_matches_float64(sparsity, dtype, layout, packed, n):
             assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype], (config, i)
         dense = torch.full((1000, k), float("nan"), device="cuda", dtype=dtype)
         assert kernel.densify(dense) is dense and torch.equal(dense.double(), wd)
+        assert kernel.__dict__.get("_dense_writer")  # by the dense-writer kernel, not the torch fallback
 
 
 def test_the_chooser_reaches_it_at_one_token_in_16_bits():

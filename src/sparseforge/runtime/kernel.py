@@ -90,13 +90,37 @@ class LoadedPlanKernel:
 
     def densify(self, out):
         """W dense in `out` (M x K, a torch tensor on the kernel's device) from the kernel's own device arrays,
-        where its family can (mappings.registry: densify); None where it cannot (W is its code, or a family
-        without the hook)."""
+        where its family can (mappings.registry: dense_writer, a kernel writing W over the same arrays; else
+        densify, torch ops); None where it cannot (W is its code, or a family without either hook)."""
         launch_plan = self._launch if hasattr(self, "_launch") else self.plan
-        hook = plan_family(launch_plan).hook("densify")
-        if hook is None or not self._weight_tensors:
+        family = plan_family(launch_plan)
+        if not self._weight_tensors:
             return None
-        return hook(launch_plan, self._weight_tensors, out)
+        writer = family.hook("dense_writer")
+        if writer is not None and out.is_cuda and out.is_contiguous():
+            try:
+                return self._write_dense(writer(launch_plan), out)
+            except RuntimeError:  # CompileError, CudaError: the torch ops below give the same W, slower
+                self.__dict__["_dense_writer"] = False
+        hook = family.hook("densify")
+        return None if hook is None else hook(launch_plan, self._weight_tensors, out)
+
+    def _write_dense(self, plan, out):
+        """W dense into `out` by the dense-writer kernel of `plan`, launched over this kernel's own arrays (a
+        twin of this kernel with the writer's module, built once)."""
+        twin = self.__dict__.get("_dense_writer")
+        if twin is False:
+            raise RuntimeError("the dense writer failed to build before")
+        if twin is None:
+            twin = copy.copy(self)
+            twin.plan = plan
+            if hasattr(self, "_launch"):
+                twin._launch = plan
+            twin._loaded, twin._packed = load_kernel(compile_plan(plan).cubin, plan.name, self.device_index), None
+            self.__dict__["_dense_writer"] = twin
+        out.zero_()
+        twin._launch_plan((*plan.grid, 1), plan.threads, current_stream_handle(self.device_index), 0, out.data_ptr())
+        return out
 
     @property
     def code_bytes(self) -> int:

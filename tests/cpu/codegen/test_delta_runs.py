@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig, make_delta_runs_plan
+from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig, dense_writer_plan, make_delta_runs_plan
 from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_trials
 
+from .ptx_interp import launch
 from .test_interpreted import (TOLERANCE, _decode, _encode, _reference, assert_matches,
                                random_weight_and_epilogue, run_data_kernel)
 from .test_ptx import _assemble_without_spills_and_link
@@ -127,3 +128,28 @@ def test_every_proposed_config_assembles_without_spills(arch, dtype):
                 assert ("K <= " in str(err) and n == 8 and arch == 80) or "registers" in str(err), err
                 continue
             _assemble_without_spills_and_link(render(plan), arch)
+
+
+@pytest.mark.parametrize("m, k, density, gap_bits, dtype", [
+    (5, 300, 0.3, 8, "float16"),     # runs of several slots
+    (33, 1030, 0.05, 4, "bfloat16"),  # fillers past gaps of 15, rows past a block's
+    (3, 2000, 0.002, 8, "float16"),  # fillers past gaps of 255, lanes without a run
+    (4, 64, 1.0, 4, "float16"),      # full rows
+    (2, 10, 0.0, 8, "bfloat16"),     # nothing stored
+])
+def test_the_dense_writer_writes_w_exactly(m, k, density, gap_bits, dtype):
+    """The prefill's densify kernel (dense_writer_plan: the same arrays, a store a nonzero, no X), run by the PTX
+    interpreter into a zeroed M x K output: W exactly, fillers and padding writing nothing (the padding repeats
+    a real entry's column with a zero value: a store there would erase it)."""
+    rng = np.random.default_rng(m + k)
+    dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
+    weight = SparseMatrix.from_dense(dense).astype(dtype)
+    measured = make_delta_runs_plan(weight, 1, dtype, "kn", DeltaRunsConfig(2, 2, gap_bits), bias=np.ones(m),
+                                    relu=True, residual=True)
+    plan = dense_writer_plan(measured)
+    assert plan.name != measured.name and plan.dynamic_shared_bytes == 0
+    out = _encode(np.zeros((m, k)), dtype)
+    arrays = [_encode(a.astype(np.float64), dtype) if kind == "values" else a for a, kind in plan.weight_arrays()]
+    launch(render(plan).text, plan.name, (*plan.grid, 1), plan.threads, np.zeros(1, np.float32), out, *arrays, None)
+    assert np.array_equal(_decode(out, dtype), weight.to_dense().astype(np.float64))
+    _assemble_without_spills_and_link(render(plan), 90)

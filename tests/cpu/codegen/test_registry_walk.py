@@ -27,7 +27,7 @@ RUNNERS = {"tile": run_plan, "csr": run_data_kernel, "csr-columns": run_data_ker
 PROBLEMS = [(8, "float16", "kn"), (1, "float16", "nk"), (4, "bfloat16", "kn"), (24, "float32", "kn"),
             (128, "float16", "nk")]
 HOOKS = ("config", "plan_class", "plan", "render", "estimate", "candidates", "trials", "execute", "operand_bytes",
-         "sketch", "compile_seconds", "check", "verify")
+         "sketch", "compile_seconds", "check", "verify", "dense_writer")
 
 
 def _weight(m: int, k: int, seed: int) -> SparseMatrix:

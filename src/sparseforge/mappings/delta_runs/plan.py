@@ -214,10 +214,15 @@ class DeltaRunsPlan(WeightAsData):
     arch: int = 90
     digest: str = ""
     residual: bool = False  # the epilogue adds R (laid out as the output, parameter p_residual) before ReLU
+    writes_dense: bool = False  # the kernel writes W's values into C (M x K, zeroed) instead of multiplying
 
     family = "delta-runs"  # W is data the runtime uploads (weight_arrays), not code
     mapping = "delta-runs"
     partial_rows: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return WeightAsData.name.fget(self) + ("_writes_dense" if self.writes_dense else "")
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -248,8 +253,8 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """X staged as [K][Np], rounded up to 16 bytes."""
-        return _staged_bytes(self.K, self.n_pad, self.x_bytes)
+        """X staged as [K][Np], rounded up to 16 bytes (none where the kernel writes W dense)."""
+        return 0 if self.writes_dense else _staged_bytes(self.K, self.n_pad, self.x_bytes)
 
     def weight_arrays(self) -> tuple:
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
@@ -380,6 +385,15 @@ def execute_delta_runs(plan: DeltaRunsPlan, b: np.ndarray) -> np.ndarray:
     if plan.relu:
         out = np.maximum(out, 0)
     return out if plan.layout == "kn" else out.T
+
+
+def dense_writer_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
+    """The plan of a kernel that writes W dense (C: M x K, zeroed first) from the same arrays, one store a
+    nonzero: a prefill's densify at the speed of a write of W, where the torch decode (densify_delta_runs)
+    takes a dozen passes over every entry."""
+    import dataclasses
+
+    return dataclasses.replace(plan, N=1, layout="nk", bias=None, relu=False, residual=False, writes_dense=True)
 
 
 def densify_delta_runs(plan: DeltaRunsPlan, arrays, out):

@@ -143,6 +143,22 @@ def _sum_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str) -> None:
             e.lines([f"@%pl fma.rn.f32 %acc{c}, %w{q}, %x{c}, %acc{c};" for c in range(n)])
 
 
+def _write_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str) -> None:
+    """Register set s's slots written into W dense (plan.writes_dense): each entry of the lane's run whose
+    value is not +0 (fillers and padding are) stored at (row, column); %xa counts the column in bytes."""
+    bits = plan.format.gap_bits
+    for u in range(plan.config.ahead):
+        e.lines([f"add.u32 %t, {first}, {u};", "setp.lt.u32 %pl, %t, %n;"])
+        words = _value_words(plan, s, u)
+        for q in range(plan.format.per_slot):
+            half = f"%h{q % 2}"
+            if q % 2 == 0:
+                e.line(f"mov.b32 {{%h0, %h1}}, {words[q // 2]};")
+            e.lines([f"bfe.u32 %d, %g{s}_{u}, {bits * q}, {bits};", "@%pl mad.lo.u32 %xa, %d, 2, %xa;",
+                     f"setp.ne.b16 %pt, {half}, 0;", "and.pred %pt, %pt, %pl;",
+                     "cvt.u64.u32 %rdt, %xa;", "add.s64 %rdt, %rdc, %rdt;", f"@%pt st.global.b16 [%rdt], {half};"])
+
+
 def _load_column_values(e: Emitter, plan: DeltaRunsPlan) -> None:
     """The Np staged X values of the column at %xa into %x0.. (fp32), with one or two shared loads."""
     npad, xb = plan.n_pad, plan.x_bytes
@@ -214,7 +230,7 @@ def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None
              "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
              f"mad.lo.u32 %t, %row, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
              f"{guard}ld.global.nc.u16 %hx, [%rdq];", "cvt.u32.u16 %t, %hx;",
-             f"mad.lo.u32 %xa, %t, {plan.n_pad * plan.x_bytes}, %rsx;",
+             f"mad.lo.u32 %xa, %t, {2 if plan.writes_dense else plan.n_pad * plan.x_bytes}, %rsx;",
              "shr.u32 %n, %nq, 5;", f"and.b32 %t, %nq, {WARP - 1};", "setp.lt.u32 %pt, %lane, %t;",
              "selp.u32 %t, 1, 0, %pt;", "add.u32 %n, %n, %t;"]
             + (["@!%pv mov.u32 %n, 0;"] if guarded else [])
@@ -239,8 +255,14 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
-             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;", "mov.u32 %rsx, xs;"])
-    if c.overlap:  # the row's first loads go out before X is staged: their round trip overlaps the copy
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;"]
+            + ([] if plan.writes_dense else ["mov.u32 %rsx, xs;"]))
+    if plan.writes_dense:  # no X: the row of C is W's row r; %rsx 0, so %xa is the column in bytes
+        e.lines(["mov.u32 %rsx, 0;", "ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
+                 "mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %t, %t, {c.warps_per_block}, %warp;",
+                 f"mul.wide.u32 %rdt, %t, {plan.K * 2};", "add.s64 %rdc, %rdc, %rdt;"])
+        _row_and_first_group(e, plan, guarded=False)
+    elif c.overlap:  # the row's first loads go out before X is staged: their round trip overlaps the copy
         _row_and_first_group(e, plan, guarded=True)
         _stage_x(e, plan)
         e.lines(["@!%pv bra DONE;", "@!%pf bra SUMMED;"])
@@ -250,14 +272,16 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     e.comment("the loop, unrolled twice: one register set's loads in flight while the other's slots are summed")
     e.label("LOOP")
     e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
+    consume = _write_group if plan.writes_dense else _sum_group
     _load_group(e, plan, 1, "%in", "@%p1 ")
-    _sum_group(e, plan, 0, "%i")
+    consume(e, plan, 0, "%i")
     e.lines(["@!%p1 bra SUMMED;", f"add.u32 %i, %in, {a};", "setp.lt.u32 %p0, %i, %n;"])
     _load_group(e, plan, 0, "%i", "@%p0 ")
-    _sum_group(e, plan, 1, "%in")
+    consume(e, plan, 1, "%in")
     e.line("@%p0 bra LOOP;")
     e.label("SUMMED")
-    _epilogue(e, plan)
+    if not plan.writes_dense:
+        _epilogue(e, plan)
     e.label("DONE")
     e.line("ret;")
     sets = [", ".join([f"%g{s}_{u}"] + _value_words(plan, s, u)) for s in range(2) for u in range(a)]
@@ -271,7 +295,7 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
             ".reg .b16 %hx, %h0, %h1" + "".join(f", %hs{i}" for i in range(ELEMENT_BATCH)) + ";",
             ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdr, %rdg, %rdv;"]
     # dynamic: the launch gives plan.dynamic_shared_bytes (X staged, over the 48 KB a static declaration may have)
-    shared = ".extern .shared .align 16 .b8 xs[];"
+    shared = "" if plan.writes_dense else ".extern .shared .align 16 .b8 xs[];"
     return data_kernel(plan, "decode GEMV over runs of 8-bit column gaps + values (W as data)",
                        ("p_b", "p_c", "p_values", "p_gaps", "p_rows", "p_bases", "p_bias")
                        + (("p_residual",) if plan.residual else ()), decl, e.text(), 0, shared)
