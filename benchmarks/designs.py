@@ -7,6 +7,8 @@ holds each layer's winner.
     PYTHONPATH=src python benchmarks/designs.py OUT.json DLMC_ROOT CASE[:N] ... [--dtype float32] [--layout kn]
         [--mappings csr-columns,row-groups]   (only these mappings' candidates: a quick look at one family)
         [--rotate]   (also the best of each mapping and cuBLAS with W rotated through HBM, bench's protocol)
+        [--rotate-all]  (every correct candidate rotated: configs of one mapping that differ in bytes, e.g.
+                     delta-runs' gap widths, compare where their bytes matter)
 CASE: a path under DLMC_ROOT without .smtx (rn50 cases take N from rn50_batchsizes.txt unless :N is given),
 or an LLM suite spec with N after a slash: llm:0.9:llama_4096x4096/16 (every case it names, at N = 16).
 """
@@ -63,7 +65,7 @@ def weights(root: Path, spec: str, dtype: str):
 
 
 def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: set | None = None,
-        rotate: bool = False) -> dict:
+        rotate: bool = False, rotate_all: bool = False) -> dict:
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
     space = search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True, dtype=dtype)
@@ -109,15 +111,17 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
     picked = min((i for i in shortlist(records, TOP) if records[i].get("us")), key=lambda i: records[i]["us"])
     predicted = min(range(len(records)), key=lambda i: records[i]["predicted_us"])
     rotating = {}
-    if rotate:  # the fastest correct candidate of each mapping, and cuBLAS, streaming W from HBM
+    if rotate or rotate_all:  # the fastest correct candidate of each mapping (or every one), streaming W from HBM
         from sparseforge.bench.gpu import _rotating_times
 
-        for mapping in sorted({records[i]["mapping"] for i in timed}):
-            i = min((j for j in timed if records[j]["mapping"] == mapping and records[j]["error_ok"]),
-                    key=lambda j: records[j]["us"], default=None)
-            if i is not None:
-                rotating[records[i]["label"]] = _rotating_times(kernels[records[i]["label"]], dense, layout, tdt,
-                                                                shape, 11)
+        if rotate_all:
+            chosen = [j for j in timed if records[j]["error_ok"]]
+        else:
+            chosen = [min((j for j in timed if records[j]["mapping"] == mapping and records[j]["error_ok"]),
+                          key=lambda j: records[j]["us"], default=None)
+                      for mapping in sorted({records[i]["mapping"] for i in timed})]
+        for i in (j for j in chosen if j is not None):
+            rotating[records[i]["label"]] = _rotating_times(kernels[records[i]["label"]], dense, layout, tdt, shape, 11)
     kernels.clear()
     return {"rotating": rotating, "case": name, "M": w.shape[0], "K": w.shape[1], "N": n, "nnz": w.nnz, "dtype": dtype, "layout": layout,
             "cublas_us": choice.dense_us, "candidates": records, "best": records[best]["label"],
@@ -172,12 +176,15 @@ def main() -> int:
     parser.add_argument("--layout", default="kn")
     parser.add_argument("--mappings", default="", help="comma-separated mappings to keep (default: all)")
     parser.add_argument("--rotate", action="store_true", help="also time with W rotated through HBM")
+    parser.add_argument("--rotate-all", action="store_true", help="every correct candidate rotated, not the best of each "
+                        "mapping only")
     args = parser.parse_args()
     results = []
     for spec in args.cases:
         for name, w, n in weights(args.root, spec, args.dtype):
             try:
-                r = run(name, w, n, args.dtype, args.layout, set(filter(None, args.mappings.split(","))), args.rotate)
+                r = run(name, w, n, args.dtype, args.layout, set(filter(None, args.mappings.split(","))), args.rotate,
+                        args.rotate_all)
             except ValueError as exc:  # e.g. --mappings keeps no candidate of this case
                 print(f"{name}: skipped ({exc})", flush=True)
                 continue

@@ -164,7 +164,7 @@ stage() {
       run designs_delta_trials python3 benchmarks/designs.py "$OUT/designs_delta_trials_fp16.json" "$D" \
         "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/1" \
         "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/8" --dtype float16 \
-        --mappings delta-runs,tc-scatter,csr-staged --rotate ;;
+        --mappings delta-runs,tc-scatter,csr-staged --rotate-all ;;
     delta_runs)
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;

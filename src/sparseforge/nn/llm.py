@@ -569,12 +569,16 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
                                                   "where a decoder layer keeps no dense W: kept dense"
         return None
     kernel_us = {n: timed[n].sparse_us for n in tokens}
+    dense_us = sum(timed[n].dense_us for n in tokens)
     single = _one_packing(replacement, tokens, configs, kernel_us)
+    if single is not None and fastest_with_margin({UNSTRUCTURED: sum(single[1].values()), DENSE: dense_us}, DENSE,
+                                                  MIN_SPEEDUP)[0] == DENSE:
+        single = None  # one packing would lose to dense where the widths' fastest kernels each win
     if single is not None:
         configs, kernel_us = single
     elif not lost:
         return replacement
-    sparse_us, dense_us = sum(kernel_us.values()), sum(timed[n].dense_us for n in tokens)
+    sparse_us = sum(kernel_us.values())
     measured.times_us[UNSTRUCTURED] = measured.kernel_us[UNSTRUCTURED] = sparse_us
     times = {UNSTRUCTURED: sparse_us, DENSE: dense_us}
     if measured.times_us.get(SPARSE):  # a 2:4 weight: its path keeps its own dense W, so its time stands
@@ -586,8 +590,9 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
         f" ({family_of(configs[tokens[0]]).name}: one packing of W for every width)" if single else "")
     if picked == DENSE:
         measured.choice = DENSE
-        measured.reason = f"{where} measured {dense_us / sparse_us:.2f}x of dense in sum ({slower} tokens; a " \
-                          "decoder layer keeps no dense W, so it would run them there too): kept dense"
+        measured.reason = f"{where} measured {dense_us / sparse_us:.2f}x of dense in sum (" + (
+            f"{slower} tokens; " if slower else "") + "a decoder layer keeps no dense W, so it would run them " \
+            "at every width): kept dense"
         return None
     if picked == SPARSE:
         measured.choice = SPARSE
@@ -632,6 +637,8 @@ def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel
     best: dict = {}  # packing -> {width: (config, us)}
     for n in tokens:
         for config, us in replacement.timed_configs(n):
+            if family_of(config).weight_in_code:  # W is each kernel's code: no packing to share
+                continue
             held = best.setdefault(packing(config), {})
             if n not in held or us < held[n][1]:
                 held[n] = (config, us)

@@ -97,7 +97,9 @@ class LoadedPlanKernel:
         if not self._weight_tensors:
             return None
         writer = family.hook("dense_writer")
-        if writer is not None and out.is_cuda and out.is_contiguous():
+        shape = (launch_plan.M, launch_plan.K)
+        if writer is not None and out.is_contiguous() and out.device == self._device and out.dtype == self._dtype \
+                and tuple(out.shape) == shape:  # the kernel writes M x K elements of its dtype: nothing else
             try:
                 return self._write_dense(writer(launch_plan), out)
             except RuntimeError:  # CompileError, CudaError: the torch ops below give the same W, slower

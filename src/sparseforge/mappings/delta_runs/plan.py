@@ -127,7 +127,7 @@ def pack_runs(indptr, indices, values, shape: tuple[int, int], gap_bits: int = 8
     gap = torch.where(same_row, cols - prev, torch.zeros_like(cols))
     fill = torch.clamp((gap - 1) // max_gap, min=0)  # fillers before an entry (its gap over max_gap)
     fillers = int(fill.sum()) if nnz else 0
-    if fillers:  # entry e moves past the fillers before it; filler j (1..f) of entry e at prev + 255 j
+    if fillers:  # entry e moves past the fillers before it; filler j (1..f) of entry e at prev + max_gap j
         moved = torch.arange(nnz, device=device) + torch.cumsum(fill, 0)
         owner = torch.repeat_interleave(torch.arange(nnz, device=device), fill, output_size=fillers)
         j = torch.arange(fillers, device=device) - (torch.cumsum(fill, 0) - fill)[owner] + 1
@@ -241,7 +241,7 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def registers(self) -> int:
-        """Registers a thread takes, at or a little over what ptxas 13.0 gives for sm_90 as the runtime builds it
+        """Registers a thread takes, near what ptxas 13.0 gives for sm_90 as the runtime builds it
         (-c): N = 1, 8-bit gaps: 36 / 42 / 48 / 96 at 1 / 2 / 4 / 8 slots ahead, 4-bit: 40 / 55 / 80 / 128. With X
         staged in 16 bits (N = 8 at K = 14336) ptxas hoists every entry's X words and their widening: 108 / 128
         / 192 at 1 / 2 / 4 slots ahead with 8-bit gaps, 126 / 191 with 4-bit, past 255 beyond."""
@@ -393,7 +393,8 @@ def dense_writer_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
     takes a dozen passes over every entry."""
     import dataclasses
 
-    return dataclasses.replace(plan, N=1, layout="nk", bias=None, relu=False, residual=False, writes_dense=True)
+    return dataclasses.replace(plan, N=1, layout="nk", bias=None, relu=False, residual=False, writes_dense=True,
+                               config=dataclasses.replace(plan.config, overlap=False))  # one writer for both
 
 
 def densify_delta_runs(plan: DeltaRunsPlan, arrays, out):

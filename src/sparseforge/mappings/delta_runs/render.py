@@ -296,6 +296,7 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
             ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdr, %rdg, %rdv;"]
     # dynamic: the launch gives plan.dynamic_shared_bytes (X staged, over the 48 KB a static declaration may have)
     shared = "" if plan.writes_dense else ".extern .shared .align 16 .b8 xs[];"
-    return data_kernel(plan, "decode GEMV over runs of 8-bit column gaps + values (W as data)",
+    what = "W written dense from" if plan.writes_dense else "decode GEMV over"
+    return data_kernel(plan, f"{what} runs of {plan.format.gap_bits}-bit column gaps + values (W as data)",
                        ("p_b", "p_c", "p_values", "p_gaps", "p_rows", "p_bases", "p_bias")
                        + (("p_residual",) if plan.residual else ()), decl, e.text(), 0, shared)

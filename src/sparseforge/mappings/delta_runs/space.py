@@ -14,7 +14,8 @@ TRIALS_WIDE = ((8, 2, 8, False), (8, 4, 8, False), (8, 2, 4, False), (8, 2, 8, T
 
 def delta_runs_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
                           sms: int) -> list[DeltaRunsConfig]:
-    """Delta-runs configs: N = 1 in float16 / bfloat16, 8-bit gaps (measured)."""
+    """Delta-runs configs: N = 1 in float16 / bfloat16, 8-bit gaps (measured). 4-bit gaps, the overlapped
+    first loads and N = 2..8 are delta_runs_trials until a GPU has timed them."""
     if n != 1 or dtype not in ("float16", "bfloat16"):
         return []
     return [DeltaRunsConfig(warps_per_block=w, ahead=a) for w, a in CONFIGS]
