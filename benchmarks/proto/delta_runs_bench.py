@@ -11,7 +11,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "delta_runs.cu")).read()
 sys.path.insert(0, HERE)
-from proto_timing import compiled, graph_us, pruned_case  # noqa: E402
+from proto_timing import compiled, graph_us, pruned_case, summary_rows  # noqa: E402
 MAX_GAP = 255
 
 
@@ -181,7 +181,7 @@ def main():
                   f"x{res['speedup'] or 0:.2f} wrong {len(bad)}/{len(rows)} best "
                   f"{best and {q: best[q] for q in ('warps', 'u', 'regs', 'bytes_per_weight')}}", flush=True)
             with open(out, "w") as f:
-                json.dump(dict(provenance(sys.argv), results=results), f, indent=1)
+                json.dump(dict(provenance(sys.argv), summary=summary_rows(results), results=results), f, indent=1)
 
 
 if __name__ == "__main__":

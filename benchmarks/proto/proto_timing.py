@@ -58,3 +58,23 @@ def compiled(source: str, entry: str, defines: tuple[str, ...]):
     fn = cp.RawModule(code=source, options=("-std=c++17", "-arch=sm_90", *defines)).get_function(entry)
     fn.max_dynamic_shared_size_bytes = 227 * 1024 - fn.shared_size_bytes
     return fn, time.perf_counter() - started
+
+
+def summary_rows(results: list[dict]) -> list[dict]:
+    """The benchmark files' summary rows over a prototype's cases ({m, k, sparsity, n, dtype, speedup}): per
+    sparsity, the geomean over shapes of cuBLAS's time over the prototype's best config. Both sides are timed
+    with W rotated through HBM (the only protocol the prototypes time), so the plain and the _rotating keys
+    carry the same figure."""
+    import math
+
+    rows = []
+    for sparsity in sorted({r["sparsity"] for r in results}):
+        cases = [r for r in results if r["sparsity"] == sparsity and r.get("speedup")]
+        if not cases:
+            continue
+        geomean = math.exp(sum(math.log(r["speedup"]) for r in cases) / len(cases))
+        rows.append({"model": "llama", "sparsity": sparsity, "dtype": cases[0]["dtype"], "batch": 1, "layout": "nk",
+                     "n": cases[0]["n"], "cases": len(cases), "shapes": [f"{r['m']}x{r['k']}" for r in cases],
+                     "geomean_speedup_vs_cublas": geomean, "geomean_speedup_vs_cublas_rotating": geomean,
+                     "all_correct": all(not r.get("wrong") for r in cases), "timing": "W rotated through HBM, both sides"})
+    return rows

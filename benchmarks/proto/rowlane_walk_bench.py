@@ -9,7 +9,7 @@ Knobs (environment): SHAPES ("4096x4096 ..."), SPS ("0.5 0.7 0.9"), SLICES ("128
 import json, math, os, sys, time
 import torch
 
-from proto_timing import compiled, graph_us, pruned_case
+from proto_timing import compiled, graph_us, pruned_case, summary_rows
 from sparseforge.bench.report import provenance
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -189,7 +189,7 @@ def main():
                   f"{best and {q: best[q] for q in ('slice', 'warps', 'pf', 'regs', 'read_bytes_per_weight')}}",
                   flush=True)
             with open(out, "w") as f:
-                json.dump(dict(provenance(sys.argv), results=results), f, indent=1)
+                json.dump(dict(provenance(sys.argv), summary=summary_rows(results), results=results), f, indent=1)
 
 
 if __name__ == "__main__":
