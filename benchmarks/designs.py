@@ -144,8 +144,8 @@ def summarize_designs(results: list[dict]) -> list[dict]:
     rows = []
     for (model, sparsity, dtype, n, layout), items in groups.items():
         rotated = [max(v["speedup_vs_cublas_rotating"] for v in r["rotating"].values()) for r in items if r.get("rotating")]
-        rows.append({"model": model, "sparsity": float(sparsity) if sparsity else None, "dtype": dtype, "batch": n,
-                     "layout": layout, "cases": len(items),
+        rows.append({"model": model, "sparsity": float(sparsity) if sparsity else None, "dtype": dtype, "batch": 1,
+                     "n": n, "layout": layout, "cases": len(items),
                      "geomean_speedup_vs_cublas": geomean(r["cublas_us"] / r["best_us"] for r in items),
                      "geomean_speedup_vs_cublas_chooser": geomean(r["cublas_us"] / r["chooser_us"] for r in items),
                      **({"geomean_speedup_vs_cublas_rotating": geomean(rotated)} if rotated else {}),

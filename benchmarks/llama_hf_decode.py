@@ -15,7 +15,9 @@ same pruned model run dense by the same transformers code:
   decode step with CUDA graphs on both sides): seconds, the decode part apart (the same generate of 1 token,
   the prompt's prefill, subtracted: prefill runs dense on the converted side, W scattered from host memory),
   and whether the tokens equal the dense model's;
-- the converted step's logits against the dense model's.
+- correctness: each step's logits against the same pruned model's in float32 (a copy of it, run the same
+  way): the converted model's error at most ERROR_FACTOR times the dense 16-bit model's own (float32 runs:
+  against the dense model, within 2e-2).
 
 JSON to benchmarks/results/ (or --out) with the provenance (GPU, date, commit, command), per-case records and
 summary rows (model, sparsity, dtype, batch, layout, n, geomean_speedup_vs_cublas over the contexts,
@@ -178,6 +180,26 @@ def decode_step(model, batch: int, context: int, device):
     return step, step().float()
 
 
+ERROR_FACTOR = 1.5  # the converted model's logits may be this much further from float32 than the dense model's
+
+
+def reference_logits(model, args, device) -> dict:
+    """(batch, context) -> the decode step's logits of a float32 copy of `model` (None for a float32 model: the
+    dense side is then the reference). The copy is freed before the conversion."""
+    if next(model.parameters()).dtype == torch.float32:
+        return {}
+    reference = copy.deepcopy(model).float()
+    logits = {(b, c): decode_step(reference, b, c, device)[1] for b in args.batches for c in args.contexts}
+    del reference
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return logits
+
+
+def _relative(got, want) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
 def linears_us(model, names: list[str], batch: int, device) -> float:
     """The decoder Linears alone, each on a (batch, 1, in_features) input, one after another."""
     dtype = next(model.parameters()).dtype
@@ -254,6 +276,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     bytes_before = linear_bytes(model, names)
     dense = measure_side(model, args, device, names)
     phase(f"{pattern}: dense side measured")
+    reference = reference_logits(model, args, device)
     policy = "measure" if device.type == "cuda" else "sparse"
     report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget)
     conversion = {"cold_seconds": report.seconds, "peak_gpu_bytes": report.peak_gpu_bytes,
@@ -285,7 +308,14 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
         for context in args.contexts:
             dense_us, want = dense["steps"][(batch, context)]
             sparse_us, got = converted["steps"][(batch, context)]
-            error = float((got.double() - want.double()).norm() / want.double().norm())
+            error = _relative(got, want)
+            if reference:  # the converted model against float32, beside the dense 16-bit model's own error
+                exact = reference[(batch, context)]
+                checks = {"rel_error_vs_float32": _relative(got, exact),
+                          "dense_rel_error_vs_float32": _relative(want, exact)}
+                checks["error_ok"] = checks["rel_error_vs_float32"] <= ERROR_FACTOR * checks["dense_rel_error_vs_float32"]
+            else:
+                checks = {"error_ok": error <= 2e-2}
             rows.append({"model": model_name, "sparsity": sparsity, "dtype": args.dtype, "batch": batch,
                          "layout": "nk", "n": batch, "context": context, "dense_us": dense_us,
                          "sparseforge_us": sparse_us, "speedup_vs_cublas": dense_us / sparse_us,
@@ -294,7 +324,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
                          "dense_linears_us": dense["linears_us"][batch],
                          "sparseforge_linears_us": converted["linears_us"][batch],
                          "dense_non_linear_share": 1 - dense["linears_us"][batch] / dense_us,
-                         "rel_error_vs_dense": error, "error_ok": error <= 2e-2})
+                         "rel_error_vs_dense": error, **checks})
         if batch in dense["generate"]:
             before, after = dense["generate"][batch], converted["generate"][batch]
             decode = [(side["seconds"] - side["prefill_seconds"]) / max(args.generate - 1, 1)

@@ -29,8 +29,9 @@
 #   rowlane       the one-row-a-lane bitmap decode (benchmarks/proto/rowlane_walk.cu) at N = 1, fp16: 4096^2 at
 #                 50 / 70 / 90% first, then the large shapes
 #   delta_runs    the 8-bit-gap run decode prototype (benchmarks/proto/delta_runs.cu) at N = 1, fp16 then bf16
-#   delta_trials  delta-runs' trial configs (4-bit gaps; N = 8) beside the measured decode families, Llama shapes
-#                 at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
+#   delta_trials  delta-runs' configs, trials included (persistent blocks), every one timed at N = 1, then at
+#                 N = 8 beside csr-staged and tc-scatter; Llama shapes at 50 / 70 / 90%, fp16, weights rotated
+#                 (benchmarks/designs.py)
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -162,9 +163,11 @@ stage() {
         run rowlane_large python3 benchmarks/proto/rowlane_walk_bench.py "$OUT/rowlane_large.json" ;;
     delta_trials)
       run designs_delta_trials python3 benchmarks/designs.py "$OUT/designs_delta_trials_fp16.json" "$D" \
-        "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/1" \
+        "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336,llama_1024x4096/1" --dtype float16 \
+        --mappings delta-runs --rotate-all
+      run designs_delta_trials_n8 python3 benchmarks/designs.py "$OUT/designs_delta_trials_n8_fp16.json" "$D" \
         "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/8" --dtype float16 \
-        --mappings delta-runs,tc-scatter,csr-staged --rotate-all ;;
+        --mappings delta-runs,csr-staged,tc-scatter --rotate-all ;;
     delta_runs)
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;

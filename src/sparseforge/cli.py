@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (SparseFormatError, NMError, ValueError, OSError, RuntimeError) as err:
+        if os.environ.get("SPARSEFORGE_TRACEBACK"):  # where a report needs more than the one line
+            traceback.print_exc()
         print_error(err)
         return 2
 

@@ -42,3 +42,19 @@ def test_bad_arguments_stop_before_any_work(capsys):
     with pytest.raises(SystemExit):
         script.parse_args(["--tiny", "--patterns", "1.5"])
     assert "neither a sparsity" in capsys.readouterr().err
+
+
+def test_a_16_bit_run_checks_logits_against_a_float32_copy(tmp_path, capsys):
+    """16-bit: the converted model's logits against the pruned model's float32 copy, within ERROR_FACTOR of the
+    dense 16-bit model's own error (a fixed bound would be bf16's rounding, not the kernels')."""
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("llama_hf_decode", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "tiny_bf16.json"
+    status = script.main(["--tiny", "--dtype", "bfloat16", "--patterns", "0.6", "--batches", "1", "--contexts", "4",
+                          "--generate", "0", "--no-warm", "--out", str(out)])
+    assert status == 0, capsys.readouterr().out
+    (case,) = json.loads(out.read_text())["cases"]
+    assert 0 < case["dense_rel_error_vs_float32"] < 0.05 and case["error_ok"]
+    assert case["rel_error_vs_float32"] <= script.ERROR_FACTOR * case["dense_rel_error_vs_float32"]

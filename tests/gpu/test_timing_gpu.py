@@ -1,6 +1,7 @@
 """runtime/timing.py on the GPU: host_time_us measures the issuing of calls, not their kernels (a slow kernel
 does not make it larger), and refuses a stall the calls outlast; graph_time_us is the GPU's time even while
-other Python threads hold the GIL (bench's prebuild compiles beside the measuring thread)."""
+other Python threads hold the GIL (bench's prebuild compiles beside the measuring thread), and its capture
+survives another thread working on the GPU."""
 import threading
 
 import pytest
@@ -47,3 +48,27 @@ def test_graph_times_ignore_a_host_starved_by_busy_python_threads():
             t.join()
     # unheld, a sample spanning a lost GIL slice measured milliseconds for a few-microsecond graph
     assert contended < 1.5 * quiet + 1.0, (quiet, contended)
+
+
+def test_graph_timing_survives_another_thread_working_on_the_gpu():
+    """bench's prebuild packs W with torch ops on the GPU (allocations, copies to the host) beside the timing
+    thread's capture: a global-mode capture was invalidated by them (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)."""
+    x = torch.randn(1 << 16, device="cuda")
+    stop, errors = threading.Event(), []
+
+    def packing():
+        try:
+            while not stop.is_set():
+                a = torch.arange(1 << 20, device="cuda", dtype=torch.float32)  # no RNG: its state is global
+                int(torch.cumsum(a, 0)[-1].cpu().isfinite())  # a sync and a device-to-host copy
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    thread = threading.Thread(target=packing, daemon=True)
+    thread.start()
+    try:
+        times = [graph_time_us(lambda t: t.add_(1), [x]) for _ in range(20)]
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and all(t > 0 for t in times), errors

@@ -105,7 +105,7 @@ class _SparseWeight(nn.Module):
     def _move_csr(self, device) -> None:
         with torch.inference_mode(False):  # a first call under inference_mode must not make them inference tensors
             for name in ("weight_indptr", "weight_indices", "weight_values"):
-                self._buffers[name] = self._buffers[name].detach().to(device)
+                self._buffers[name] = _moved(self._buffers[name].detach(), device)
         bias = self._parameters.get("bias")  # the same weight: _refresh must not drop the kernels
         self._key = (_version(self._buffers["weight_values"]), None if bias is None else _version(bias))
 
@@ -422,6 +422,17 @@ def _shape_key(height: int, width: int, layout: torch.memory_format):
     """A convolution's shape key: (H, W) for NCHW inputs, (H, W, "nhwc") for channels_last ones (NHWC
     kernels), so each layout has its own decision and kernel."""
     return (height, width) if layout != torch.channels_last else (height, width, "nhwc")
+
+
+def _moved(t: torch.Tensor, device) -> torch.Tensor:
+    """t on `device`. To the host, into pages written first: a copy from the GPU into fresh pages faults each
+    one in on the copy's path (2 GB/s measured on an H200 host, 8 GB/s with the pages touched first: a converted
+    8B model's CSR, 12 GB at 70%, in 1.5 s instead of 8)."""
+    if torch.device(device).type != "cpu" or t.device.type == "cpu":
+        return t.to(device)
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.zero_()
+    return out.copy_(t)
 
 
 def _version(t: torch.Tensor) -> int:

@@ -30,7 +30,10 @@ def graph_time_us(fn, inputs: list, calls_per_graph: int = 20, repeats: int = 25
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        # thread-local: `sparseforge bench` prebuilds later cases on other threads while it times one (compiling,
+        # loading modules, packing W with torch ops on the GPU); in the default global mode their calls
+        # invalidate this capture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for i in range(calls_per_graph):
                 fn(inputs[i % len(inputs)])
         graph.replay()

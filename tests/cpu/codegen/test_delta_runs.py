@@ -22,7 +22,8 @@ def wide_delta_runs_kernels(draw):
     pieces or value by value, as fp32 or, on a GPU of less shared memory (sm_86), in 16 bits."""
     layout = draw(st.sampled_from(["kn", "nk"]))
     config = DeltaRunsConfig(warps_per_block=2, ahead=draw(st.sampled_from([1, 2])), gap_bits=draw(st.sampled_from([8, 4])),
-                             overlap=draw(st.booleans()))
+                             overlap=draw(st.booleans()), x_bits=draw(st.sampled_from([32, 16])),
+                             ctas=draw(st.sampled_from([0, 1, 2])))
     n, m = draw(st.sampled_from([2, 3, 4, 5, 8])), draw(st.integers(1, 4))
     k = draw(st.sampled_from([1, 24, 33, 300] + ([3208] if n > 4 else [])))
     return (layout, config, m, k, n, draw(st.sampled_from([0.0, 0.01, 0.3])), draw(st.integers(0, 2**16)),
@@ -45,19 +46,24 @@ def test_x_is_staged_in_16_bits_only_where_fp32_does_not_fit():
     assert make_delta_runs_plan(w, 8, "float16", "nk").x_bytes == 2  # Llama's down projection at 8 tokens
     assert make_delta_runs_plan(w, 4, "float16", "nk").x_bytes == 4
     assert make_delta_runs_plan(w, 1, "bfloat16", "nk").x_bytes == 4
+    assert make_delta_runs_plan(w, 1, "bfloat16", "nk", DeltaRunsConfig(x_bits=16)).x_bytes == 2
+    wide = SparseMatrix.from_dense(np.eye(2, 60000, dtype=np.float32))  # fp32 past 227 KB: 16 bits at N = 1 too
+    assert make_delta_runs_plan(wide, 1, "float16", "nk").x_bytes == 2
 
 
 @st.composite
 def delta_runs_kernels(draw):
     """Random decode problems: rows of fewer than 32 slots (lanes without a run) and of several slots a lane
     (groups past the first, the last one partial), gaps over 255 or 15 (fillers), 8- and 4-bit gaps, the row's
-    first loads before or after X's copy (rows past M then load nothing but still meet the barrier), K whose
+    first loads before or after X's copy (rows past M then load nothing but still meet the barrier), X staged
+    in fp32 or 16 bits, persistent blocks (a warp's later rows), K whose
     bytes are not a multiple of 16 (x staged value by value), empty, all-zero, one-nonzero and dense rows, M not
     a multiple of a block's rows; both 16-bit dtypes; batch; bias, ReLU."""
     layout = draw(st.sampled_from(["kn", "nk"]))
     config = DeltaRunsConfig(warps_per_block=draw(st.sampled_from([2, 4])), ahead=draw(st.sampled_from([1, 2, 4])),
-                             gap_bits=draw(st.sampled_from([8, 4])), overlap=draw(st.booleans()))
-    m, k = draw(st.integers(1, 5)), draw(st.sampled_from([1, 7, 33, 200, 600, 1030]))
+                             gap_bits=draw(st.sampled_from([8, 4])), overlap=draw(st.booleans()),
+                             x_bits=draw(st.sampled_from([32, 16])), ctas=draw(st.sampled_from([0, 1, 2])))
+    m, k = draw(st.integers(1, 9)), draw(st.sampled_from([1, 7, 33, 200, 600, 1030]))
     density = draw(st.sampled_from([0.0, 0.003, 0.3, 1.0]))
     return (layout, config, m, k, density, draw(st.integers(0, 2**16)), draw(st.sampled_from(["float16", "bfloat16"])),
             draw(st.integers(1, 2)))
@@ -144,12 +150,33 @@ def test_the_dense_writer_writes_w_exactly(m, k, density, gap_bits, dtype):
     rng = np.random.default_rng(m + k)
     dense = np.where(rng.random((m, k)) < density, rng.standard_normal((m, k)), 0).astype(np.float32)
     weight = SparseMatrix.from_dense(dense).astype(dtype)
-    measured = make_delta_runs_plan(weight, 1, dtype, "kn", DeltaRunsConfig(2, 2, gap_bits), bias=np.ones(m),
-                                    relu=True, residual=True)
+    measured = make_delta_runs_plan(weight, 1, dtype, "kn", DeltaRunsConfig(2, 2, gap_bits, overlap=True, ctas=1),
+                                    bias=np.ones(m), relu=True, residual=True)
     plan = dense_writer_plan(measured)
     assert plan.name != measured.name and plan.dynamic_shared_bytes == 0
+    assert not plan.config.overlap and plan.config.ctas == 0  # a row a warp, the grid over every row
     out = _encode(np.zeros((m, k)), dtype)
     arrays = [_encode(a.astype(np.float64), dtype) if kind == "values" else a for a, kind in plan.weight_arrays()]
     launch(render(plan).text, plan.name, (*plan.grid, 1), plan.threads, np.zeros(1, np.float32), out, *arrays, None)
     assert np.array_equal(_decode(out, dtype), weight.to_dense().astype(np.float64))
     _assemble_without_spills_and_link(render(plan), 90)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("n, ctas", [(1, 1), (1, 3), (3, 2)])
+def test_persistent_blocks_take_every_later_row(overlap, n, ctas):
+    """ctas persistent blocks: each warp's rows b * warps + w + j * ctas * warps, the next row's record loaded
+    while one is summed; among them empty, dense and filler-heavy rows, and warps whose first row is W's last
+    or past it (19 rows over 2 warps a block)."""
+    rng = np.random.default_rng(ctas * 10 + n)
+    dense = np.where(rng.random((19, 700)) < 0.3, rng.standard_normal((19, 700)), 0).astype(np.float32)
+    dense[[1, 6, 18]] = 0
+    dense[9] = rng.standard_normal(700)
+    dense[4] = 0
+    dense[4, [0, 699]] = [1.0, -1.0]  # a gap of 699: fillers
+    weight, bias = SparseMatrix.from_dense(dense), rng.standard_normal(19)
+    config = DeltaRunsConfig(warps_per_block=2, ahead=2, overlap=overlap, ctas=ctas)
+    plan = make_delta_runs_plan(weight, n, "bfloat16", "nk", config, bias=bias, relu=True)
+    assert plan.grid == (1, ctas) and plan.name != make_delta_runs_plan(weight, n, "bfloat16", "nk").name
+    b = rng.standard_normal((2, n, 700))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "bfloat16", bias, True), "bfloat16")

@@ -27,6 +27,7 @@ def delta_runs_estimate(plan: DeltaRunsPlan, batch: int, gpu: Gpu) -> Estimate:
     issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
     longest = int(slots.max(initial=0))
     groups = -(-longest // (WARP * c.ahead)) + 1
-    chain = groups * GROUP_LATENCY_S
+    rows_a_warp = -(-plan.M // (plan.grid[1] * c.warps_per_block))  # persistent blocks: a warp's rows in a chain
+    chain = groups * GROUP_LATENCY_S * rows_a_warp
     terms = {"issue": issue * 1e6, "operand": max(streamed, staged) * 1e6, "ifetch": 0.0, "latency": chain * 1e6}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)

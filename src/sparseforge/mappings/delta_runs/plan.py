@@ -54,6 +54,11 @@ class DeltaRunsConfig:
     # bytes of values), 2.5 bytes a nonzero where gaps are short (a gap past 15 takes a zero-valued filler)
     overlap: bool = False     # the row's first loads issued before X is staged (their round trip overlaps the copy:
     # what a call at 90% is mostly made of)
+    x_bits: int = 32          # X staged as fp32 where it fits the block's shared memory (32), or always in the kernel's
+    # 16-bit dtype (16): half the bytes every block copies from L2 and holds, a widening a nonzero more
+    ctas: int = 0             # 0: a block a `warps_per_block` rows; else that many persistent blocks, each warp
+    # taking every (ctas * warps)-th row with the next row's record loaded while it sums one: X is copied ctas
+    # times, not once per `warps_per_block` rows (at N = 8, 4096 x 8 fp16 is 64 KB a block)
 
     def __post_init__(self):
         require_ints(self, flags=("overlap",))
@@ -63,6 +68,10 @@ class DeltaRunsConfig:
             raise ValueError(f"ahead must be 1, 2, 4 or 8, got {self.ahead}")
         if self.gap_bits not in GAP_BITS:
             raise ValueError(f"gap_bits must be 8 or 4, got {self.gap_bits}")
+        if self.x_bits not in (32, 16):
+            raise ValueError(f"x_bits must be 32 or 16, got {self.x_bits}")
+        if not 0 <= self.ctas <= 65535:
+            raise ValueError(f"ctas (persistent blocks; 0: none) must be in 0..65535, got {self.ctas}")
 
     @property
     def threads(self) -> int:
@@ -70,7 +79,8 @@ class DeltaRunsConfig:
 
     def short(self) -> str:
         return (f"dr_w{self.warps_per_block}a{self.ahead}" + ("" if self.gap_bits == 8 else f"g{self.gap_bits}")
-                + ("o" if self.overlap else ""))
+                + ("o" if self.overlap else "") + ("x16" if self.x_bits == 16 else "")
+                + (f"s{self.ctas}" if self.ctas else ""))
 
 
 @dataclass(frozen=True)
@@ -226,8 +236,10 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def grid(self) -> tuple[int, int]:
-        """(1, row blocks) of one batch entry."""
-        return 1, math.ceil(self.M / self.config.warps_per_block)
+        """(1, row blocks) of one batch entry: a block a warps_per_block rows, or the persistent blocks (no more
+        than there are rows for)."""
+        blocks = math.ceil(self.M / self.config.warps_per_block)
+        return 1, min(blocks, self.config.ctas) if self.config.ctas else blocks
 
     @property
     def n_pad(self) -> int:
@@ -236,8 +248,9 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def x_bytes(self) -> int:
-        """Bytes of one staged X value: fp32 where [K][Np] fits the block's shared memory, else 16-bit."""
-        return 4 if _staged_bytes(self.K, self.n_pad, 4) <= SHARED_LIMIT.get(self.arch, 48 * 1024) else 2
+        """Bytes of one staged X value: fp32 where [K][Np] fits the block's shared memory (and the config allows
+        it), else 16-bit."""
+        return 4 if self.config.x_bits == 32 and _staged_bytes(self.K, self.n_pad, 4) <= SHARED_LIMIT.get(self.arch, 48 * 1024) else 2
 
     @property
     def registers(self) -> int:
@@ -294,8 +307,8 @@ def _checked_options(n: int, dtype: str, layout: str, config, k: int, arch: int)
                          "mapping (compile_spmm without a config chooses one)")
     limit = SHARED_LIMIT.get(arch, 48 * 1024)
     n_pad = 1 << (n - 1).bit_length()
-    fits = limit // (n_pad * (4 if n == 1 else 2))  # N = 1 stages fp32 only; wider, 16-bit where fp32 is too big
-    if k > MAX_K or _staged_bytes(k, n_pad, 4 if n == 1 else 2) > limit:
+    fits = limit // (n_pad * 2)  # X staged in 16 bits where fp32 is too big
+    if k > MAX_K or _staged_bytes(k, n_pad, 2) > limit:
         raise ValueError(f"K = {k}, N = {n}: the delta-runs kernel keeps X in shared memory ({limit} bytes on "
                          f"sm_{arch}) and run bases in 16 bits, so K <= {min(MAX_K, fits)} here: use another mapping")
     return config
@@ -394,7 +407,7 @@ def dense_writer_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
     import dataclasses
 
     return dataclasses.replace(plan, N=1, layout="nk", bias=None, relu=False, residual=False, writes_dense=True,
-                               config=dataclasses.replace(plan.config, overlap=False))  # one writer for both
+                               config=dataclasses.replace(plan.config, overlap=False, ctas=0))  # one writer for all
 
 
 def densify_delta_runs(plan: DeltaRunsPlan, arrays, out):

@@ -5,13 +5,14 @@ dtype), gaps (uint32 a slot), rows (int32 pairs: first slot, slots), bases (uint
 null), then the residual where the plan adds one.
 
 1. Every thread of the block copies pieces of X into shared memory as [K][Np] (16-byte loads where K allows,
-   the loads of a batch issued before their stores; N = 1: fp32, wider: fp32 where it fits, else 16-bit),
-   then a barrier.
-2. Warp w of block b takes row b * warps + w (rows past M leave). Lane l reads the row's (first slot, slots)
-   and its run's base column, and walks slots l, l + 32, ... of its run: `ahead` slots a group, the next
-   group's loads (one 32-bit gap word, one 8- or 16-byte load of values a slot) issued before the current group
-   is summed (two register sets, the loop unrolled twice). Past its run a lane reloads its last slot and adds
-   nothing (predicated), so no branch holds a load back.
+   the loads of a batch issued before their stores; fp32 where it fits and the config's x_bits allow, else
+   16-bit), then a barrier.
+2. Warp w of block b takes row b * warps + w (rows past M leave); in a persistent grid (ctas blocks), then rows
+   b * warps + w + j * ctas * warps, the next row's record loaded while a row is summed. Lane l reads the row's
+   (first slot, slots) and its run's base column, and walks slots l, l + 32, ... of its run: `ahead` slots a
+   group, the next group's loads (one 32-bit gap word, one 8- or 16-byte load of values a slot) issued before
+   the current group is summed (two register sets, the loop unrolled twice). Past its run a lane reloads its
+   last slot and adds nothing (predicated), so no branch holds a load back.
 3. A slot's entry e: column += gap e of the gap word (8 or 4 bits); the column's Np X values with one shared load; the
    value widened; an fma a column (N = 1: into one of two fp32 sums, even / odd entries, for two chains).
 4. A fixed-order butterfly a column adds the lanes (deterministic, no atomics); lane 0 adds bias and the
@@ -137,7 +138,12 @@ def _sum_group(e: Emitter, plan: DeltaRunsPlan, s: int, first: str) -> None:
             e.lines([f"bfe.u32 %d, %g{s}_{u}, {bits * q}, {bits};", f"@%pl mad.lo.u32 %xa, %d, {npad * xb}, %xa;"])
             if n == 1:
                 acc = "%acc0" if q % 2 == 0 else "%acc1"
-                e.lines([f"@%pl ld.shared.f32 %x{q}, [%xa];", f"@%pl fma.rn.f32 {acc}, %w{q}, %x{q}, {acc};"])
+                if xb == 4:
+                    e.line(f"@%pl ld.shared.f32 %x{q}, [%xa];")
+                else:
+                    e.line(f"@%pl ld.shared.b16 %hq{q}, [%xa];")
+                    widen(e, plan.dtype, f"%x{q}", f"%hq{q}")
+                e.line(f"@%pl fma.rn.f32 {acc}, %w{q}, %x{q}, {acc};")
                 continue
             _load_column_values(e, plan)
             e.lines([f"@%pl fma.rn.f32 %acc{c}, %w{q}, %x{c}, %acc{c};" for c in range(n)])
@@ -190,7 +196,7 @@ def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
         while offset:
             e.lines([f"shfl.sync.bfly.b32 %f, {acc}, {offset}, 31, -1;", f"add.f32 {acc}, {acc}, %f;"])
             offset //= 2
-    e.lines(["setp.ne.u32 %pt, %lane, 0;", "@%pt bra DONE;"])
+    e.lines(["setp.ne.u32 %pt, %lane, 0;", f"@%pt bra {'NEXT' if plan.config.ctas else 'DONE'};"])
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %bias, [%rdt];"])
@@ -212,24 +218,37 @@ def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
         e.lines([f"{cvt} %hx, {acc};", f"st.global.b16 [%rdc+{c * col_stride}], %hx;"])
 
 
+def _load_record(e: Emitter, row: str, guard: str, first: str, slots: str, base: str) -> None:
+    """Row `row`'s (first slot, slots) and this lane's run base column (16 bits), each load under `guard`."""
+    e.lines(["ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", f"mad.wide.u32 %rdq, {row}, 8, %rdq;",
+             f"{guard}ld.global.nc.v2.u32 {{{first}, {slots}}}, [%rdq];",
+             "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
+             f"mad.lo.u32 %t, {row}, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
+             f"{guard}ld.global.nc.u16 {base}, [%rdq];"])
+
+
 def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
-    """This warp's row (its first slot and slots), this lane's run (its slots, base column, first slot) and the
-    run's first group of slots in register set 0. guarded: every load predicated on the row being one of W's
-    (%pv) and the run having a slot (%pf), which the caller tests after the block's barrier; else a row past M
-    and an empty run branch away here."""
-    c, es = plan.config, plan.element_bytes
+    """This warp's first row (its first slot and slots) and _start_run. guarded: every load predicated on the
+    row being one of W's (%pv) and the run having a slot (%pf), which the caller tests after the block's
+    barrier; else a row past M branches away here."""
+    c = plan.config
     e.comment("this warp's row: its first slot and slots; this lane's run: its slots, base column, first slot")
     e.lines(["mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %row, %t, {c.warps_per_block}, %warp;"])
     if guarded:
         e.line(f"setp.lt.u32 %pv, %row, {plan.M};")
     else:
         e.lines([f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;"])
-    guard = "@%pv " if guarded else ""
-    e.lines(["ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", "mad.wide.u32 %rdq, %row, 8, %rdq;",
-             f"{guard}ld.global.nc.v2.u32 {{%qb, %nq}}, [%rdq];",
-             "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
-             f"mad.lo.u32 %t, %row, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
-             f"{guard}ld.global.nc.u16 %hx, [%rdq];", "cvt.u32.u16 %t, %hx;",
+    _load_record(e, "%row", "@%pv " if guarded else "", "%qb", "%nq", "%hb")
+    _start_run(e, plan, guarded)
+
+
+def _start_run(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
+    """From the row's record (%qb, %nq, %hb): this lane's run (its slots, base column, first slot), the sums
+    zeroed, the warp's next row's record requested (persistent blocks), and the run's first group of slots in
+    register set 0. Unguarded, an empty run branches to SUMMED (after the next row's request: every lane needs
+    it at NEXT)."""
+    es = plan.element_bytes
+    e.lines(["cvt.u32.u16 %t, %hb;",
              f"mad.lo.u32 %xa, %t, {2 if plan.writes_dense else plan.n_pad * plan.x_bytes}, %rsx;",
              "shr.u32 %n, %nq, 5;", f"and.b32 %t, %nq, {WARP - 1};", "setp.lt.u32 %pt, %lane, %t;",
              "selp.u32 %t, 1, 0, %pt;", "add.u32 %n, %n, %t;"]
@@ -239,6 +258,10 @@ def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None
                "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
                f"mad.wide.u32 %rdv, %t, {plan.format.per_slot * es}, %rdv;",
                *[f"mov.f32 %acc{col}, 0f00000000;" for col in range(max(2, plan.N))], "mov.u32 %i, 0;"])
+    if plan.config.ctas:  # the next row's record flies while this row is summed: no round trip between rows
+        e.lines([f"add.u32 %rown, %row, {plan.grid[1] * plan.config.warps_per_block};",
+                 f"setp.lt.u32 %pn, %rown, {plan.M};"])
+        _load_record(e, "%rown", "@%pn ", "%qbn", "%nqn", "%hbn")
     if guarded:
         e.line("setp.ne.u32 %pf, %n, 0;")
         _load_group(e, plan, 0, "%i", "@%pf ")
@@ -269,6 +292,10 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     else:
         _stage_x(e, plan)
         _row_and_first_group(e, plan, guarded=False)
+    if c.ctas:  # a persistent block's warp: its later rows start here, X already staged
+        e.line("bra LOOP;")
+        e.label("ROW")
+        _start_run(e, plan, guarded=False)
     e.comment("the loop, unrolled twice: one register set's loads in flight while the other's slots are summed")
     e.label("LOOP")
     e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
@@ -282,17 +309,22 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     e.label("SUMMED")
     if not plan.writes_dense:
         _epilogue(e, plan)
+    if c.ctas:  # the warp's next row, its record already here
+        e.label("NEXT")
+        e.lines(["@!%pn bra DONE;", "mov.u32 %row, %rown;", "mov.u32 %qb, %qbn;", "mov.u32 %nq, %nqn;",
+                 "mov.b16 %hb, %hbn;", "bra ROW;"])
     e.label("DONE")
     e.line("ret;")
     sets = [", ".join([f"%g{s}_{u}"] + _value_words(plan, s, u)) for s in range(2) for u in range(a)]
-    decl = [".reg .pred %pt, %pl, %p0, %p1, %pv, %pf" + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
+    decl = [".reg .pred %pt, %pl, %p0, %p1, %pv, %pf, %pn" + "".join(f", %ps{i}" for i in range(STAGE_BATCH))
             + "".join(f", %pe{i}" for i in range(ELEMENT_BATCH)) + ";",
-            ".reg .b32 %rtid, %lane, %warp, %t, %row, %qb, %nq, %n, %nm1, %i, %in, %xa, %d, %f, %bias, %acc, "
+            ".reg .b32 %rtid, %lane, %warp, %t, %row, %qb, %nq, %rown, %qbn, %nqn, %n, %nm1, %i, %in, %xa, %d, %f, %bias, %acc, "
             "%rsx, %rsq, " + ", ".join(sets + [f"%w{q}" for q in range(plan.format.per_slot)] + [f"%x{r}" for r in range(8)]
                                        + [f"%acc{c}" for c in range(max(2, plan.N))] + [f"%xw{r}" for r in range(4)]
                                        + [f"%sp{r}" for r in range(ELEMENT_BATCH)]
                                        + [f"%st{r}" for r in range(4 * STAGE_BATCH)]) + ";",
-            ".reg .b16 %hx, %h0, %h1" + "".join(f", %hs{i}" for i in range(ELEMENT_BATCH)) + ";",
+            ".reg .b16 %hx, %hb, %hbn, %h0, %h1" + "".join(f", %hs{i}" for i in range(ELEMENT_BATCH))
+            + "".join(f", %hq{q}" for q in range(8)) + ";",
             ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdr, %rdg, %rdv;"]
     # dynamic: the launch gives plan.dynamic_shared_bytes (X staged, over the 48 KB a static declaration may have)
     shared = "" if plan.writes_dense else ".extern .shared .align 16 .b8 xs[];"

@@ -92,8 +92,8 @@ def test_the_reference_executor_computes_w_times_x_with_the_epilogue():
 @pytest.mark.parametrize("kwargs, message", [
     ({"n": 9}, "N <= 8"),
     ({"dtype": "float32"}, "16-bit values"),
-    ({"k": 70000}, "K <= 58112"),
-    ({"k": 50000, "arch": 80}, "K <= 41728"),
+    ({"k": 70000}, "K <= 65536"),
+    ({"k": 60000, "arch": 86}, "K <= 50688"),
     ({"k": 15000, "n": 8}, "K <= 14528"),
     ({"k": 14336, "n": 8, "config": DeltaRunsConfig(warps_per_block=16, ahead=8)}, "registers"),
 ])
@@ -107,7 +107,7 @@ def test_refusals_name_the_reason_and_the_fix(kwargs, message):
 
 @pytest.mark.parametrize("fields, error", [({"warps_per_block": 3}, "warps_per_block"), ({"ahead": 3}, "ahead"),
                                            ({"ahead": 2.0}, "int"), ({"gap_bits": 6}, "gap_bits"),
-                                           ({"overlap": 1}, "bool")])
+                                           ({"overlap": 1}, "bool"), ({"x_bits": 8}, "x_bits"), ({"ctas": -1}, "ctas")])
 def test_configs_validate_themselves(fields, error):
     with pytest.raises((ValueError, TypeError), match=error):
         DeltaRunsConfig(**fields)
