@@ -1,5 +1,6 @@
 """The delta-runs decode kernel on the GPU (mappings/delta_runs): LLM-shaped weights magnitude-pruned to
-50-98% (fillers past gaps of 255 at the top), N = 1, 3 and 8 (kn and nk), fp16 / bf16, with
+50-98% (fillers past gaps of 255 at the top), N = 1, 3 and 8 (kn and nk), fp16 / bf16, every default and
+trial config (X staged in fp32 and 16 bits, persistent blocks over several rows a warp), with
 bias and a residual, from a host SparseMatrix and packed on the GPU from a DeviceCsr, several fresh inputs
 each into NaN-poisoned outputs against float64; W back dense from the kernel's own arrays."""
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 from sparseforge import compile_spmm
 from sparseforge.formats.device import DeviceCsr
 from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
-from sparseforge.mappings.delta_runs.space import delta_runs_candidates
+from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_trials
 from sparseforge.suite.llm import magnitude_prune, seeded_weight
 
 pytestmark = pytest.mark.gpu
@@ -34,8 +35,11 @@ def test_llm_shaped_decode_matches_float64(sparsity, dtype, layout, packed, n):
     bias = np.linspace(-1, 1, 1000)
     wd = torch.from_numpy(w.astype(str(dtype).replace("torch.", "")).to_dense().astype(np.float64)).cuda()
     gen = torch.Generator(device="cuda").manual_seed(1)
-    configs = delta_runs_candidates(1, layout, 1000, w.nnz / 1000, False, str(dtype)[6:], 132) if n == 1 else \
-        [DeltaRunsConfig(warps_per_block=8, ahead=2), DeltaRunsConfig(warps_per_block=8, ahead=4)]
+    name = str(dtype)[6:]
+    # the trials with 4 SMs' worth of persistent blocks: a warp takes several of the 1000 rows
+    configs = (delta_runs_candidates(1, layout, 1000, w.nnz / 1000, False, name, 132) if n == 1 else
+               [DeltaRunsConfig(warps_per_block=8, ahead=4, overlap=False)]) + \
+        delta_runs_trials(n, layout, 1000, w.nnz / 1000, False, name, 4)
     for config in configs:
         source = w if packed == "host" else _device_csr(w, dtype)
         kernel = compile_spmm(source, n, dtype, layout, bias=bias, config=config, tune_budget=None, residual=True)

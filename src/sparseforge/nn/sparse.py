@@ -430,7 +430,7 @@ def _moved(t: torch.Tensor, device) -> torch.Tensor:
     8B model's CSR, 12 GB at 70%, in 1.5 s instead of 8)."""
     if torch.device(device).type != "cpu" or t.device.type == "cpu":
         return t.to(device)
-    out = torch.empty(t.shape, dtype=t.dtype)
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu")  # not torch's default device, which a caller may set
     out.zero_()
     return out.copy_(t)
 

@@ -49,10 +49,10 @@ SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
 @dataclass(frozen=True)
 class DeltaRunsConfig:
     warps_per_block: int = 8  # rows of a block (x is staged once per block for all of them)
-    ahead: int = 4            # slots a lane has in flight while it sums the previous group
+    ahead: int = 2            # slots a lane has in flight while it sums the previous group
     gap_bits: int = 8         # 8: a slot is 4 entries (a 32-bit gap word, 8 bytes of values); 4: 8 entries (16
     # bytes of values), 2.5 bytes a nonzero where gaps are short (a gap past 15 takes a zero-valued filler)
-    overlap: bool = False     # the row's first loads issued before X is staged (their round trip overlaps the copy:
+    overlap: bool = True      # the row's first loads issued before X is staged (their round trip overlaps the copy:
     # what a call at 90% is mostly made of)
     x_bits: int = 32          # X staged as fp32 where it fits the block's shared memory (32), or always in the kernel's
     # 16-bit dtype (16): half the bytes every block copies from L2 and holds, a widening a nonzero more
@@ -407,7 +407,8 @@ def dense_writer_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
     import dataclasses
 
     return dataclasses.replace(plan, N=1, layout="nk", bias=None, relu=False, residual=False, writes_dense=True,
-                               config=dataclasses.replace(plan.config, overlap=False, ctas=0))  # one writer for all
+                               config=dataclasses.replace(plan.config, overlap=False, ctas=0, x_bits=32))  # one writer
+    # for all of a matrix's configs of one gap width and warps: it stages no X
 
 
 def densify_delta_runs(plan: DeltaRunsPlan, arrays, out):
