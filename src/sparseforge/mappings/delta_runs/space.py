@@ -14,8 +14,10 @@ CONFIGS = ((8, 2, 8, True, 32), (16, 2, 8, True, 32), (8, 2, 4, True, 32), (16, 
 # compiled and checked against float64 in the PTX interpreter, not yet timed: persistent blocks (X copied once
 # a block, the next row's record in flight while a row is summed) at N = 1 and N = 2..8, where the copy per
 # block of warps made delta-runs 0.2-1.1x of cuBLAS at N = 8 (4096 x 8 fp32 is 128 KB: a block an SM); the
-# last field is the persistent blocks an SM
-TRIALS_N1 = ((8, 2, 8, True, 32, 2), (8, 2, 4, True, 32, 2), (16, 2, 8, True, 16, 1))
+# last field is the persistent blocks an SM. With 4-bit gaps, also 1 slot ahead: 40 registers against 2 slots'
+# 55 (6 blocks an SM of 8 warps, not 4), for the short rows (K = 4096 at 50%) where 4-bit gaps streamed slower
+TRIALS_N1 = ((8, 2, 8, True, 32, 2), (8, 2, 4, True, 32, 2), (16, 2, 8, True, 16, 1),
+             (8, 1, 4, True, 32, 0), (16, 1, 4, True, 32, 0))
 TRIALS = ((16, 2, 8, False, 16, 1), (8, 2, 4, False, 16, 2), (8, 2, 8, False, 16, 2), (8, 2, 8, True, 16, 2),
           (8, 2, 8, False, 32, 0), (8, 2, 4, False, 32, 0))
 
