@@ -33,6 +33,8 @@
 #   delta_trials  delta-runs' configs, trials included (persistent blocks), every one timed at N = 1, then at
 #                 N = 8 beside csr-staged and tc-scatter; Llama shapes at 50 / 70 / 90%, fp16, weights rotated
 #                 (benchmarks/designs.py)
+#   gated_mlp     the Llama MLP's gate and up in one delta-runs kernel against the pair apart and dense, 14336 x
+#                 4096 at 50 / 70 / 90%, fp16, N = 1, weights rotated (benchmarks/gated_mlp.py)
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -175,6 +177,8 @@ stage() {
     delta_runs)
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;
+    gated_mlp)
+      run gated_mlp_fp16 python3 benchmarks/gated_mlp.py "$OUT/gated_mlp_fp16.json" --sparsities 0.5 0.7 0.9 ;;
     timing)
       run timing_contention python3 benchmarks/timing_contention.py ;;
     bench24)

@@ -10,7 +10,7 @@ from importlib import import_module
 
 from ._version import __version__
 from .formats import MatrixStats, SparseFormatError, SparseMatrix
-from .spmm import compile_spmm, prebuild_spmm, spmm  # imports torch inside its functions only
+from .spmm import compile_gated_mlp, compile_spmm, prebuild_spmm, spmm  # imports torch inside its functions only
 from .conv import compile_conv1d, compile_conv2d, prebuild_conv2d  # likewise
 
 # name -> module that defines it (imported when first asked for: these need torch)
@@ -20,7 +20,7 @@ _LAZY = {"SparseLinear24": ".nn", "SparseLinear": ".nn", "SparseConv2d": ".nn", 
 _SUBMODULES = ("nn", "prune", "semi", "suite")
 
 __all__ = ["DecodeLinear", "MatrixStats", "Sparse24Error", "SparseConv2d", "SparseFormatError", "SparseLinear", "SparseLinear24",
-           "SparseMatrix", "__version__", "compile_conv1d", "compile_conv2d", "compile_spmm", "convert", "load", "nn", "prebuild_conv2d",
+           "SparseMatrix", "__version__", "compile_conv1d", "compile_conv2d", "compile_gated_mlp", "compile_spmm", "convert", "load", "nn", "prebuild_conv2d",
            "prebuild_spmm", "prepare", "prune", "save", "semi", "sparsify_24", "spmm", "suite", "to_sparse24"]
 
 

@@ -319,6 +319,33 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
                   time_dense=dense_us if time_dense else None, build_errors=(CompileError, CudaError, Sparse24Error))
 
 
+def compile_gated_mlp(gate, up):
+    """The Llama MLP's gate and up projections in one kernel: k(X) = silu(X G^T) * (X U^T) (layout "nk"; "kn":
+    silu(G B) * (U B)), from two compiled kernels of one family, problem and config (e.g. both
+    compile_spmm(..., config=DeltaRunsConfig())) over their own device arrays: nothing is copied, one launch
+    and one pass over X where the model makes two products and two elementwise kernels. Keep `gate` and `up`
+    alive as long as the result (it reads their arrays). Families with the registry's `gated` hook
+    (delta-runs) only; the kernels plain products (no bias, ReLU or residual)."""
+    from .mappings.registry import plan_family
+    from .runtime.kernel import SpmmKernel
+
+    for name, kernel in (("gate", gate), ("up", up)):
+        if not isinstance(kernel, SpmmKernel):
+            raise TypeError(f"{name} must be a kernel from compile_spmm, got {type(kernel).__name__}")
+    family = plan_family(up.plan)
+    if plan_family(gate.plan) is not family:
+        raise ValueError(f"gate is a {plan_family(gate.plan).name} kernel and up a {family.name} kernel: compile "
+                         "both with one config")
+    hook = family.hook("gated")
+    if hook is None:
+        raise ValueError(f"the {family.name} family has no gated kernel: compile gate and up with a delta-runs "
+                         "config (config=DeltaRunsConfig())")
+    if gate.device_index != up.device_index:
+        raise ValueError(f"gate is on cuda:{gate.device_index} and up on cuda:{up.device_index}: one device")
+    plan = hook(gate.plan, gate.weight_tensors, up.plan, up.weight_tensors)
+    return build_kernel(plan, up.device_index)
+
+
 def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
     """The loaded kernel of a compiled candidate on device `index`: an SpmmKernel, or for split-24 the composite
     (semi/split24.py: W24 compressed for cuSPARSELt, R's kernel chosen within tune_budget)."""

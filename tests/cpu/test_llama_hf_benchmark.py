@@ -58,3 +58,4 @@ def test_a_16_bit_run_checks_logits_against_a_float32_copy(tmp_path, capsys):
     (case,) = json.loads(out.read_text())["cases"]
     assert 0 < case["dense_rel_error_vs_float32"] < 0.05 and case["error_ok"]
     assert case["rel_error_vs_float32"] <= script.ERROR_FACTOR * case["dense_rel_error_vs_float32"]
+

@@ -172,3 +172,10 @@ def test_a_packing_made_twice_at_once_keeps_the_first():
         return "mine"
 
     assert w.packed(("k",), pack_racing) == "theirs" and w.packed(("k",), lambda: "later") == "theirs"
+
+
+def test_compile_gated_mlp_takes_two_compiled_kernels():
+    from sparseforge import compile_gated_mlp
+
+    with pytest.raises(TypeError, match="gate must be a kernel from compile_spmm"):
+        compile_gated_mlp(object(), object())

@@ -74,3 +74,33 @@ def test_a_config_past_the_shared_memory_of_the_gpu_is_refused_with_the_fix():
     w = magnitude_prune(seeded_weight(64, 15000, seed=2), 0.9)  # X of 15000 x 8 in 16 bits: 240 KB
     with pytest.raises(ValueError, match="K <= 14528"):
         compile_spmm(w, 8, torch.float16, "nk", config=DeltaRunsConfig(), tune_budget=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_gated_mlp_kernel_shares_the_two_kernels_arrays(dtype, n):
+    """compile_gated_mlp(gate, up): silu(X G^T) * (X U^T) in one kernel over the two kernels' own device arrays
+    (host-packed gate, device-packed up), against float64 into NaN-poisoned outputs."""
+    from sparseforge import compile_gated_mlp
+
+    name = str(dtype)[6:]
+    gate, up = (magnitude_prune(seeded_weight(2000, 4096 + 8, seed=s), 0.7) for s in (11, 12))
+    config = DeltaRunsConfig()
+    kg = compile_spmm(gate, n, dtype, "nk", config=config, tune_budget=None)
+    ku = compile_spmm(_device_csr(up, dtype), n, dtype, "nk", config=config, tune_budget=None)
+    fused = compile_gated_mlp(kg, ku)
+    assert fused.plan.name.endswith("_gated")
+    shared = {t.data_ptr() for t in (*kg.weight_tensors, *ku.weight_tensors) if t is not None}
+    assert {t.data_ptr() for t in fused.weight_tensors if t is not None} <= shared  # nothing copied
+    wg, wu = (torch.from_numpy(w.astype(name).to_dense().astype(np.float64)).cuda() for w in (gate, up))
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for _ in range(3):
+        x = torch.randn(n, 4096 + 8, device="cuda", generator=gen).to(dtype)
+        out = torch.full((n, 2000), float("nan"), device="cuda", dtype=dtype)
+        fused(x, out=out)
+        g, u = x.double() @ wg.T, x.double() @ wu.T
+        ref = g * torch.sigmoid(g) * u
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() <= TOL[dtype]
+    with pytest.raises(ValueError, match="one config"):
+        compile_gated_mlp(kg, compile_spmm(up, n, dtype, "nk", config=DeltaRunsConfig(gap_bits=4), tune_budget=None))

@@ -17,6 +17,9 @@ Hook signatures (every family alike; None where the family has no such part):
 - trials: as candidates, the configs not yet timed on a GPU (in the space only with unmeasured=True);
 - dense_writer(plan) -> plan: a plan over the same arrays whose kernel writes W dense into its output (M x K,
   zeroed), densify's fast path on a GPU (the runtime builds and launches it with the kernel's own arrays);
+- gated(gate_plan, gate_arrays, up_plan, up_arrays) -> plan: the Llama MLP's gate and up projections in one
+  kernel, silu(G X) * (U X), over the two kernels' own device arrays (nothing copied: runtime
+  compile_gated_mlp);
 - format_fields: the config fields that change W's arrays; configs of one family equal in them share one
   packing of W (a decoder layer's widths can then hold W once: nn/llm.py);
 - execute(plan, b) -> float64 result on the CPU (conv families: execute(plan, x, residual=None));
@@ -66,6 +69,7 @@ class Family:
     trials: str | None = None  # configs not yet timed on a GPU: proposed only with unmeasured=True
     format_fields: tuple[str, ...] = ()  # config fields that change W's arrays (else one packing serves all)
     dense_writer: str | None = None  # the plan of a kernel writing W dense from the same arrays (densify's fast path)
+    gated: str | None = None  # the plan of silu(G X) * (U X) in one kernel over two kernels' arrays
 
     @property
     def choice_name(self) -> str:
@@ -120,7 +124,8 @@ FAMILIES: tuple[Family, ...] = (
            _DR + "space:delta_runs_candidates", _DR + "plan:execute_delta_runs", _DR + "plan:delta_runs_traffic",
            residual=True, densify=_DR + "plan:densify_delta_runs",
            device_plan=_DR + "plan:make_delta_runs_plan_on_device", trials=_DR + "space:delta_runs_trials",
-           format_fields=("gap_bits",), dense_writer=_DR + "plan:dense_writer_plan"),
+           format_fields=("gap_bits",), dense_writer=_DR + "plan:dense_writer_plan",
+           gated=_DR + "plan:gated_delta_runs_plan"),
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),

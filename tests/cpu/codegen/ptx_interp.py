@@ -373,6 +373,19 @@ class Thread:
         if op == "add.f32":
             r[args[0]] = _bits32(_f32(v(args[1])) + _f32(v(args[2])))
             return
+        if op == "mul.f32":
+            r[args[0]] = _bits32(_f32(v(args[1])) * _f32(v(args[2])))
+            return
+        if op in ("ex2.approx.ftz.f32", "ex2.approx.f32"):  # exact here; the GPU's is within 2 ulp
+            x = _f32(v(args[1]))
+            with np.errstate(over="ignore"):
+                r[args[0]] = _bits32(np.exp2(np.float64(x)))
+            return
+        if op in ("rcp.approx.ftz.f32", "rcp.approx.f32"):
+            x = np.float64(_f32(v(args[1])))
+            with np.errstate(divide="ignore"):
+                r[args[0]] = _bits32(np.float64(1.0) / x)
+            return
         if op == "mov.f32":
             r[args[0]] = v(args[1])
             return

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig, dense_writer_plan, make_delta_runs_plan
+from sparseforge.mappings.delta_runs.plan import (DeltaRunsConfig, dense_writer_plan, execute_delta_runs,
+                                                  gated_delta_runs_plan, make_delta_runs_plan)
 from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_trials
 
 from .ptx_interp import launch
@@ -180,3 +181,61 @@ def test_persistent_blocks_take_every_later_row(overlap, n, ctas):
     assert plan.grid == (1, ctas) and plan.name != make_delta_runs_plan(weight, n, "bfloat16", "nk").name
     b = rng.standard_normal((2, n, 700))
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "bfloat16", bias, True), "bfloat16")
+
+
+@given(layout=st.sampled_from(["kn", "nk"]), n=st.sampled_from([1, 2, 3]), m=st.integers(1, 9),
+       k=st.sampled_from([7, 33, 600]), density=st.sampled_from([0.0, 0.05, 0.4, 1.0]),
+       dtype=st.sampled_from(["float16", "bfloat16"]), overlap=st.booleans(), gap_bits=st.sampled_from([8, 4]),
+       seed=st.integers(0, 2**16))
+@settings(max_examples=25, deadline=None)
+def test_a_gated_kernel_computes_silu_of_the_gate_times_up(layout, n, m, k, density, dtype, overlap, gap_bits, seed):
+    """The Llama MLP's gate and up projections in one kernel: silu(G x) * (U x), G and U of different patterns
+    (a row empty in one and not the other, fillers), X staged once, against float64 on the rounded operands;
+    the plan's CPU executor alike."""
+    rng = np.random.default_rng(seed)
+    gate, _, _ = random_weight_and_epilogue(rng, m, k, density, seed, dense_row=True)
+    up, _, _ = random_weight_and_epilogue(rng, m, k, min(1.0, density * 2 + 0.01), seed + 1)
+    config = DeltaRunsConfig(warps_per_block=2, ahead=2, gap_bits=gap_bits, overlap=overlap)
+    plans = [make_delta_runs_plan(w, n, dtype, layout, config) for w in (gate, up)]
+    plan = gated_delta_runs_plan(plans[0], None, plans[1], None)
+    assert plan.name.endswith("_gated") and len(plan.weight_arrays()) == 8
+    b = rng.standard_normal((2, k, n) if layout == "kn" else (2, n, k))
+    g, u = (_reference(w, b, layout, dtype, None, False) for w in (gate, up))
+    want = g / (1 + np.exp(-g)) * u
+    assert_matches(run_data_kernel(plan, b), want, dtype)
+    x = _decode(_encode(b, dtype), dtype)  # the executor: the host format's values as given (not rounded)
+    g, u = ((w.to_dense().astype(np.float64) @ x) if layout == "kn" else (x @ w.to_dense().astype(np.float64).T)
+            for w in (gate, up))
+    assert np.allclose(execute_delta_runs(plan, x), g / (1 + np.exp(-g)) * u, rtol=1e-9, atol=1e-12)
+
+
+def test_a_gated_kernel_refuses_plans_that_differ_or_carry_an_epilogue():
+    rng = np.random.default_rng(1)
+    w = SparseMatrix.from_dense(np.where(rng.random((8, 64)) < 0.3, rng.standard_normal((8, 64)), 0).astype(np.float32))
+    plain = make_delta_runs_plan(w, 1, "float16", "nk")
+    with pytest.raises(ValueError, match="differ in config"):
+        four = make_delta_runs_plan(w, 1, "float16", "nk", DeltaRunsConfig(gap_bits=4))
+        gated_delta_runs_plan(plain, None, four, None)
+    with pytest.raises(ValueError, match="plain product"):
+        gated_delta_runs_plan(plain, None, make_delta_runs_plan(w, 1, "float16", "nk", bias=np.ones(8)), None)
+    with pytest.raises(ValueError, match="ctas=0"):
+        persistent = DeltaRunsConfig(ctas=2)
+        plain_persistent = make_delta_runs_plan(w, 1, "float16", "nk", persistent)
+        gated_delta_runs_plan(plain_persistent, None, plain_persistent, None)
+    with pytest.raises(ValueError, match="writes no W dense"):
+        dense_writer_plan(gated_delta_runs_plan(plain, None, plain, None))
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_gated_kernels_assemble_without_spills(arch):
+    rng = np.random.default_rng(2)
+    w = SparseMatrix.from_dense(np.where(rng.random((64, 4096)) < 0.3, rng.standard_normal((64, 4096)), 0)
+                                .astype(np.float32))
+    for config in delta_runs_candidates(1, "nk", 64, 0.3 * 4096, False, "float16", 132):
+        for n in (1, 8):
+            try:
+                plans = [make_delta_runs_plan(w, n, "bfloat16", "nk", config, arch=arch) for _ in range(2)]
+            except ValueError as err:
+                assert "registers" in str(err), err
+                continue
+            _assemble_without_spills_and_link(render(gated_delta_runs_plan(plans[0], None, plans[1], None)), arch)

@@ -17,8 +17,9 @@ def delta_runs_estimate(plan: DeltaRunsPlan, batch: int, gpu: Gpu) -> Estimate:
     """Delta-runs decode: W's format streamed once from HBM per batch entry, X staged into every block from
     L2; the lanes' slots as issue; the longest run's groups as a chain."""
     c, es = plan.config, plan.element_bytes
-    slots = np.asarray(plan.format.rows[:, 1].cpu() if hasattr(plan.format.rows, "cpu") else plan.format.rows[:, 1],
-                       dtype=np.int64)
+    formats = (plan.format,) if plan.gate is None else (plan.format, plan.gate)  # a gated kernel walks both
+    slots = sum(np.asarray(f.rows[:, 1].cpu() if hasattr(f.rows, "cpu") else f.rows[:, 1], dtype=np.int64)
+                for f in formats)
     per_slot = SLOT_INSTRUCTIONS + plan.format.per_slot * (ENTRY_INSTRUCTIONS + plan.N - 1)
     streamed = (plan.bytes_read() + plan.M * es) * batch / gpu.hbm_bytes_per_s
     staged = plan.grid[1] * batch * plan.K * plan.N * es / gpu.l2_bytes_per_s

@@ -225,6 +225,7 @@ class DeltaRunsPlan(WeightAsData):
     digest: str = ""
     residual: bool = False  # the epilogue adds R (laid out as the output, parameter p_residual) before ReLU
     writes_dense: bool = False  # the kernel writes W's values into C (M x K, zeroed) instead of multiplying
+    gate: RunsFormat | None = field(default=None, repr=False)  # gated MLP: C = silu(G X) * (W X), G's format here
 
     family = "delta-runs"  # W is data the runtime uploads (weight_arrays), not code
     mapping = "delta-runs"
@@ -232,7 +233,8 @@ class DeltaRunsPlan(WeightAsData):
 
     @property
     def name(self) -> str:
-        return WeightAsData.name.fget(self) + ("_writes_dense" if self.writes_dense else "")
+        return WeightAsData.name.fget(self) + ("_writes_dense" if self.writes_dense else "") + \
+            ("_gated" if self.gate is not None else "")
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -250,7 +252,8 @@ class DeltaRunsPlan(WeightAsData):
     def x_bytes(self) -> int:
         """Bytes of one staged X value: fp32 where [K][Np] fits the block's shared memory (and the config allows
         it), else 16-bit."""
-        return 4 if self.config.x_bits == 32 and _staged_bytes(self.K, self.n_pad, 4) <= SHARED_LIMIT.get(self.arch, 48 * 1024) else 2
+        fits = _staged_bytes(self.K, self.n_pad, 4) <= SHARED_LIMIT.get(self.arch, 48 * 1024)
+        return 4 if self.config.x_bits == 32 and fits else 2
 
     @property
     def registers(self) -> int:
@@ -262,7 +265,7 @@ class DeltaRunsPlan(WeightAsData):
         if self.N > 1 and self.x_bytes == 2:
             return 64 + 8 * per * ahead
         wide = 0 if self.N == 1 else 5 * self.n_pad
-        return 32 + (2 * (1 + per // 2) + 2) * ahead + wide
+        return 32 + (2 * (1 + per // 2) + 2) * ahead + wide + (self.N if self.gate is not None else 0)
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -272,12 +275,14 @@ class DeltaRunsPlan(WeightAsData):
     def weight_arrays(self) -> tuple:
         """The arrays the kernel reads, in its parameter order after B and C, with the dtype each is
         uploaded as ("values": the kernel's dtype)."""
-        f = self.format
-        return (f.values, "values"), (f.gaps, "int32"), (f.rows, "int32"), (f.bases, "int16")
+        formats = (self.format,) if self.gate is None else (self.format, self.gate)
+        return tuple(pair for f in formats
+                     for pair in ((f.values, "values"), (f.gaps, "int32"), (f.rows, "int32"), (f.bases, "int16")))
 
     def bytes_read(self) -> int:
         """W's bytes the kernel streams once: gaps and values of every slot, the rows' slots and run bases."""
-        return self.format.nbytes(self.element_bytes)
+        gate = 0 if self.gate is None else self.gate.nbytes(self.element_bytes)
+        return self.format.nbytes(self.element_bytes) + gate
 
     def describe(self) -> str:
         dense = self.M * self.K * self.element_bytes
@@ -321,6 +326,35 @@ def make_delta_runs_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout
     m, k = w.shape
     return _checked_plan(DeltaRunsPlan(m, k, n, layout, dtype, config, runs_format(w, config.gap_bits), w.nnz,
                                        fp32_bias(bias, m), relu, arch, w.digest(), residual=bool(residual)))
+
+
+def gated_delta_runs_plan(gate: DeltaRunsPlan, gate_arrays, up: DeltaRunsPlan, up_arrays) -> DeltaRunsPlan:
+    """The Llama MLP's gate and up projections in one kernel: C = silu(G X) * (U X), from two plans of the same
+    problem and config. gate_arrays / up_arrays: the (values, gaps, rows, bases) their kernels read (device
+    tensors: the gated kernel shares them, nothing copied), or None for each plan's own format."""
+    import dataclasses
+
+    def over(plan: DeltaRunsPlan, arrays) -> RunsFormat:
+        if arrays is None:
+            return plan.format
+        f = plan.format
+        values, gaps, rows, bases = arrays[:4]
+        return RunsFormat(f.M, f.K, f.nnz, f.fillers, f.gap_bits, gaps, values, rows, bases)
+
+    same = ("M", "K", "N", "layout", "dtype", "arch", "config")
+    differ = [f for f in same if getattr(gate, f) != getattr(up, f)]
+    if differ:
+        raise ValueError(f"a gated kernel needs the gate and up plans alike; they differ in {', '.join(differ)}: "
+                         "plan both with one config")
+    for name, plan in (("gate", gate), ("up", up)):
+        if plan.bias is not None or plan.relu or plan.residual or plan.writes_dense or plan.gate is not None:
+            raise ValueError(f"the {name} plan of a gated kernel must be a plain product (no bias, ReLU, residual, "
+                             "dense writing or gate of its own): silu(G X) * (U X) is its whole epilogue")
+    if up.config.ctas:
+        raise ValueError("a gated kernel takes a row a warp (ctas=0): plan the gate and up with ctas=0")
+    return _checked_plan(dataclasses.replace(up, format=over(up, up_arrays), gate=over(gate, gate_arrays),
+                                             nnz=gate.nnz + up.nnz,
+                                             digest=f"{gate.digest}+{up.digest}" if gate.digest or up.digest else ""))
 
 
 def _checked_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
@@ -385,14 +419,25 @@ def decoded(plan: DeltaRunsPlan, arrays=None):
 
 
 def execute_delta_runs(plan: DeltaRunsPlan, b: np.ndarray) -> np.ndarray:
-    """float64 reference of what the kernel computes, from W read back out of the plan's own layout."""
+    """float64 reference of what the kernel computes, from W (and a gated kernel's G) read back out of the
+    plan's own layout."""
+    import dataclasses
+
     b = np.asarray(b, dtype=np.float64)
     if b.ndim == 3:
         return np.stack([execute_delta_runs(plan, one) for one in b])
-    rows, cols, vals = (t.cpu().numpy() for t in decoded(plan))
     x = b if plan.layout == "kn" else b.T  # K x N
-    out = np.zeros((plan.M, plan.N))
-    np.add.at(out, rows, vals.astype(np.float64)[:, None] * x[cols])
+
+    def product(p: DeltaRunsPlan) -> np.ndarray:
+        rows, cols, vals = (t.cpu().numpy() for t in decoded(p))
+        out = np.zeros((p.M, p.N))
+        np.add.at(out, rows, vals.astype(np.float64)[:, None] * x[cols])
+        return out
+
+    out = product(plan)
+    if plan.gate is not None:
+        g = product(dataclasses.replace(plan, format=plan.gate, gate=None))
+        out = g / (1 + np.exp(-g)) * out
     if plan.bias is not None:
         out += np.asarray(plan.bias)[:, None]
     if plan.relu:
@@ -406,6 +451,8 @@ def dense_writer_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
     takes a dozen passes over every entry."""
     import dataclasses
 
+    if plan.gate is not None:
+        raise ValueError("a gated kernel writes no W dense: take its gate's and up's own plans")
     return dataclasses.replace(plan, N=1, layout="nk", bias=None, relu=False, residual=False, writes_dense=True,
                                config=dataclasses.replace(plan.config, overlap=False, ctas=0, x_bits=32))  # one writer
     # for all of a matrix's configs of one gap width and warps: it stages no X

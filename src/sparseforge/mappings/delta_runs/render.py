@@ -17,6 +17,11 @@ null), then the residual where the plan adds one.
    value widened; an fma a column (N = 1: into one of two fp32 sums, even / odd entries, for two chains).
 4. A fixed-order butterfly a column adds the lanes (deterministic, no atomics); lane 0 adds bias and the
    residual, applies ReLU (max.NaN) and stores.
+
+A gated kernel (the Llama MLP's gate and up projections, plan.gate: the gate's format, parameters p_g*) walks
+the warp's row of the gate first, keeps its butterflied sums, walks the same row of the up projection over the
+same staged X, and stores silu(gate) * up: one launch and one copy of X where the model makes two GEMVs and
+two elementwise kernels.
 """
 from __future__ import annotations
 
@@ -185,18 +190,38 @@ def _load_column_values(e: Emitter, plan: DeltaRunsPlan) -> None:
             _widen_pair(e, plan.dtype, f"%x{2 * r}", f"%x{2 * r + 1}", word)
 
 
-def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
-    es, n, m = plan.element_bytes, plan.N, plan.M
+def _accumulators(plan: DeltaRunsPlan) -> list[str]:
+    """The registers holding a row's sums after _butterfly, a column each."""
+    return ["%acc"] if plan.N == 1 else [f"%acc{c}" for c in range(plan.N)]
+
+
+def _butterfly(e: Emitter, plan: DeltaRunsPlan) -> None:
+    """Every lane's sums added over the warp, a column at a time: a fixed order of additions (the same result
+    every run), every lane holding the totals."""
     e.comment("butterfly over the warp a column: a fixed order of additions, the same result every run")
-    accs = ["%acc"] if n == 1 else [f"%acc{c}" for c in range(n)]
-    if n == 1:
+    if plan.N == 1:
         e.line("add.f32 %acc, %acc0, %acc1;")
-    for acc in accs:
+    for acc in _accumulators(plan):
         offset = WARP // 2
         while offset:
             e.lines([f"shfl.sync.bfly.b32 %f, {acc}, {offset}, 31, -1;", f"add.f32 {acc}, {acc}, %f;"])
             offset //= 2
+
+
+def _silu_times(e: Emitter, gate: str, acc: str) -> None:
+    """acc = silu(gate) * acc = gate / (1 + 2^(-gate log2 e)) * acc, in fp32."""
+    e.lines([f"mul.f32 %f, {gate}, 0fBFB8AA3B;", "ex2.approx.ftz.f32 %f, %f;", "add.f32 %f, %f, 0f3F800000;",
+             "rcp.approx.ftz.f32 %f, %f;", f"mul.f32 %f, {gate}, %f;", f"mul.f32 {acc}, {acc}, %f;"])
+
+
+def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
+    es, n, m = plan.element_bytes, plan.N, plan.M
+    _butterfly(e, plan)
+    accs = _accumulators(plan)
     e.lines(["setp.ne.u32 %pt, %lane, 0;", f"@%pt bra {'NEXT' if plan.config.ctas else 'DONE'};"])
+    if plan.gate is not None:  # the gated MLP's up projection: silu(G x) * (U x)
+        for c, acc in enumerate(accs):
+            _silu_times(e, f"%gs{c}", acc)
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %bias, [%rdt];"])
@@ -218,16 +243,17 @@ def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
         e.lines([f"{cvt} %hx, {acc};", f"st.global.b16 [%rdc+{c * col_stride}], %hx;"])
 
 
-def _load_record(e: Emitter, row: str, guard: str, first: str, slots: str, base: str) -> None:
-    """Row `row`'s (first slot, slots) and this lane's run base column (16 bits), each load under `guard`."""
-    e.lines(["ld.param.u64 %rdq, [p_rows];", "cvta.to.global.u64 %rdq, %rdq;", f"mad.wide.u32 %rdq, {row}, 8, %rdq;",
-             f"{guard}ld.global.nc.v2.u32 {{{first}, {slots}}}, [%rdq];",
-             "ld.param.u64 %rdq, [p_bases];", "cvta.to.global.u64 %rdq, %rdq;",
+def _load_record(e: Emitter, row: str, guard: str, first: str, slots: str, base: str, arrays: str = "p_") -> None:
+    """Row `row`'s (first slot, slots) and this lane's run base column (16 bits), each load under `guard`, from
+    the format whose parameters start with `arrays` (p_: W's; p_g: the gate's of a gated kernel)."""
+    e.lines([f"ld.param.u64 %rdq, [{arrays}rows];", "cvta.to.global.u64 %rdq, %rdq;",
+             f"mad.wide.u32 %rdq, {row}, 8, %rdq;", f"{guard}ld.global.nc.v2.u32 {{{first}, {slots}}}, [%rdq];",
+             f"ld.param.u64 %rdq, [{arrays}bases];", "cvta.to.global.u64 %rdq, %rdq;",
              f"mad.lo.u32 %t, {row}, {WARP}, %lane;", "mad.wide.u32 %rdq, %t, 2, %rdq;",
              f"{guard}ld.global.nc.u16 {base}, [%rdq];"])
 
 
-def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
+def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool, arrays: str = "p_", tag: str = "") -> None:
     """This warp's first row (its first slot and slots) and _start_run. guarded: every load predicated on the
     row being one of W's (%pv) and the run having a slot (%pf), which the caller tests after the block's
     barrier; else a row past M branches away here."""
@@ -238,11 +264,11 @@ def _row_and_first_group(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None
         e.line(f"setp.lt.u32 %pv, %row, {plan.M};")
     else:
         e.lines([f"setp.ge.u32 %pt, %row, {plan.M};", "@%pt bra DONE;"])
-    _load_record(e, "%row", "@%pv " if guarded else "", "%qb", "%nq", "%hb")
-    _start_run(e, plan, guarded)
+    _load_record(e, "%row", "@%pv " if guarded else "", "%qb", "%nq", "%hb", arrays)
+    _start_run(e, plan, guarded, arrays, tag)
 
 
-def _start_run(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
+def _start_run(e: Emitter, plan: DeltaRunsPlan, guarded: bool, arrays: str = "p_", tag: str = "") -> None:
     """From the row's record (%qb, %nq, %hb): this lane's run (its slots, base column, first slot), the sums
     zeroed, the warp's next row's record requested (persistent blocks), and the run's first group of slots in
     register set 0. Unguarded, an empty run branches to SUMMED (after the next row's request: every lane needs
@@ -254,8 +280,9 @@ def _start_run(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
              "selp.u32 %t, 1, 0, %pt;", "add.u32 %n, %n, %t;"]
             + (["@!%pv mov.u32 %n, 0;"] if guarded else [])
             + ["sub.u32 %nm1, %n, 1;", "add.u32 %t, %qb, %lane;",
-               "ld.param.u64 %rdg, [p_gaps];", "cvta.to.global.u64 %rdg, %rdg;", "mad.wide.u32 %rdg, %t, 4, %rdg;",
-               "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+               f"ld.param.u64 %rdg, [{arrays}gaps];", "cvta.to.global.u64 %rdg, %rdg;",
+               "mad.wide.u32 %rdg, %t, 4, %rdg;", f"ld.param.u64 %rdv, [{arrays}values];",
+               "cvta.to.global.u64 %rdv, %rdv;",
                f"mad.wide.u32 %rdv, %t, {plan.format.per_slot * es}, %rdv;",
                *[f"mov.f32 %acc{col}, 0f00000000;" for col in range(max(2, plan.N))], "mov.u32 %i, 0;"])
     if plan.config.ctas:  # the next row's record flies while this row is summed: no round trip between rows
@@ -266,14 +293,31 @@ def _start_run(e: Emitter, plan: DeltaRunsPlan, guarded: bool) -> None:
         e.line("setp.ne.u32 %pf, %n, 0;")
         _load_group(e, plan, 0, "%i", "@%pf ")
     else:
-        e.lines(["setp.eq.u32 %pt, %n, 0;", "@%pt bra SUMMED;"])
+        e.lines(["setp.eq.u32 %pt, %n, 0;", f"@%pt bra SUMMED{tag};"])
         _load_group(e, plan, 0, "%i", "")
+
+
+def _walk(e: Emitter, plan: DeltaRunsPlan, tag: str) -> None:
+    """The lane's run from its first group (register set 0, loaded) to its end, then the label SUMMED{tag}."""
+    a = plan.config.ahead
+    e.comment("the loop, unrolled twice: one register set's loads in flight while the other's slots are summed")
+    e.label(f"LOOP{tag}")
+    e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
+    consume = _write_group if plan.writes_dense else _sum_group
+    _load_group(e, plan, 1, "%in", "@%p1 ")
+    consume(e, plan, 0, "%i")
+    e.lines([f"@!%p1 bra SUMMED{tag};", f"add.u32 %i, %in, {a};", "setp.lt.u32 %p0, %i, %n;"])
+    _load_group(e, plan, 0, "%i", "@%p0 ")
+    consume(e, plan, 1, "%in")
+    e.line(f"@%p0 bra LOOP{tag};")
+    e.label(f"SUMMED{tag}")
 
 
 def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
     c, es = plan.config, plan.element_bytes
     a = c.ahead
     e = Emitter()
+    first, tag = ("p_g", "g") if plan.gate is not None else ("p_", "")  # a gated kernel walks the gate's row first
     e.comment(f"a warp a row, lane l its run l; {c.warps_per_block} warps a block, {a} slots a group in flight")
     e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
@@ -285,28 +329,25 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
                  "mov.u32 %t, %ctaid.y;", f"mad.lo.u32 %t, %t, {c.warps_per_block}, %warp;",
                  f"mul.wide.u32 %rdt, %t, {plan.K * 2};", "add.s64 %rdc, %rdc, %rdt;"])
         _row_and_first_group(e, plan, guarded=False)
-    elif c.overlap:  # the row's first loads go out before X is staged: their round trip overlaps the copy
-        _row_and_first_group(e, plan, guarded=True)
+    elif c.overlap:  # the first row's first loads go out before X is staged: their round trip overlaps the copy
+        _row_and_first_group(e, plan, guarded=True, arrays=first, tag=tag)
         _stage_x(e, plan)
-        e.lines(["@!%pv bra DONE;", "@!%pf bra SUMMED;"])
+        e.lines(["@!%pv bra DONE;", f"@!%pf bra SUMMED{tag};"])
     else:
         _stage_x(e, plan)
-        _row_and_first_group(e, plan, guarded=False)
+        _row_and_first_group(e, plan, guarded=False, arrays=first, tag=tag)
     if c.ctas:  # a persistent block's warp: its later rows start here, X already staged
         e.line("bra LOOP;")
         e.label("ROW")
         _start_run(e, plan, guarded=False)
-    e.comment("the loop, unrolled twice: one register set's loads in flight while the other's slots are summed")
-    e.label("LOOP")
-    e.lines([f"add.u32 %in, %i, {a};", "setp.lt.u32 %p1, %in, %n;"])
-    consume = _write_group if plan.writes_dense else _sum_group
-    _load_group(e, plan, 1, "%in", "@%p1 ")
-    consume(e, plan, 0, "%i")
-    e.lines(["@!%p1 bra SUMMED;", f"add.u32 %i, %in, {a};", "setp.lt.u32 %p0, %i, %n;"])
-    _load_group(e, plan, 0, "%i", "@%p0 ")
-    consume(e, plan, 1, "%in")
-    e.line("@%p0 bra LOOP;")
-    e.label("SUMMED")
+    if plan.gate is not None:  # silu(G x) first: the gate's rows walked, summed and kept in %gs (every lane)
+        _walk(e, plan, "g")
+        _butterfly(e, plan)
+        e.lines([f"mov.f32 %gs{col}, {acc};" for col, acc in enumerate(_accumulators(plan))])
+        e.comment("then U x: the same row of the up projection's format")
+        _load_record(e, "%row", "", "%qb", "%nq", "%hb")
+        _start_run(e, plan, guarded=False)
+    _walk(e, plan, "")
     if not plan.writes_dense:
         _epilogue(e, plan)
     if c.ctas:  # the warp's next row, its record already here
@@ -321,6 +362,7 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
             ".reg .b32 %rtid, %lane, %warp, %t, %row, %qb, %nq, %rown, %qbn, %nqn, %n, %nm1, %i, %in, %xa, %d, %f, %bias, %acc, "
             "%rsx, %rsq, " + ", ".join(sets + [f"%w{q}" for q in range(plan.format.per_slot)] + [f"%x{r}" for r in range(8)]
                                        + [f"%acc{c}" for c in range(max(2, plan.N))] + [f"%xw{r}" for r in range(4)]
+                                       + [f"%gs{c}" for c in range(plan.N if plan.gate is not None else 0)]
                                        + [f"%sp{r}" for r in range(ELEMENT_BATCH)]
                                        + [f"%st{r}" for r in range(4 * STAGE_BATCH)]) + ";",
             ".reg .b16 %hx, %hb, %hbn, %h0, %h1" + "".join(f", %hs{i}" for i in range(ELEMENT_BATCH))
@@ -328,7 +370,10 @@ def render_delta_runs(plan: DeltaRunsPlan) -> KernelSource:
             ".reg .b64 %rdz, %rdt, %rdq, %rdb, %rdc, %rdr, %rdg, %rdv;"]
     # dynamic: the launch gives plan.dynamic_shared_bytes (X staged, over the 48 KB a static declaration may have)
     shared = "" if plan.writes_dense else ".extern .shared .align 16 .b8 xs[];"
-    what = "W written dense from" if plan.writes_dense else "decode GEMV over"
+    what = "W written dense from" if plan.writes_dense else \
+        "gated MLP, silu(G x) * (U x), over" if plan.gate is not None else "decode GEMV over"
     return data_kernel(plan, f"{what} runs of {plan.format.gap_bits}-bit column gaps + values (W as data)",
-                       ("p_b", "p_c", "p_values", "p_gaps", "p_rows", "p_bases", "p_bias")
+                       ("p_b", "p_c", "p_values", "p_gaps", "p_rows", "p_bases")
+                       + (("p_gvalues", "p_ggaps", "p_grows", "p_gbases") if plan.gate is not None else ())
+                       + ("p_bias",)
                        + (("p_residual",) if plan.residual else ()), decl, e.text(), 0, shared)
