@@ -70,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="batches generate runs at (each compiles both models once: minutes at 8B)")
     parser.add_argument("--tune-budget", type=float, default=2.0)
     parser.add_argument("--no-warm", action="store_true", help="skip the second (warm-cache) conversion")
+    parser.add_argument("--fuse-mlp", action="store_true",
+                        help="convert with fuse_mlp=True: each MLP's gate and up in one gated kernel where they can")
     parser.add_argument("--tiny", action="store_true", help="a small Llama on the CPU: checks the script")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -280,9 +282,11 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     phase(f"{pattern}: dense side measured")
     reference = reference_logits(model, args, device)
     policy = "measure" if device.type == "cuda" else "sparse"
-    report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget)
+    report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
+                                 fuse_mlp=args.fuse_mlp)
     conversion = {"cold_seconds": report.seconds, "peak_gpu_bytes": report.peak_gpu_bytes,
                   "measured_shapes": report.measured, "reused_shapes": report.reused, "replaced": len(report.replaced),
+                  "fused_mlps": len(report.fused_mlps),
                   "choices": {c: sum(layer.choice == c for layer in report.layers)
                               for c in {layer.choice for layer in report.layers}}}
     phase(f"{pattern}: converted in {report.seconds:.1f} s ({report.measured} shapes measured, choices "
@@ -295,7 +299,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
         profiler = cProfile.Profile()  # where a warm conversion's seconds go: the top functions land in the JSON
         profiler.enable()
         warm = sparseforge.convert(spare, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
-                                   progress=False)
+                                   progress=False, fuse_mlp=args.fuse_mlp)
         profiler.disable()
         conversion.update(warm_seconds=warm.seconds, warm_measured_shapes=warm.measured,
                           warm_reused_shapes=warm.reused, warm_profile=_top_functions(profiler))

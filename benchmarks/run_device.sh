@@ -23,6 +23,7 @@
 #                 128: conversion cold and warm, memory, one decode step each side, generate of 128 tokens
 #                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
 #   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70% then 50%
+#   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
 #   minilm        all-MiniLM-L6-v2's encoder at 80%, fp16, batch $BATCH x 128 tokens (benchmarks/model_minilm.py)
 #   host_time     eager host time per call against dense (benchmarks/host_time.py)
 #   walk          the nonzero-driven bitmap decode prototypes (benchmarks/proto/bitmap_walk*.cu): ncu, then
@@ -142,6 +143,10 @@ stage() {
     llama_hf_b1)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
         --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_b1_fp16.json" ;;
+    llama_hf_fused)
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_fused_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7 \
+        --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --fuse-mlp \
+        --out "$OUT/llama_hf_fused_fp16.json" ;;
     llama)
       run model_llama_0.7_fp16_b1 python3 benchmarks/model_llama.py "$OUT/model_llama_0.7_fp16_b1.json" --sparsity 0.7 \
         --dtype float16 --tune-budget "$TUNE"

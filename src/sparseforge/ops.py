@@ -67,6 +67,21 @@ def _(x, values, bias, layer_id, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
+@torch.library.custom_op("sparseforge::gated_mlp", mutates_args=())
+def gated_mlp(x: torch.Tensor, anchor: torch.Tensor, layer_id: int, out_features: int) -> torch.Tensor:
+    """GatedDecodeMLP `layer_id`'s silu(gate(x)) * up(x): x (..., K) -> (..., out_features) by its gated kernel
+    (anchor: a tensor on the layer's device standing for the two weights)."""
+    layer = LAYERS.get(layer_id)
+    if layer is None:
+        raise RuntimeError(f"sparseforge::gated_mlp: layer {layer_id} no longer exists")
+    return layer.gated_forward(x)
+
+
+@gated_mlp.register_fake
+def _(x, anchor, layer_id, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
 @torch.library.custom_op("sparseforge::sparse_conv2d", mutates_args=())
 def sparse_conv2d(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, layer_id: int,
                   out_channels: int, out_height: int, out_width: int,

@@ -11,7 +11,9 @@ A directory holds:
                          version, the model's class and how to rebuild it ("transformers": from config.json;
                          "module": the caller passes a model of the same architecture), the names shared tensors
                          go by, and per converted module its class, constructor arguments and decisions (the
-                         decode widths a DecodeLinear runs on its kernels: loaded as made, not measured again).
+                         decode widths a DecodeLinear runs on its kernels: loaded as made, not measured again),
+                         and the MLPs that ran their gate and up projections as one gated kernel (wrapped again
+                         on load, fused once their kernels are prepared).
 
 load builds the model on the meta device (no memory, no random init), puts the converted modules back where
 they were, and assigns the saved tensors; the kernels come from the kernel cache at the first call, or at once
@@ -129,10 +131,16 @@ def save(model: nn.Module, directory) -> Path:
     if parametrized:
         raise ValueError(f"{parametrized[0]} (and {len(parametrized) - 1} more) still carry pruning masks as "
                          "parametrizations; bake them in first: sparseforge.prune.remove_masks(model)")
+    from .nn.llm import GatedDecodeMLP
+
     records: dict[str, dict] = {}
+    gated: list[str] = []
     for name, module in model.named_modules():
         if any(name.startswith(done + ".") for done in records):
             continue  # inside a recorded module: its record rebuilds it
+        if isinstance(module, GatedDecodeMLP):  # the MLP's own state under its names: wrapped again on load
+            gated.append(name)
+            continue
         record = _record(module)
         if record is not None:
             records[name] = record
@@ -167,7 +175,7 @@ def save(model: nn.Module, directory) -> Path:
             model.generation_config.save_pretrained(directory)
     manifest = {"format": FORMAT, "sparseforge": __version__, "class": type(model).__name__,
                 "source": "transformers" if transformers_model else "module", "aliases": aliases,
-                "modules": records}
+                "modules": records, "gated_mlps": gated}
     temp = directory / (MANIFEST + ".tmp")
     temp.write_text(json.dumps(manifest, indent=1))
     os.replace(temp, manifest_path)  # last: the "complete" marker
@@ -262,10 +270,17 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
     if device is not None:
         model.to(device)
     model.eval()
-    if any(p.is_cuda for p in model.parameters()) or any(b.is_cuda for b in model.buffers()):
-        from .nn.llm import DecodeLinear
+    from .nn.llm import DecodeLinear, GatedDecodeMLP
 
+    wrapped = []
+    for name in manifest.get("gated_mlps", ()):
+        owner, leaf = _owner(model, name)
+        wrapped.append(GatedDecodeMLP(getattr(owner, leaf)))
+        setattr(owner, leaf, wrapped[-1])
+    if any(p.is_cuda for p in model.parameters()) or any(b.is_cuda for b in model.buffers()):
         for module in model.modules():
             if isinstance(module, DecodeLinear):
                 module.prepare()
+        for mlp in wrapped:  # from the kernels just prepared
+            mlp.fuse()
     return model

@@ -179,3 +179,52 @@ def test_a_layers_widths_share_one_device_packing_of_w():
         want = x.double() @ linear.weight.double().T + linear.bias.double()
         assert ((layer(x).double() - want).norm() / want.norm()).item() < 5e-3
     assert sorted(d.n for d in inner.decisions) == [1, 8]
+
+
+def _sparse_linear_on_delta_runs(out_features: int, in_features: int, seed: int, dtype):
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+    from sparseforge.nn import SparseLinear
+
+    torch.manual_seed(seed)
+    dense = torch.nn.Linear(in_features, out_features, bias=False)
+    with torch.no_grad():
+        dense.weight.mul_(torch.rand_like(dense.weight) > 0.7)  # 70% pruned
+    layer = SparseLinear.from_dense(dense.to("cuda", dtype), policy="sparse", tune_budget=None)
+    layer.pin({1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
+    return DecodeLinear(layer, (1, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_gated_mlp_runs_gate_and_up_as_one_kernel_in_eager_calls_graphs_and_the_op(dtype):
+    """GatedDecodeMLP over delta-runs gate / up layers: fuse() builds the gated kernels at both widths; eager,
+    graph-captured and torch.library-op calls give the unfused MLP's result (float64 reference of silu(G x) *
+    (U x) through the same down projection)."""
+    from sparseforge.nn import GatedDecodeMLP
+
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = (_sparse_linear_on_delta_runs(2048, 1024, s, dtype) for s in (1, 2))
+    mlp.down_proj = torch.nn.Linear(2048, 1024, bias=False).to("cuda", dtype)
+    mlp.act_fn = torch.nn.SiLU()
+    for part in (mlp.gate_proj, mlp.up_proj):
+        part.prepare()
+    fused = GatedDecodeMLP(mlp)
+    assert fused.fuse() == [1, 2]
+    g, u = (p.inner.to_dense().weight.double() for p in (mlp.gate_proj, mlp.up_proj))
+    tolerance = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+    for n in (1, 2):
+        x = torch.randn(n, 1, 1024, device="cuda").to(dtype)
+        with torch.no_grad():
+            want = mlp.down_proj.weight.double() @ ((x.double() @ g.T) * torch.sigmoid(x.double() @ g.T)
+                                                    * (x.double() @ u.T)).reshape(n, 2048).T
+            eager = fused(x)
+            op = torch.ops.sparseforge.gated_mlp(x, mlp.gate_proj.inner.device_anchor, fused.layer_id, 2048)
+            graph, out = torch.cuda.CUDAGraph(), None
+            fused(x)  # warm
+            with torch.cuda.graph(graph):
+                out = fused(x)
+            graph.replay()
+            torch.cuda.synchronize()
+        for got in (eager.reshape(n, 1024).T, out.reshape(n, 1024).T):
+            assert ((got.double() - want).norm() / want.norm()).item() <= tolerance
+        y = (x.double() @ g.T) * torch.sigmoid(x.double() @ g.T) * (x.double() @ u.T)
+        assert ((op.double() - y).norm() / y.norm()).item() <= tolerance

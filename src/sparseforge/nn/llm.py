@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..mappings.registry import family_of
+from ..ops import register
 from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..runtime.compiler import CompileError
 from ..semi.cusparselt import Sparse24Error, check_weight
@@ -230,6 +231,105 @@ class DecodeLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in (*inner.parameters(), *inner.buffers()))
 
 
+class GatedDecodeMLP(nn.Module):
+    """A decoder layer's MLP, down(silu(gate(x)) * up(x)), whose gate and up projections run as one gated kernel
+    (sparseforge.compile_gated_mlp: one launch, X read once, silu and the product in its epilogue) at the decode
+    widths where both run kernels of a family that has one (delta-runs) with one config; every other call runs
+    the MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own modules, under their
+    names (the state dict is the MLP's). fuse() builds the gated kernels from the two layers' kernels, sharing
+    their arrays (nothing copied)."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        for part in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+            if not isinstance(getattr(mlp, part, None), nn.Module):
+                raise TypeError(f"{type(mlp).__name__} has no {part}: a gated MLP wraps a Llama-layout MLP")
+        self.gate_proj, self.up_proj, self.down_proj, self.act_fn = mlp.gate_proj, mlp.up_proj, mlp.down_proj, \
+            mlp.act_fn
+        self.layer_id = register(self)
+        self._fused: dict = {}  # width -> (gated kernel, the gate's kernel, the up's kernel) it was built from
+
+    @property
+    def fused_widths(self) -> list[int]:
+        return sorted(self._fused)
+
+    def extra_repr(self) -> str:
+        return f"fused_widths={self.fused_widths}"
+
+    def fuse(self) -> list[int]:
+        """Build the gated kernels (CUDA) at the widths both projections run kernels on; the widths fused."""
+        from ..spmm import compile_gated_mlp
+
+        self._fused = {}
+        gate, up = self.gate_proj, self.up_proj
+        if not (_is_silu(self.act_fn) and isinstance(gate, DecodeLinear) and isinstance(up, DecodeLinear)
+                and isinstance(gate.inner, SparseLinear) and isinstance(up.inner, SparseLinear)):
+            return []
+        for n in sorted(gate.kernel_widths & up.kernel_widths):
+            kg, ku = gate.inner.kernel_at(n), up.inner.kernel_at(n)
+            if kg is None or ku is None:
+                continue
+            try:
+                self._fused[n] = (compile_gated_mlp(kg, ku), kg, ku)
+            except (TypeError, ValueError):  # another family, configs that differ, an epilogue: kept apart
+                continue
+        return self.fused_widths
+
+    def _gated(self, n: int):
+        """The gated kernel of `n` tokens while both projections still run the kernels it was built from."""
+        entry = self._fused.get(n)
+        if entry is None or self.gate_proj.inner.kernel_at(n) is not entry[1] or \
+                self.up_proj.inner.kernel_at(n) is not entry[2]:
+            return None
+        return entry[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel() // x.shape[-1] if x.dim() else 0
+        if self._fused and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad) and \
+                self._gated(n) is not None:
+            if torch.compiler.is_compiling():
+                y = torch.ops.sparseforge.gated_mlp(x, self.gate_proj.inner.device_anchor, self.layer_id,
+                                                    self.up_proj.out_features)
+            else:
+                y = self.gated_forward(x)
+            return self.down_proj(y)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def gated_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x) by the gated kernel of x's token count (also the body of the torch.library op)."""
+        rows = x.reshape(-1, x.shape[-1])
+        y = self._gated(rows.shape[0])(rows if rows.is_contiguous() else rows.contiguous())
+        return y.view(*x.shape[:-1], self.up_proj.out_features)
+
+
+def _is_silu(act: nn.Module) -> bool:
+    """Whether `act` computes SiLU (nn.SiLU, transformers' SiLUActivation, ...): the gated kernel's epilogue."""
+    probe = torch.linspace(-12, 12, 49)
+    try:
+        with torch.no_grad():
+            return bool(torch.allclose(act(probe), F.silu(probe), rtol=1e-6, atol=1e-7))
+    except (RuntimeError, TypeError):  # an activation that takes other inputs: not this one
+        return False
+
+
+def fuse_gated_mlps(model: nn.Module) -> list[str]:
+    """Wrap each decoder layer's MLP in a GatedDecodeMLP where its gate and up projections fuse at some decode
+    width (a CUDA model converted for decoding); the names of the MLPs wrapped."""
+    layers = model.model.layers
+    fused = []
+    for index, layer in enumerate(layers):
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None:
+            continue
+        wrapped = mlp if isinstance(mlp, GatedDecodeMLP) else GatedDecodeMLP(mlp) if all(
+            isinstance(getattr(mlp, p, None), nn.Module) for p in ("gate_proj", "up_proj", "down_proj", "act_fn")) \
+            else None
+        if wrapped is not None and wrapped.fuse():
+            layer.mlp = wrapped
+            fused.append(f"model.layers.{index}.mlp")
+    return fused
+
+
 def prefill_workspace_bytes(model: nn.Module) -> int:
     """The bytes of the dense workspaces the model's DecodeLinears share (one per shape, dtype and device),
     whether or not a prefill has made them yet."""
@@ -281,11 +381,13 @@ class CausalLMReport(ModelReport):
     linear_bytes_after: int = 0        # ... and after (the shared prefill workspaces counted)
     peak_gpu_bytes: int | None = None  # torch.cuda.max_memory_allocated during the conversion
     replaced: list = field(default_factory=list)  # names of the modules now DecodeLinear
+    fused_mlps: list = field(default_factory=list)  # names of the MLPs now GatedDecodeMLP (fuse_mlp=True)
 
     def as_dict(self) -> dict:
         return {**super().as_dict(), "tokens": list(self.tokens), "measured": self.measured, "reused": self.reused,
                 "linear_bytes_before": self.linear_bytes_before, "linear_bytes_after": self.linear_bytes_after,
-                "peak_gpu_bytes": self.peak_gpu_bytes, "replaced": list(self.replaced)}
+                "peak_gpu_bytes": self.peak_gpu_bytes, "replaced": list(self.replaced),
+                "fused_mlps": list(self.fused_mlps)}
 
     def __str__(self) -> str:
         lines = [super().__str__(),
@@ -301,7 +403,8 @@ class CausalLMReport(ModelReport):
 
 def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerFilter = None,
                       exclude: LayerFilter = None, policy: str = "measure",
-                      tune_budget: float | None = TUNE_BUDGET_S, progress: bool | Callable = True) -> CausalLMReport:
+                      tune_budget: float | None = TUNE_BUDGET_S, progress: bool | Callable = True,
+                      fuse_mlp: bool = False) -> CausalLMReport:
     """Convert, in place, a transformers causal LM of the Llama layout for decoding (module docstring).
 
     tokens: the decode batch sizes (an int or several, e.g. (1, 8)): each candidate is decided at these
@@ -313,7 +416,9 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     kernel shortlist (0 or None: the cost model's pick; tune.choose.tuning_budget). progress: True for a
     progress bar (layer count, ETA), False or None for none, or a callable progress(name, index, total).
     Returns a CausalLMReport: per layer its choice and the times it was decided by (for a layer that took
-    its group's decision, the measured layer's times, the reason naming it).
+    its group's decision, the measured layer's times, the reason naming it). fuse_mlp: on a CUDA device, each
+    MLP whose gate and up projections run delta-runs kernels of one config at a decode width runs them as one
+    gated kernel there (GatedDecodeMLP; report.fused_mlps).
     """
     started = time.perf_counter()
     check_causal_lm(model)
@@ -379,6 +484,8 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
         if replacement is not None:
             _replace(model, name, replacement)
             report.replaced.append(name)
+    if fuse_mlp and on_gpu and policy != "dense":
+        report.fused_mlps = fuse_gated_mlps(model)
     report.layers.sort(key=lambda layer: names.index(layer.name))
     report.measured, report.reused = len(decided) - reused, reused
     report.memory_after_bytes = model_bytes(model) + prefill_workspace_bytes(model)

@@ -88,6 +88,12 @@ class _SparseWeight(nn.Module):
         return self.weight_values.device if anchor is None else anchor.device
 
     @property
+    def device_anchor(self) -> torch.Tensor:
+        """An empty tensor on the layer's device and of its dtype: what a torch.library op is given to stand for
+        W, whose CSR buffers may be in host memory."""
+        return self._device_anchor
+
+    @property
     def csr_on_host(self) -> bool:
         return self.weight_values.device != self.device
 
@@ -615,6 +621,11 @@ class SparseLinear(_SparseWeight):
             if densify is not None and densify(out) is not None:
                 return True
         return False
+
+    def kernel_at(self, n: int):
+        """The kernel the layer runs on `n` tokens, or None (dense, or not decided yet)."""
+        self._refresh()
+        return self._paths.get(n)
 
     def kernel_configs(self) -> dict:
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""

@@ -527,3 +527,48 @@ def test_one_packing_serves_every_width_where_it_costs_no_more_than_the_margin(m
         assert layer.times_us[UNSTRUCTURED] == 10.0 + delta_runs_at_8
     else:
         assert out is measured and layer.reason == "stub: faster"
+
+
+def test_a_gated_mlp_wraps_the_mlp_computes_the_same_and_survives_saving(converted, tmp_path):
+    """GatedDecodeMLP: the MLP's own modules under their names (the same state dict), the MLP's result where no
+    gated kernel is built (a CPU: fuse() builds none), wrapped again by load."""
+    from sparseforge.nn import GatedDecodeMLP
+
+    _, model, _ = converted
+    model = copy.deepcopy(model)
+    plain = model.model.layers[0].mlp
+    keys = set(plain.state_dict())
+    wrapped = GatedDecodeMLP(plain)
+    assert wrapped.fuse() == [] and wrapped.fused_widths == [] and set(wrapped.state_dict()) == keys
+    x = torch.randn(3, 1, SIZES["hidden_size"])
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), plain(x))
+    model.model.layers[0].mlp = wrapped
+    ids = _ids(2, 5)
+    with torch.no_grad():
+        want = model(ids).logits
+    sparseforge.save(model, tmp_path / "gated")
+    assert json.loads((tmp_path / "gated" / "sparseforge.json").read_text())["gated_mlps"] == ["model.layers.0.mlp"]
+    loaded = sparseforge.load(tmp_path / "gated")
+    assert isinstance(loaded.model.layers[0].mlp, GatedDecodeMLP)
+    assert not isinstance(loaded.model.layers[1].mlp, GatedDecodeMLP)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, want)
+    with pytest.raises(TypeError, match="has no gate_proj"):
+        GatedDecodeMLP(nn.Linear(4, 4))
+
+
+def test_fuse_mlp_on_a_cpu_fuses_nothing_and_other_models_refuse_it():
+    model = _pruned_lm()
+    report = sparseforge.convert(model, tokens=(1,), policy="sparse", progress=False, fuse_mlp=True)
+    assert report.fused_mlps == [] and report.as_dict()["fused_mlps"] == []
+    with pytest.raises(TypeError, match="fuse_mlp applies to transformers causal LMs"):
+        sparseforge.convert(nn.Sequential(nn.Linear(8, 8)), torch.randn(2, 8), policy="sparse", fuse_mlp=True)
+
+
+def test_the_gated_kernel_is_for_silu_whatever_class_computes_it():
+    from sparseforge.nn.llm import _is_silu
+
+    transformers = pytest.importorskip("transformers")
+    assert _is_silu(transformers.activations.ACT2FN["silu"]) and _is_silu(nn.SiLU())
+    assert not _is_silu(transformers.activations.ACT2FN["gelu"]) and not _is_silu(nn.ReLU())
