@@ -22,6 +22,14 @@ def register(module) -> int:
     return layer_id
 
 
+def _layer(op: str, layer_id: int):
+    """The module an op's call names, or RuntimeError where it has been dropped."""
+    layer = LAYERS.get(layer_id)
+    if layer is None:
+        raise RuntimeError(f"sparseforge::{op}: layer {layer_id} no longer exists")
+    return layer
+
+
 def conv_memory_format(x: torch.Tensor) -> torch.memory_format:
     """The memory format of a sparse convolution's output for input x, in eager calls and in the fake alike:
     channels_last where x is channels_last-contiguous and not NCHW-contiguous (a tensor that is both, C = 1
@@ -38,9 +46,7 @@ def linear24(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, l
 
     if x.device.type != "cuda":
         return F.linear(x, weight, bias)
-    layer = LAYERS.get(layer_id)
-    if layer is None:
-        raise RuntimeError(f"sparseforge::linear24: layer {layer_id} no longer exists")
+    layer = _layer("linear24", layer_id)
     return layer.sparse_forward(x)
 
 
@@ -56,9 +62,7 @@ def sparse_linear(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | No
     that layer decided for the token count. `values`: a tensor on the layer's device standing for W (the
     layer's empty device anchor: W's CSR buffers may be held in host memory; the layer checks W's version
     itself at every call), so that every tensor the op sees is on the device it runs on."""
-    layer = LAYERS.get(layer_id)
-    if layer is None:
-        raise RuntimeError(f"sparseforge::sparse_linear: layer {layer_id} no longer exists")
+    layer = _layer("sparse_linear", layer_id)
     return layer.sparse_forward(x)
 
 
@@ -71,9 +75,7 @@ def _(x, values, bias, layer_id, out_features):
 def gated_mlp(x: torch.Tensor, anchor: torch.Tensor, layer_id: int, out_features: int) -> torch.Tensor:
     """GatedDecodeMLP `layer_id`'s silu(gate(x)) * up(x): x (..., K) -> (..., out_features) by its gated kernel
     (anchor: a tensor on the layer's device standing for the two weights)."""
-    layer = LAYERS.get(layer_id)
-    if layer is None:
-        raise RuntimeError(f"sparseforge::gated_mlp: layer {layer_id} no longer exists")
+    layer = _layer("gated_mlp", layer_id)
     return layer.gated_forward(x)
 
 
@@ -87,9 +89,7 @@ def sparse_conv2d(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | No
                   out_channels: int, out_height: int, out_width: int,
                   residual: torch.Tensor | None = None) -> torch.Tensor:
     """SparseConv2d `layer_id`'s forward: x (batch, Cin, H, W) [+ residual] -> (batch, out_channels, OH, OW)."""
-    layer = LAYERS.get(layer_id)
-    if layer is None:
-        raise RuntimeError(f"sparseforge::sparse_conv2d: layer {layer_id} no longer exists")
+    layer = _layer("sparse_conv2d", layer_id)
     # the fake's strides are what a compiled graph assumes: the output is made to have them (a no-op where
     # the kernel or cuDNN already wrote that layout)
     return layer.sparse_forward(x, residual).contiguous(memory_format=conv_memory_format(x))
