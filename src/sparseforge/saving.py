@@ -275,7 +275,7 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
     wrapped = []
     for name in manifest.get("gated_mlps", ()):
         owner, leaf = _owner(model, name)
-        wrapped.append(GatedDecodeMLP(getattr(owner, leaf)))
+        wrapped.append(GatedDecodeMLP(getattr(owner, leaf)).train(model.training))
         setattr(owner, leaf, wrapped[-1])
     if any(p.is_cuda for p in model.parameters()) or any(b.is_cuda for b in model.buffers()):
         for module in model.modules():

@@ -224,7 +224,9 @@ def test_a_gated_mlp_runs_gate_and_up_as_one_kernel_in_eager_calls_graphs_and_th
                 out = fused(x)
             graph.replay()
             torch.cuda.synchronize()
-        for got in (eager.reshape(n, 1024).T, out.reshape(n, 1024).T):
+        with torch.no_grad():
+            compiled = torch.compile(fused, fullgraph=True)(x)  # the op under Dynamo: nothing traced reads kernels
+        for got in (eager.reshape(n, 1024).T, out.reshape(n, 1024).T, compiled.reshape(n, 1024).T):
             assert ((got.double() - want).norm() / want.norm()).item() <= tolerance
         y = (x.double() @ g.T) * torch.sigmoid(x.double() @ g.T) * (x.double() @ u.T)
         assert ((op.double() - y).norm() / y.norm()).item() <= tolerance

@@ -237,7 +237,8 @@ class GatedDecodeMLP(nn.Module):
     widths where both run kernels of a family that has one (delta-runs) with one config; every other call runs
     the MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own modules, under their
     names (the state dict is the MLP's). fuse() builds the gated kernels from the two layers' kernels, sharing
-    their arrays (nothing copied)."""
+    their arrays (nothing copied); after a move, a cast or a copy the MLP runs unfused until fuse() is called
+    again (convert and load call it)."""
 
     def __init__(self, mlp: nn.Module):
         super().__init__()
@@ -276,38 +277,67 @@ class GatedDecodeMLP(nn.Module):
         return self.fused_widths
 
     def _gated(self, n: int):
-        """The gated kernel of `n` tokens while both projections still run the kernels it was built from."""
+        """The gated kernel of `n` tokens while both projections still run the kernels it was built from (an
+        entry whose projections were rebuilt, reloaded or moved is dropped: its arrays are freed)."""
         entry = self._fused.get(n)
-        if entry is None or self.gate_proj.inner.kernel_at(n) is not entry[1] or \
-                self.up_proj.inner.kernel_at(n) is not entry[2]:
+        if entry is None:
+            return None
+        if self.gate_proj.inner.kernel_at(n) is not entry[1] or self.up_proj.inner.kernel_at(n) is not entry[2]:
+            del self._fused[n]
             return None
         return entry[0]
 
+    def _records_grad(self, x: torch.Tensor) -> bool:
+        """Whether autograd must see this call (the gated kernel records no graph): then the MLP runs unfused."""
+        if not torch.is_grad_enabled():
+            return False
+        return x.requires_grad or any(t is not None and t.requires_grad for part in (self.gate_proj, self.up_proj)
+                                      for t in (part.inner.weight_values, part.inner.bias))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // x.shape[-1] if x.dim() else 0
-        if self._fused and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad) and \
-                self._gated(n) is not None:
-            if torch.compiler.is_compiling():
+        if n in self._fused and x.is_cuda and not self._records_grad(x):
+            if torch.compiler.is_compiling():  # the op's body checks the kernels (nothing traced reads them)
                 y = torch.ops.sparseforge.gated_mlp(x, self.gate_proj.inner.device_anchor, self.layer_id,
                                                     self.up_proj.out_features)
-            else:
-                y = self.gated_forward(x)
-            return self.down_proj(y)
+                return self.down_proj(y)
+            kernel = self._gated(n)
+            if kernel is not None:
+                return self.down_proj(self._run(kernel, x))
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
     def gated_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate(x)) * up(x) by the gated kernel of x's token count (also the body of the torch.library op)."""
+        """silu(gate(x)) * up(x): by the gated kernel of x's token count where it still stands, else the two
+        projections apart (the body of the torch.library op)."""
+        kernel = self._gated(x.numel() // x.shape[-1])
+        if kernel is None:
+            return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        return self._run(kernel, x)
+
+    def _run(self, kernel, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        y = self._gated(rows.shape[0])(rows if rows.is_contiguous() else rows.contiguous())
+        y = kernel(rows if rows.is_contiguous() else rows.contiguous())
         return y.view(*x.shape[:-1], self.up_proj.out_features)
+
+    def __getstate__(self):
+        # the gated kernels are process- and device-bound (and hold the projections' arrays): copies fuse again
+        return {**self.__dict__, "_fused": {}}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.layer_id = register(self)  # a copy is a layer of its own for the op
+
+    def _apply(self, fn, recurse=True):
+        self._fused = {}  # .to() / .cuda() / .half(): the projections rebuild their kernels; fuse() again
+        return super()._apply(fn, recurse)
 
 
 def _is_silu(act: nn.Module) -> bool:
     """Whether `act` computes SiLU (nn.SiLU, transformers' SiLUActivation, ...): the gated kernel's epilogue."""
     probe = torch.linspace(-12, 12, 49)
     try:
-        with torch.no_grad():
-            return bool(torch.allclose(act(probe), F.silu(probe), rtol=1e-6, atol=1e-7))
+        with torch.no_grad():  # a copy in: an in-place activation would overwrite the probe
+            return bool(torch.allclose(act(probe.clone()), F.silu(probe), rtol=1e-6, atol=1e-7))
     except (RuntimeError, TypeError):  # an activation that takes other inputs: not this one
         return False
 

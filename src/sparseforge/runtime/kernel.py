@@ -102,6 +102,8 @@ class LoadedPlanKernel:
                 and tuple(out.shape) == shape:  # the kernel writes M x K elements of its dtype: nothing else
             try:
                 return self._write_dense(writer(launch_plan), out)
+            except ValueError:  # a plan of no single W (a gated kernel's two): nothing to write
+                return None
             except RuntimeError:  # CompileError, CudaError: the torch ops below give the same W, slower
                 self.__dict__["_dense_writer"] = False
         hook = family.hook("densify")

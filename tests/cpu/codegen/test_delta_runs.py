@@ -239,3 +239,17 @@ def test_gated_kernels_assemble_without_spills(arch):
                 assert "registers" in str(err), err
                 continue
             _assemble_without_spills_and_link(render(gated_delta_runs_plan(plans[0], None, plans[1], None)), arch)
+
+
+def test_a_gated_plan_densifies_to_nothing():
+    """Two weights, not one W: the densify hook declines (a caller falls back to its own layers' W)."""
+    import torch
+
+    from sparseforge.mappings.delta_runs.plan import densify_delta_runs
+
+    rng = np.random.default_rng(4)
+    w = SparseMatrix.from_dense(np.where(rng.random((8, 64)) < 0.3, rng.standard_normal((8, 64)), 0).astype(np.float32))
+    plain = make_delta_runs_plan(w, 1, "float16", "nk")
+    gated = gated_delta_runs_plan(plain, None, plain, None)
+    assert densify_delta_runs(gated, None, torch.zeros(8, 64)) is None
+    assert gated.registers == plain.registers + 1

@@ -572,3 +572,24 @@ def test_the_gated_kernel_is_for_silu_whatever_class_computes_it():
     transformers = pytest.importorskip("transformers")
     assert _is_silu(transformers.activations.ACT2FN["silu"]) and _is_silu(nn.SiLU())
     assert not _is_silu(transformers.activations.ACT2FN["gelu"]) and not _is_silu(nn.ReLU())
+
+
+def test_a_gated_mlp_copies_and_moves_unfused_and_an_in_place_silu_is_recognised(converted):
+    from sparseforge.nn import GatedDecodeMLP
+    from sparseforge.nn.llm import _is_silu
+
+    _, model, _ = converted
+    wrapped = GatedDecodeMLP(copy.deepcopy(model.model.layers[1].mlp))
+    wrapped._fused = {1: ("a kernel", None, None)}  # as fuse() leaves it on a GPU
+    twin = copy.deepcopy(wrapped)
+    assert twin._fused == {} and twin.layer_id != wrapped.layer_id
+    wrapped.float()
+    assert wrapped._fused == {}
+    assert _is_silu(nn.SiLU(inplace=True))
+    x = torch.randn(1, SIZES["hidden_size"])
+    assert not wrapped._records_grad(x) or not torch.is_grad_enabled()
+    assert wrapped._records_grad(x.requires_grad_())  # autograd must see it: the MLP runs unfused
+    wrapped.gate_proj.inner.weight_values.requires_grad_()  # values being trained
+    assert wrapped._records_grad(torch.randn(1, SIZES["hidden_size"]))
+    with torch.no_grad():
+        assert not wrapped._records_grad(x)

@@ -262,10 +262,11 @@ class DeltaRunsPlan(WeightAsData):
         staged in 16 bits (N = 8 at K = 14336) ptxas hoists every entry's X words and their widening: 108 / 128
         / 192 at 1 / 2 / 4 slots ahead with 8-bit gaps, 126 / 191 with 4-bit, past 255 beyond."""
         per, ahead = self.format.per_slot, self.config.ahead
+        gated = self.N if self.gate is not None else 0  # the gate's sums, kept while the up's row is walked
         if self.N > 1 and self.x_bytes == 2:
-            return 64 + 8 * per * ahead
+            return 64 + 8 * per * ahead + gated
         wide = 0 if self.N == 1 else 5 * self.n_pad
-        return 32 + (2 * (1 + per // 2) + 2) * ahead + wide + (self.N if self.gate is not None else 0)
+        return 32 + (2 * (1 + per // 2) + 2) * ahead + wide + gated
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -460,7 +461,10 @@ def dense_writer_plan(plan: DeltaRunsPlan) -> DeltaRunsPlan:
 
 def densify_delta_runs(plan: DeltaRunsPlan, arrays, out):
     """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays, by torch ops
-    on that device. Fillers and padding add zeros (exact, in any order)."""
+    on that device. Fillers and padding add zeros (exact, in any order). None for a gated kernel: it holds
+    two weights, not one W."""
+    if plan.gate is not None:
+        return None
     rows, cols, vals = decoded(plan, arrays)
     out.zero_()
     out.view(-1).index_add_(0, rows * plan.K + cols, vals.to(out.dtype))
