@@ -177,5 +177,23 @@ def test_a_packing_made_twice_at_once_keeps_the_first():
 def test_compile_gated_mlp_takes_two_compiled_kernels():
     from sparseforge import compile_gated_mlp
 
+    from sparseforge.mappings.csr.plan import CsrConfig, make_csr_plan
+    from sparseforge.mappings.delta_runs.plan import make_delta_runs_plan
+    from sparseforge.runtime.kernel import SpmmKernel
+
     with pytest.raises(TypeError, match="gate must be a kernel from compile_spmm"):
         compile_gated_mlp(object(), object())
+
+    def kernel(plan, device_index=0):  # the attributes the refusals read (a GPU would load the module)
+        k = SpmmKernel.__new__(SpmmKernel)
+        k.plan, k.device_index = plan, device_index
+        return k
+
+    w = SparseMatrix.from_dense(np.eye(16, 64, dtype=np.float32))
+    runs, csr = make_delta_runs_plan(w, 1, "float16", "nk"), make_csr_plan(w, 1, "float16", "nk", CsrConfig())
+    with pytest.raises(ValueError, match="gate is a csr kernel and up a delta-runs kernel"):
+        compile_gated_mlp(kernel(csr), kernel(runs))
+    with pytest.raises(ValueError, match="the csr family has no gated kernel"):
+        compile_gated_mlp(kernel(csr), kernel(csr))
+    with pytest.raises(ValueError, match="one device"):
+        compile_gated_mlp(kernel(runs, 0), kernel(runs, 1))
