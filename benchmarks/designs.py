@@ -31,6 +31,7 @@ from sparseforge.spmm import _make_plan, load_candidate
 from sparseforge.tune.pipeline import compile_candidate, describe as _describe, plans_of as _plans
 from sparseforge.tune.choose import TOP, choose, shortlist
 from sparseforge.mappings.bitmap.plan import BitmapConfig
+from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig
 from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
 from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
 from sparseforge.mappings.split24.plan import Split24Config
@@ -41,7 +42,8 @@ from sparseforge.tune.space import search_space
 # the mappings each config family can give: --mappings drops a family before its plans are made (sketching
 # every generated candidate of a million-nonzero LLM layer costs minutes)
 FAMILY_MAPPINGS = {CsrConfig: {"csr", "csr-staged"}, CsrColumnsConfig: {"csr-columns"}, BitmapConfig: {"bitmap"},
-                   TcScatterConfig: {"tc-scatter"}, Split24Config: {"split-24"}, DeltaRunsConfig: {"delta-runs"}}
+                   TcScatterConfig: {"tc-scatter"}, Split24Config: {"split-24"}, DeltaRunsConfig: {"delta-runs"},
+                   BitmapTcConfig: {"bitmap-tc"}}
 TILE_MAPPINGS = {"row-groups", "row-per-block", "split-k", "staged-x", "inline"}
 
 

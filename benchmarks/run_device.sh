@@ -31,9 +31,10 @@
 #   rowlane       the one-row-a-lane bitmap decode (benchmarks/proto/rowlane_walk.cu) at N = 1, fp16: 4096^2 at
 #                 50 / 70 / 90% first, then the large shapes
 #   delta_runs    the 8-bit-gap run decode prototype (benchmarks/proto/delta_runs.cu) at N = 1, fp16 then bf16
-#   delta_trials  delta-runs' configs, trials included (persistent blocks), every one timed at N = 1, then at
-#                 N = 8 beside csr-staged and tc-scatter; Llama shapes at 50 / 70 / 90%, fp16, weights rotated
-#                 (benchmarks/designs.py)
+#   delta_trials  delta-runs' configs, every one timed at N = 1; then N = 8's candidates (csr-staged, bitmap-tc);
+#                 Llama shapes at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
+#   bitmap_tc     bitmap-tc's configs beside csr-staged and tc-scatter at N = 8 and 16, X as N x K (a Linear's) then
+#                 K x N; Llama shapes at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
 #   gated_mlp     the Llama MLP's gate and up in one delta-runs kernel against the pair apart and dense, 14336 x
 #                 4096 at 50 / 70 / 90%, fp16, N = 1, weights rotated (benchmarks/gated_mlp.py)
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
@@ -178,7 +179,13 @@ stage() {
         --mappings delta-runs --rotate-all
       run designs_delta_trials_n8 python3 benchmarks/designs.py "$OUT/designs_delta_trials_n8_fp16.json" "$D" \
         "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/8" --dtype float16 \
-        --mappings delta-runs,csr-staged,tc-scatter --rotate-all ;;
+        --mappings delta-runs,csr-staged,bitmap-tc --rotate-all ;;
+    bitmap_tc)
+      for layout in nk kn; do for n in 8 16; do
+        run "designs_bitmap_tc_n${n}_$layout" python3 benchmarks/designs.py "$OUT/designs_bitmap_tc_n${n}_${layout}_fp16.json" \
+          "$D" "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/$n" --dtype float16 --layout $layout \
+          --mappings bitmap-tc,csr-staged,tc-scatter --rotate-all
+      done; done ;;
     delta_runs)
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;
@@ -198,6 +205,7 @@ stage() {
 for s in "$@"; do echo "== $s"; stage "$s" 2>&1 | tee -a "$L/stages.log"; done
 # one file back: the device returns at most a few files from $OUT; the JSON stay beside the tarball only where it
 # would pass the size a returned file may have
-( cd "$OUT" && tar czf results.tgz logs $(ls *.json *.png 2>/dev/null) \
+# a second invocation in one command adds to the first's tarball (files of this one win)
+( cd "$OUT" && { [ ! -f results.tgz ] || tar xzf results.tgz --skip-old-files; } && tar czf results.tgz logs $(ls *.json *.png 2>/dev/null) \
     && if (( $(stat -c %s results.tgz) < 15000000 )); then rm -rf logs ./*.json ./*.png; else rm -rf logs; fi )
 tar tzf "$OUT/results.tgz"

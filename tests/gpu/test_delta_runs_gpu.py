@@ -10,7 +10,7 @@ import torch
 from sparseforge import compile_spmm
 from sparseforge.formats.device import DeviceCsr
 from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
-from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_trials
+from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_kept
 from sparseforge.suite.llm import magnitude_prune, seeded_weight
 
 pytestmark = pytest.mark.gpu
@@ -36,10 +36,10 @@ def test_llm_shaped_decode_matches_float64(sparsity, dtype, layout, packed, n):
     wd = torch.from_numpy(w.astype(str(dtype).replace("torch.", "")).to_dense().astype(np.float64)).cuda()
     gen = torch.Generator(device="cuda").manual_seed(1)
     name = str(dtype)[6:]
-    # the trials with 4 SMs' worth of persistent blocks: a warp takes several of the 1000 rows
+    # the kept configs with 4 SMs' worth of persistent blocks: a warp takes several of the 1000 rows
     configs = (delta_runs_candidates(1, layout, 1000, w.nnz / 1000, False, name, 132) if n == 1 else
                [DeltaRunsConfig(warps_per_block=8, ahead=4, overlap=False)]) + \
-        delta_runs_trials(n, layout, 1000, w.nnz / 1000, False, name, 4)
+        delta_runs_kept(n, 4)
     for config in configs:
         source = w if packed == "host" else _device_csr(w, dtype)
         kernel = compile_spmm(source, n, dtype, layout, bias=bias, config=config, tune_budget=None, residual=True)

@@ -108,13 +108,15 @@ def test_nan_reaches_every_row_of_its_column_as_in_the_dense_product():
     assert torch.isnan(y[1]).all() and torch.isnan(y[2]).all() and torch.isfinite(y[0]).all()
 
 
-def test_the_chooser_proposes_it_for_half_precision_decode_and_names_it():
+def test_the_chooser_proposes_it_for_half_precision_from_17_columns_and_names_it():
     w = magnitude_prune(seeded_weight(2048, 2048, seed=5), 0.8)
-    kernel = compile_spmm(w, 8, torch.float16, "nk", tune_budget=2.0)
+    kernel = compile_spmm(w, 24, torch.float16, "nk", tune_budget=2.0)
     mappings = {r["mapping"] for r in kernel.choice.records}
     assert "tc-scatter" in mappings and kernel.mapping in mappings
     _check(kernel, w, torch.float16, "nk")
-    fp32 = compile_spmm(w, 8, torch.float32, "nk", tune_budget=None)
+    at_8 = {r["mapping"] for r in compile_spmm(w, 8, torch.float16, "nk", tune_budget=None).choice.records}
+    assert "bitmap-tc" in at_8 and "tc-scatter" not in at_8  # bitmap-tc beat it in every measured case there
+    fp32 = compile_spmm(w, 24, torch.float32, "nk", tune_budget=None)
     assert "tc-scatter" not in {r["mapping"] for r in fp32.choice.records}
 
 

@@ -96,6 +96,7 @@ _P = "sparseforge."
 _BITMAP = _P + "mappings.bitmap."
 _TC = _P + "mappings.tc_scatter."
 _DR = _P + "mappings.delta_runs."
+_BTC = _P + "mappings.bitmap_tc."
 _SPLIT24 = _P + "mappings.split24."
 _CSR = _P + "mappings.csr."
 _TILE = _P + "mappings.tile."
@@ -118,14 +119,19 @@ FAMILIES: tuple[Family, ...] = (
            _TC + "plan:make_tc_scatter_plan", _TC + "render:render_tc_scatter", _TC + "cost:tc_scatter_estimate",
            _TC + "space:tc_scatter_candidates", _TC + "plan:execute_tc_scatter", _TC + "plan:tc_scatter_traffic",
            residual=True, densify=_TC + "plan:densify_tc_scatter",
-           device_plan=_TC + "plan:make_tc_scatter_plan_on_device"),
+           device_plan=_TC + "plan:make_tc_scatter_plan_on_device", trials=_TC + "space:tc_scatter_trials"),
     Family("delta-runs", SPMM, _DR + "plan:DeltaRunsConfig", _DR + "plan:DeltaRunsPlan",
            _DR + "plan:make_delta_runs_plan", _DR + "render:render_delta_runs", _DR + "cost:delta_runs_estimate",
            _DR + "space:delta_runs_candidates", _DR + "plan:execute_delta_runs", _DR + "plan:delta_runs_traffic",
            residual=True, densify=_DR + "plan:densify_delta_runs",
-           device_plan=_DR + "plan:make_delta_runs_plan_on_device", trials=_DR + "space:delta_runs_trials",
+           device_plan=_DR + "plan:make_delta_runs_plan_on_device",
            format_fields=("gap_bits",), dense_writer=_DR + "plan:dense_writer_plan",
            gated=_DR + "plan:gated_delta_runs_plan"),
+    Family("bitmap-tc", SPMM, _BTC + "plan:BitmapTcConfig", _BTC + "plan:BitmapTcPlan",
+           _BTC + "plan:make_bitmap_tc_plan", _BTC + "render:render_bitmap_tc", _BTC + "cost:bitmap_tc_estimate",
+           _BTC + "space:bitmap_tc_candidates", _BTC + "plan:execute_bitmap_tc", _BTC + "plan:bitmap_tc_traffic",
+           residual=True, densify=_BTC + "plan:densify_bitmap_tc", device_plan=_BTC + "plan:make_bitmap_tc_plan_on_device",
+           trials=_BTC + "space:bitmap_tc_trials"),
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),

@@ -460,11 +460,11 @@ def weight_data(plan, device, fresh: bool = False) -> tuple[tuple, tuple | None]
 
 @lru_cache(maxsize=1)
 def generator_digest() -> str:
-    """sha256 of the code that turns a plan into PTX (codegen/, plan/ and every kernel family's folder under
-    mappings/): editing the generator invalidates cached kernels."""
+    """sha256 of the code that turns a plan into PTX (codegen/, plan/, every kernel family's folder under
+    mappings/, and formats/, whose layouts the kernels read): editing the generator invalidates cached kernels."""
     root = Path(__file__).resolve().parent.parent
     files = sorted((root / "codegen").glob("*.py")) + sorted((root / "plan").glob("*.py")) + \
-        sorted((root / "mappings").rglob("*.py"))
+        sorted((root / "mappings").rglob("*.py")) + sorted((root / "formats").glob("*.py"))
     return cache_key(*(f.read_bytes() for f in files))
 
 

@@ -20,6 +20,10 @@ _LABEL = re.compile(r"^([$A-Za-z_][\w$]*):$")  # nvcc's labels start with $
 _SHARED = re.compile(r"^\.shared \.align \d+ (\.[bfsu]\d+) (\w+)(?:\[(\d+)\])?;$")
 
 
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
 def _f32(bits: int) -> float:
     return float(np.uint32(bits).view(np.float32))
 
@@ -263,12 +267,15 @@ class Thread:
             else:
                 buf[offset:offset + size] = (v(args[1]) & _MASK[size * 8]).to_bytes(size, "little")
             return
-        if op.startswith("cp.async.ca.shared.global"):  # done at once: wait_group then has nothing to wait for
+        if op.startswith(("cp.async.ca.shared.global", "cp.async.cg.shared.global")):  # done at once: wait_group then has nothing to wait for
             size = int(args[2])
             dst, src = self._address(args[0]), self._address(args[1])
             _check_aligned(op, dst, size)
             _check_aligned(op, src, size)
-            self.memory.write(dst, size, self.memory.read(src, size))
+            copied = self._val(args[3]) if len(args) > 3 else size  # src-size: the bytes past it are zeros
+            assert 0 <= copied <= size, f"{op}: src-size {copied} over the copy's {size}"
+            data = self.memory.read(src, copied) if copied else 0
+            self.memory.write(dst, size, data)
             return
         if op in ("cp.async.commit_group", "cp.async.wait_all") or op.startswith("cp.async.wait_group"):
             return
@@ -323,6 +330,9 @@ class Thread:
             return
         if head in ("setp",):
             cmp, a, b = parts[1], v(args[1]), v(args[2])
+            if parts[-1] in ("s32", "s64"):  # two's complement: a negative value compares below zero
+                bits = int(parts[-1][1:])
+                a, b = (_signed(x & _MASK[bits], bits) for x in (a, b))
             self.preds[args[0]] = {"ge": a >= b, "ne": a != b, "lt": a < b, "eq": a == b, "gt": a > b}[cmp]
             return
         if op == "and.pred":

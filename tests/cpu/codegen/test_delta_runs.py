@@ -9,7 +9,7 @@ from sparseforge import SparseMatrix
 from sparseforge.codegen import render
 from sparseforge.mappings.delta_runs.plan import (DeltaRunsConfig, dense_writer_plan, execute_delta_runs,
                                                   gated_delta_runs_plan, make_delta_runs_plan)
-from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_trials
+from sparseforge.mappings.delta_runs.space import delta_runs_candidates, delta_runs_kept
 
 from .ptx_interp import launch
 from .test_interpreted import (TOLERANCE, _decode, _encode, _reference, assert_matches,
@@ -124,8 +124,7 @@ def test_every_proposed_config_assembles_without_spills(arch, dtype):
     w = SparseMatrix.from_dense(np.where(rng.random((64, k)) < 0.1, rng.standard_normal((64, k)), 0)
                                 .astype(np.float32))
     configs = delta_runs_candidates(1, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8)] + \
-        delta_runs_trials(1, "nk", 64, 0.1 * k, False, dtype, 132) + \
-        delta_runs_trials(8, "nk", 64, 0.1 * k, False, dtype, 132) + [DeltaRunsConfig(16, 8, 4)]
+        delta_runs_kept(1, 132) + delta_runs_kept(8, 132) + [DeltaRunsConfig(16, 8, 4)]
     for config in configs:
         for n, residual in ((1, False), (1, True), (2, True), (4, False), (8, True)):
             try:

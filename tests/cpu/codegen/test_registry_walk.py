@@ -22,9 +22,10 @@ from .test_interpreted import _reference, assert_matches, run_data_kernel, run_p
 
 # how the interpreter launches each family's kernel, as the runtime does; None: a composite, nothing of its own
 RUNNERS = {"tile": run_plan, "csr": run_data_kernel, "csr-columns": run_data_kernel, "bitmap": run_data_kernel,
+           "bitmap-tc": run_data_kernel,
            "tc-scatter": run_data_kernel, "delta-runs": run_data_kernel, "split-24": None, "conv-csr-columns": run_conv, "conv-tile": run_generated}
 # small SpMM problems tried in turn until the family's space proposes a config that plans: (n, dtype, layout)
-PROBLEMS = [(8, "float16", "kn"), (1, "float16", "nk"), (4, "bfloat16", "kn"), (24, "float32", "kn"),
+PROBLEMS = [(8, "float16", "kn"), (1, "float16", "nk"), (4, "bfloat16", "kn"), (24, "float32", "kn"), (32, "float16", "nk"),
             (128, "float16", "nk")]
 HOOKS = ("config", "plan_class", "plan", "render", "estimate", "candidates", "trials", "execute", "operand_bytes",
          "sketch", "compile_seconds", "check", "verify", "dense_writer")

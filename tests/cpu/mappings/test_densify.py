@@ -11,6 +11,7 @@ from sparseforge.formats.device import DeviceCsr
 from sparseforge.mappings.registry import families, plan_family
 from sparseforge.mappings.delta_runs.plan import (DeltaRunsConfig, make_delta_runs_plan,
                                                   make_delta_runs_plan_on_device)
+from sparseforge.mappings.bitmap_tc.plan import make_bitmap_tc_plan, make_bitmap_tc_plan_on_device
 from sparseforge.mappings.tc_scatter.plan import make_tc_scatter_plan, make_tc_scatter_plan_on_device
 from sparseforge.runtime.kernel import weight_data
 
@@ -53,18 +54,20 @@ def test_csr_arrays_give_w_back(m, k, density, config, layout, dtype):
 ])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("built", ["host", "device"])
-@pytest.mark.parametrize("family", ["tc-scatter", "delta-runs", "delta-runs 4-bit"])
+@pytest.mark.parametrize("family", ["tc-scatter", "delta-runs", "delta-runs 4-bit", "bitmap-tc"])
 def test_16_bit_decode_arrays_give_w_back(m, k, density, dtype, built, family):
     w = _matrix(m, k, density, seed=m + k, empty_rows=(m - 1,)).astype(dtype)
-    n, config = (8, None) if family == "tc-scatter" else (1, DeltaRunsConfig(gap_bits=4 if "4" in family else 8))
+    n, config = (8, None) if family in ("tc-scatter", "bitmap-tc") else \
+        (1, DeltaRunsConfig(gap_bits=4 if "4" in family else 8))
+    host, device = {"tc-scatter": (make_tc_scatter_plan, make_tc_scatter_plan_on_device),
+                    "bitmap-tc": (make_bitmap_tc_plan, make_bitmap_tc_plan_on_device)}.get(
+        family, (make_delta_runs_plan, make_delta_runs_plan_on_device))
     if built == "host":
-        make = make_tc_scatter_plan if family == "tc-scatter" else make_delta_runs_plan
-        plan = make(w, n, dtype, "nk", config)
+        plan = host(w, n, dtype, "nk", config)
     else:  # the format made by torch ops where W lies (here the CPU), as a GPU layer packs it
         csr = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
                         torch.from_numpy(w.values.astype(np.float32)).to(getattr(torch, dtype)), w.shape, dtype)
-        make = make_tc_scatter_plan_on_device if family == "tc-scatter" else make_delta_runs_plan_on_device
-        plan = make(csr, 1, dtype, "nk", config)
+        plan = device(csr, 1 if family != "bitmap-tc" else n, dtype, "nk", config)
     arrays, _ = weight_data(plan, "cpu")
     out = torch.full((m, k), float("nan"), dtype=getattr(torch, dtype))
     assert plan_family(plan).hook("densify")(plan, arrays, out) is out

@@ -180,14 +180,20 @@ def test_bitmap_estimate_streams_fewer_bytes_than_dense_and_is_deterministic():
     assert dense_estimate(512, 4096, 1, "float16") > H200.launch_us
 
 
-def test_tc_scatter_is_proposed_for_half_precision_up_to_n_64_only():
+def test_tc_scatter_is_proposed_for_half_precision_from_n_17_to_64_and_bitmap_tc_below():
+    from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig
     from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
 
-    def proposed(n, dtype):
-        return [c for c in search_space(n, "nk", 4096, 1200.0, dtype=dtype) if isinstance(c, TcScatterConfig)]
+    def proposed(n, dtype, kind=TcScatterConfig, unmeasured=False):
+        return [c for c in search_space(n, "nk", 4096, 1200.0, dtype=dtype, unmeasured=unmeasured)
+                if isinstance(c, kind)]
 
-    assert proposed(1, "float16") and proposed(64, "bfloat16")
+    assert proposed(17, "float16") and proposed(64, "bfloat16")
     assert not proposed(65, "float16") and not proposed(1, "float32") and not proposed(16, "float32")
+    assert not proposed(16, "float16") and proposed(16, "float16", unmeasured=True)  # timed side by side only
+    assert proposed(2, "bfloat16", BitmapTcConfig) and proposed(16, "float16", BitmapTcConfig)
+    assert not proposed(1, "float16", BitmapTcConfig) and not proposed(17, "float16", BitmapTcConfig)
+    assert not proposed(8, "float32", BitmapTcConfig) and proposed(1, "float16", BitmapTcConfig, unmeasured=True)
 
 
 def test_tc_scatter_estimates_fall_with_sparsity_and_stay_finite():

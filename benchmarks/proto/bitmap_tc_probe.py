@@ -1,0 +1,43 @@
+"""Which part of the bitmap-tc kernel bounds it: the kernel with one part replaced by register moves (wrong
+results, timing only), weights rotated, N = 8. python3 benchmarks/proto/bitmap_tc_probe.py VARIANT"""
+import os
+import re
+import sys
+import tempfile
+
+os.environ["SPARSEFORGE_CACHE_DIR"] = tempfile.mkdtemp()
+import torch  # noqa: E402
+
+import sparseforge.mappings.bitmap_tc.render as R  # noqa: E402
+from sparseforge import compile_spmm  # noqa: E402
+from sparseforge.bench.gpu import _rotating_times  # noqa: E402
+from sparseforge.codegen.ptx import KernelSource  # noqa: E402
+from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig  # noqa: E402
+from sparseforge.suite.llm import magnitude_prune, seeded_weight  # noqa: E402
+
+variant = sys.argv[1]
+original = R.render_bitmap_tc
+
+
+def patched(plan):
+    text = original(plan).modules[0]
+    if "nolds" in variant:
+        text = re.sub(r"@%ps ld\.shared\.b16 (%h\d), \[%ptr\];", r"@%ps cvt.u16.u32 \1, %ptr;", text)
+    if "noshfl" in variant:
+        text = re.sub(r"shfl\.sync\.up\.b32 %x\|%pu, %c, (\d+), 0, -1;", r"add.u32 %x, %c, \1; setp.ne.u32 %pu, %x, 0;", text)
+        text = text.replace("shfl.sync.idx.b32 %tot, %c, 31, 31, -1;", "add.u32 %tot, %c, 64;")
+    if "nob" in variant:
+        text = re.sub(r"@%pq ld\.global\.nc\.b32 (%bq\d+_\d), \[[^\]]*\];", r"@%pq mov.b32 \1, 15360;", text)
+    if "nocopy" in variant:
+        text = text.replace("cp.async.cg.shared.global [%ad], [%rdt], 16;", "st.shared.b32 [%ad], %t;")
+    return KernelSource(plan.name, (text,), 0)
+
+
+R.render_bitmap_tc = patched
+for shape, sparsity in (((14336, 4096), 0.5), ((14336, 4096), 0.9), ((4096, 4096), 0.7)):
+    w = magnitude_prune(seeded_weight(*shape, seed=0), sparsity).astype("float16")
+    for config in (BitmapTcConfig(8, 2), BitmapTcConfig(4, 4)):
+        kernel = compile_spmm(w, 8, torch.float16, "nk", config=config, tune_budget=None)
+        t = _rotating_times(kernel, w.to_torch("cuda"), "nk", torch.float16, (8, shape[1]), 11)
+        print(f"{variant:14s} {shape} {sparsity} {config.short()} sparse {t['sparseforge_rotating_us']:.2f} us "
+              f"cublas {t['cublas_rotating_us']:.2f} us", flush=True)

@@ -1,0 +1,60 @@
+"""The epilogue the tensor-core kernels share (tc-scatter, bitmap-tc): a block of warps on one strip of 16 rows,
+each holding mma.m16n8k16 accumulators over its own range of K."""
+from __future__ import annotations
+
+from .emitter import Emitter, widen
+
+TILE = 16  # rows of a strip (an mma's M)
+
+
+def strip_epilogue(e: Emitter, plan) -> None:
+    """After the walk: the warps' m16n8 accumulators (%c{n-tile}_{0..3}) meet in shared memory (`smem`, free
+    by now), and each thread adds its outputs' partial sums in warp order (deterministic), then bias,
+    residual, ReLU (max.NaN), rounding and the store. The kernel has %rtid, %warp, %g, %tq, %rs (strip),
+    %rgx (column group) and %rdz (batch entry) set; plan: block_columns, n_tiles, config.warps_per_block."""
+    c, es = plan.config, plan.element_bytes
+    bc, threads = plan.block_columns, c.threads
+    e.comment("the warps' accumulators meet in shared memory (the tile buffers are free now), then each thread "
+              "adds its outputs' partial sums in warp order")
+    e.lines(["bar.sync 0;", "mov.u32 %t, smem;", f"mad.lo.u32 %o, %warp, {TILE}, %g;",
+             f"mul.lo.u32 %o, %o, {bc};", "mad.lo.u32 %o, %tq, 2, %o;", "mad.lo.u32 %ad, %o, 4, %t;"])
+    for nt in range(plan.n_tiles):
+        e.lines([f"st.shared.v2.f32 [%ad+{nt * 32}], {{%c{nt}_0, %c{nt}_1}};",
+                 f"st.shared.v2.f32 [%ad+{nt * 32 + 8 * bc * 4}], {{%c{nt}_2, %c{nt}_3}};"])
+    e.line("bar.sync 0;")
+    e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;"])
+    if plan.residual:
+        e.lines(["ld.param.u64 %rdr, [p_residual];", "cvta.to.global.u64 %rdr, %rdr;", "add.s64 %rdr, %rdr, %rdt;"])
+    if plan.bias is not None:
+        e.lines(["ld.param.u64 %rdbias, [p_bias];", "cvta.to.global.u64 %rdbias, %rdbias;"])
+    elements = TILE * bc
+    shift = bc.bit_length() - 1
+    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+    for i in range(-(-elements // threads)):
+        done = f"STORED{i}"
+        e.lines([f"add.u32 %o, %rtid, {i * threads};", f"setp.ge.u32 %pt, %o, {elements};", f"@%pt bra {done};"])
+        if plan.layout == "kn":  # C[m, n]: consecutive threads along n
+            e.lines([f"shr.u32 %rw, %o, {shift};", f"and.b32 %cl, %o, {bc - 1};"])
+        else:  # Y[n, m]: consecutive threads along m
+            e.lines([f"shr.u32 %cl, %o, 4;", "and.b32 %rw, %o, 15;"])
+        e.lines([f"mad.lo.u32 %n, %rgx, {bc}, %cl;", f"mad.lo.u32 %m, %rs, {TILE}, %rw;",
+                 f"setp.ge.u32 %pt, %n, {plan.N};", f"@%pt bra {done};", f"setp.ge.u32 %pt, %m, {plan.M};",
+                 f"@%pt bra {done};", f"mad.lo.u32 %ad, %rw, {bc}, %cl;", "mad.lo.u32 %ad, %ad, 4, %t;",
+                 "ld.shared.f32 %acc, [%ad];"])
+        for w in range(1, c.warps_per_block):
+            e.lines([f"ld.shared.f32 %f, [%ad+{w * TILE * bc * 4}];", "add.f32 %acc, %acc, %f;"])
+        if plan.bias is not None:
+            e.lines(["mad.wide.u32 %rdt, %m, 4, %rdbias;", "ld.global.nc.f32 %f, [%rdt];", "add.f32 %acc, %acc, %f;"])
+        if plan.layout == "kn":
+            e.line(f"mad.lo.u32 %o, %m, {plan.N}, %n;")
+        else:
+            e.line(f"mad.lo.u32 %o, %n, {plan.M}, %m;")
+        if plan.residual:
+            e.lines(["mad.wide.u32 %rdt, %o, 2, %rdr;", "ld.global.nc.b16 %hv16, [%rdt];"])
+            widen(e, plan.dtype, "%f", "%hv16")
+            e.line("add.f32 %acc, %acc, %f;")
+        if plan.relu:
+            e.line("max.NaN.f32 %acc, %acc, 0f00000000;")
+        e.lines([f"{cvt} %hv16, %acc;", "mad.wide.u32 %rdt, %o, 2, %rdc;", "st.global.b16 [%rdt], %hv16;"])
+        e.label(done)

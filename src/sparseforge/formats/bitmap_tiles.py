@@ -1,0 +1,194 @@
+"""BitmapTiles: W as 16 x 16 tiles, each a 256-bit bitmap plus its nonzero values packed in the order a
+tensor core's A fragment wants them.
+
+Why this format: a decode step multiplies each weight once, so its time is W's bytes. One bit a position and
+two bytes a nonzero is 2 (1 - s) + 1/8 bytes a weight against dense fp16's 2: 1.78x / 2.76x / 6.2x fewer at
+50 / 70 / 90% sparsity; a 16-bit index and value (CSR) is as many bytes as dense at 50%. And the bitmap
+is read straight into registers: no dense tile is rebuilt in shared memory.
+
+Tile order (bit f of a tile's bitmap, f = 8 lane + 2 r + h): lane l = 4 g + t of a warp holds the A
+fragment of mma.m16n8k16 in 4 registers r of 2 halves h: row g + 8 (r & 1), column 2 t + h + 8 (r >> 1) of
+the tile (PTX ISA, "Matrix Fragments for mma.m16n8k16"). So a lane's 8 positions are one byte of the bitmap,
+byte l; a tile's values are packed in bit order, so a lane's nonzeros are consecutive, starting at the
+number of set bits below its byte.
+
+Layout (uint32 words, 16-byte units): strips of 16 rows; each strip's columns in chunks of 8 tiles (128
+columns); chunks in (strip, chunk) order, each
+    [8 bitmaps of 8 words: word j holds lanes 4 j .. 4 j + 3][its tiles' values in tile order][zeros to 16 B]
+(a chunk past K has empty tiles: zero bitmaps, no values). offsets[strip * chunks + c] is chunk c's first
+unit, and one more entry ends the last chunk. Extra bytes: 4 per chunk of offsets and 8 of padding on
+average, 0.006 bytes a weight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TILE = 16                       # rows and columns of a tile (one mma A operand)
+CHUNK_TILES = 8                 # tiles of a chunk (a strip's 128 consecutive columns)
+CHUNK_COLUMNS = TILE * CHUNK_TILES
+BITMAP_WORDS = TILE * TILE // 32  # uint32 words of a tile's bitmap
+BITMAP_BYTES = CHUNK_TILES * BITMAP_WORDS * 4  # a chunk's bitmaps (256 bytes: 16 units)
+UNIT = 16                       # bytes of an offset unit (one cp.async)
+assert CHUNK_COLUMNS == 1 << 7 and TILE == 1 << 4  # the builders' shifts
+
+
+def slot_of(rows, cols):
+    """Bit f of a tile's bitmap for row r, column c within the tile (numpy arrays or torch tensors)."""
+    g, rr, t, h, cc = rows & 7, rows >> 3, (cols & 7) >> 1, cols & 1, cols >> 3
+    return 8 * (4 * g + t) + 2 * (rr + 2 * cc) + h
+
+
+def cell_of(slot):
+    """(row, column) within the tile of bit `slot`: slot_of's inverse."""
+    lane, r, h = slot >> 3, (slot >> 1) & 3, slot & 1
+    return (lane >> 2) + 8 * (r & 1), 2 * (lane & 3) + h + 8 * (r >> 1)
+
+
+@dataclass(frozen=True)
+class BitmapTiles:
+    """W (M x K) as bitmap tiles (module docstring). `data` holds the chunks as 32-bit words (numpy uint32 on
+    the host, or an int32 torch tensor on W's device, the same bits); `offsets` (uint32, host) the chunks'
+    first units. `dtype` names the values' 16-bit type."""
+    M: int
+    K: int
+    nnz: int
+    dtype: str
+    data: object = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
+
+    @property
+    def strips(self) -> int:
+        return -(-self.M // TILE)
+
+    @property
+    def chunks_per_strip(self) -> int:
+        return max(1, -(-self.K // CHUNK_COLUMNS))
+
+    @property
+    def units(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def max_chunk_units(self) -> int:
+        """The largest chunk, in 16-byte units (what a kernel's buffer for one chunk must hold)."""
+        return int(np.diff(self.offsets.astype(np.int64)).max(initial=0))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes as stored: the chunks and the offsets."""
+        return self.units * UNIT + self.offsets.size * 4
+
+    def bytes_per_weight(self) -> float:
+        return self.nbytes / (self.M * self.K)
+
+    def on_host(self) -> "BitmapTiles":
+        if isinstance(self.data, np.ndarray):
+            return self
+        return BitmapTiles(self.M, self.K, self.nnz, self.dtype, self.data.cpu().numpy().view(np.uint32),
+                           self.offsets)
+
+
+def _half_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float values as the uint16 bits of `dtype` (bfloat16 rounded to nearest even)."""
+    if dtype == "float16":
+        return np.asarray(values, dtype=np.float16).view(np.uint16)
+    if dtype != "bfloat16":
+        raise ValueError(f"bitmap tiles hold float16 or bfloat16 values, got {dtype!r}")
+    bits = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _layout(counts):
+    """Per chunk its units (bitmaps, then the values rounded up to 16 bytes) from its nonzero counts."""
+    return BITMAP_BYTES // UNIT + (2 * counts + UNIT - 1) // UNIT
+
+
+def bitmap_tiles(w, dtype: str = "float16") -> BitmapTiles:
+    """W's bitmap tiles built by numpy from a SparseMatrix (values rounded to `dtype`)."""
+    m, k = w.shape
+    strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
+    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(w.indptr))
+    cols = np.asarray(w.indices, dtype=np.int64)
+    chunk = (rows >> 4) * per_strip + (cols >> 7)
+    tile = (cols >> 4) & (CHUNK_TILES - 1)
+    key = (chunk * CHUNK_TILES + tile) * 256 + slot_of(rows & 15, cols & 15)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    counts = np.bincount(key >> 11, minlength=strips * per_strip)
+    offsets = np.concatenate([[0], np.cumsum(_layout(counts))]).astype(np.int64)
+    if offsets[-1] >= 2 ** 32:
+        raise ValueError(f"W's bitmap tiles take {offsets[-1] * UNIT} bytes; offsets count 16-byte units in 32 bits")
+    words = np.zeros(int(offsets[-1]) * UNIT // 4, np.uint32)
+    chunk_of = key >> 11
+    slot = key & 2047  # tile within the chunk, then the bit
+    word = offsets[chunk_of] * 4 + (slot >> 5)
+    words += np.bincount(word, weights=np.ldexp(1.0, (slot & 31).astype(np.int32)),
+                         minlength=words.size).astype(np.uint64).astype(np.uint32)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(key.size, dtype=np.int64) - first[chunk_of]
+    halves = words.view(np.uint16)
+    halves[offsets[chunk_of] * (UNIT // 2) + BITMAP_BYTES // 2 + rank] = \
+        _half_bits(np.asarray(w.values, dtype=np.float64)[order], dtype)
+    return BitmapTiles(m, k, w.nnz, dtype, words, offsets.astype(np.uint32))
+
+
+def bitmap_tiles_on_device(w, dtype: str) -> BitmapTiles:
+    """bitmap_tiles' format from a formats.DeviceCsr by torch ops on W's device, the same bits (data as int32);
+    offsets come to the host (one small copy)."""
+    import torch
+
+    m, k = w.shape
+    dev = w.device
+    strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
+    rows = torch.repeat_interleave(torch.arange(m, device=dev), torch.diff(w.indptr), output_size=w.nnz)
+    cols = w.indices.long()
+    key = (((rows >> 4) * per_strip + (cols >> 7)) * CHUNK_TILES + ((cols >> 4) & 7)) * 256 \
+        + slot_of(rows & 15, cols & 15)
+    key, order = torch.sort(key, stable=True)
+    chunk_of = key >> 11
+    counts = torch.bincount(chunk_of, minlength=strips * per_strip)
+    offsets = torch.zeros(strips * per_strip + 1, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(_layout(counts), 0)
+    total = int(offsets[-1])
+    if total >= 2 ** 32:
+        raise ValueError(f"W's bitmap tiles take {total * UNIT} bytes; offsets count 16-byte units in 32 bits")
+    slot = key & 2047
+    # bits of one word are distinct: their sum is their OR (int64, then the low 32 bits)
+    words = torch.zeros(total * UNIT // 4, dtype=torch.int64, device=dev)
+    words.index_add_(0, offsets[chunk_of] * 4 + (slot >> 5), torch.ones_like(slot) << (slot & 31))
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(key.numel(), device=dev) - first[chunk_of]
+    values = w.values[order].to(getattr(torch, dtype))
+    halves = words.view(getattr(torch, dtype))
+    halves[offsets[chunk_of] * (UNIT // 2) + BITMAP_BYTES // 2 + rank] = values
+    return BitmapTiles(m, k, w.nnz, dtype, words, offsets.cpu().numpy().astype(np.uint32))
+
+
+def decode_dense(f: BitmapTiles) -> np.ndarray:
+    """W (M x K, float64) read back from the format the way a kernel walks it: per chunk its bitmaps, per
+    tile the lanes' bytes in order, values consumed in bit order (a layout bug shows as a wrong product)."""
+    f = f.on_host()
+    words = np.asarray(f.data).view(np.uint32)
+    halves = words.view(np.uint16)
+    values = halves.view(np.float16).astype(np.float64) if f.dtype == "float16" else \
+        (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    per_strip = f.chunks_per_strip
+    dense = np.zeros((f.strips * TILE, per_strip * CHUNK_COLUMNS))
+    slots = np.arange(256)
+    rows, cols = cell_of(slots)
+    for chunk in range(f.strips * per_strip):
+        s, c = divmod(chunk, per_strip)
+        start, end = int(f.offsets[chunk]), int(f.offsets[chunk + 1])
+        base = start * UNIT // 2 + BITMAP_BYTES // 2  # the chunk's first value, in halves
+        at = 0
+        for t in range(CHUNK_TILES):
+            bitmap = words[start * 4 + t * BITMAP_WORDS: start * 4 + (t + 1) * BITMAP_WORDS]
+            bits = ((bitmap[slots >> 5] >> (slots & 31).astype(np.uint32)) & 1).astype(bool)
+            n = int(bits.sum())
+            dense[s * TILE + rows[bits], c * CHUNK_COLUMNS + t * TILE + cols[bits]] = values[base + at: base + at + n]
+            at += n
+        assert (base + at) * 2 <= end * UNIT, f"chunk {chunk}: its values run past its end"
+    return dense[: f.M, : f.K]

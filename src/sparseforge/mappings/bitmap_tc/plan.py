@@ -1,0 +1,270 @@
+"""The bitmap-tc mapping: W as bitmap tiles (formats/bitmap_tiles.py) decoded straight into the A fragments
+of mma.sync m16n8k16 on the tensor cores, for float16 / bfloat16 at N = 1..64 (decode and small batches).
+
+Why: at N >= 8 a CUDA-core kernel pays N FMAs and a read of X per nonzero (csr-staged: 0.6x of cuBLAS at
+50% and N = 8 on the H200), and tc-scatter rebuilds each dense tile in shared memory, an entry a store, with
+3 bytes an entry. Here W is 2 (1 - s) + 1/8 bytes a weight and each lane decodes its own 8 positions of a
+tile in registers: its byte of the bitmap, the set bits below it (a popc and a 3-step shuffle scan over the
+tile's 8 words), then one 16-bit shared load a set bit. One mma a tile and n-tile; the decode is shared by
+every n-tile, so wider N costs little more.
+
+The kernel (render.py): a block is one strip of 16 rows (grid.y) and all N columns; its warps split the
+strip's chunks into consecutive ranges (split K inside the block). A warp streams its chunks into a ring of
+`stages` buffers in shared memory with cp.async (16 bytes a lane, coalesced), `stages - 1` chunks ahead of
+the one it decodes; a chunk's offsets come from one load a lane at the start (lane j holds chunk j's) and a
+shuffle. B (X) comes from global memory (L1 / L2) as 32-bit pairs. At the end the warps' accumulators meet in
+shared memory and are added in warp order (deterministic), with bias, residual and ReLU (codegen/mma_epilogue).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...formats import SparseMatrix
+from ...formats.bitmap_tiles import (BitmapTiles, CHUNK_COLUMNS, UNIT, bitmap_tiles, bitmap_tiles_on_device,
+                                     decode_dense)
+from ...plan.config import WARP, epilogue_tag, require_ints
+from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
+
+N_TILE = 8             # output columns of one mma
+MAX_N = 16             # N a block covers: B comes from L2 a tile and n-tile, so wider N re-reads more of it
+# than W's bytes (at N = 64 on the H200: 0.21x of cuBLAS); wider N wants B staged in shared memory
+BUFFER_STEP = 32       # a chunk buffer's size is rounded up to this many units (512 bytes): a density bucket
+MAX_CHUNKS_A_WARP = 31  # a warp's chunk offsets sit one a lane (31 chunks and the end)
+SHARED_LIMIT = 227 * 1024
+X_ROW_BYTES = CHUNK_COLUMNS * 2 + 16  # a staged row of B: a chunk's columns, padded so ldmatrix's 8 rows hit
+# different banks
+
+
+@dataclass(frozen=True)
+class BitmapTcConfig:
+    # warps of a block, all on one strip, each over a consecutive range of its chunks (their partial sums are
+    # added in shared memory): more warps, more bytes in flight for layers of few strips
+    warps_per_block: int = 8
+    # chunk buffers a warp cycles through: stages - 1 chunks in flight while one is decoded (2 measured best)
+    stages: int = 2
+    # tiles whose bitmap scans (a popc and 4 shuffles each, ~250 cycles of dependent latency) are issued before
+    # any of their values are read: a warp's in-order issue then overlaps the scans' latencies (1: tile by tile)
+    scan_group: int = 1
+
+    def __post_init__(self):
+        require_ints(self)
+        if self.warps_per_block not in (2, 4, 8, 16):
+            raise ValueError(f"warps_per_block must be 2, 4, 8 or 16, got {self.warps_per_block}")
+        if self.stages not in (2, 3, 4):
+            raise ValueError(f"stages must be 2, 3 or 4, got {self.stages}")
+        if self.scan_group not in (1, 2, 4, 8):
+            raise ValueError(f"scan_group must be 1, 2, 4 or 8, got {self.scan_group}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps_per_block * WARP
+
+    def short(self) -> str:
+        return f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
+
+
+@dataclass(frozen=True, eq=False)
+class BitmapTcPlan(WeightAsData):
+    """What the bitmap-tc kernel needs: the problem, the config and W's bitmap tiles."""
+    M: int
+    K: int
+    N: int
+    layout: str
+    dtype: str
+    config: BitmapTcConfig
+    format: BitmapTiles = field(repr=False)
+    nnz: int = 0
+    bias: tuple[float, ...] | None = None
+    relu: bool = False
+    arch: int = 90
+    digest: str = ""
+    residual: bool = False
+
+    family = "bitmap-tc"
+    mapping = "bitmap-tc"
+    partial_rows: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        # the buffer size is part of the binary: a density bucket of W, not its pattern
+        epi = epilogue_tag(self.bias, self.relu, self.residual)
+        return (f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}"
+                f"b{self.buffer_units}{epi}")
+
+    @property
+    def n_tiles(self) -> int:
+        return -(-self.N // N_TILE)
+
+    @property
+    def block_columns(self) -> int:
+        return N_TILE * self.n_tiles
+
+    @property
+    def chunks_per_warp(self) -> int:
+        return -(-self.format.chunks_per_strip // self.config.warps_per_block)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(column groups: one, strips) of one batch entry."""
+        return 1, self.format.strips
+
+    @property
+    def buffer_units(self) -> int:
+        """A chunk buffer, in 16-byte units: the largest chunk rounded up to BUFFER_STEP."""
+        return max(BUFFER_STEP, -(-self.format.max_chunk_units // BUFFER_STEP) * BUFFER_STEP)
+
+    @property
+    def stage_b(self) -> bool:
+        """B's rows for a chunk are copied into the chunk's buffer with the weights (16-byte cp.async, zeros
+        past K) and handed to the mma by ldmatrix: X's rows are the lanes' (layout nk, or N = 1) and K is a
+        multiple of 8 (every row 16-byte aligned). On the H200 B loaded from L2 at each tile (8 cache lines a
+        load) cost a third of the kernel's time at N = 8."""
+        return (self.layout == "nk" or self.N == 1) and self.K % 8 == 0
+
+    @property
+    def stage_bytes(self) -> int:
+        """One buffer: a chunk's weights, then (stage_b) its B rows."""
+        return self.buffer_units * UNIT + (N_TILE * self.n_tiles * X_ROW_BYTES if self.stage_b else 0)
+
+    @property
+    def vector_b(self) -> bool:
+        """B's two values of a register come with one 32-bit load: X's rows are the lanes' (layout nk, or
+        N = 1) and K is even (every pair 4-byte aligned and inside K or past it together)."""
+        return (self.layout == "nk" or self.N == 1) and self.K % 2 == 0
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The warps' chunk buffers; after the walk the same memory holds their partial sums."""
+        c = self.config
+        return max(c.warps_per_block * c.stages * self.stage_bytes, c.warps_per_block * 16 * self.block_columns * 4)
+
+    @property
+    def registers(self) -> int:
+        """Registers a thread takes, a little over what ptxas 13.0 gives for sm_90 (40 at N <= 16 tile by tile,
+        up to 64 with scans in groups of 8): the decode's ~30, 3 a tile of a scan group, the accumulators and B
+        per n-tile."""
+        return 40 + 3 * self.config.scan_group + 8 * self.n_tiles
+
+    def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
+        f = self.format
+        data = f.data.view(np.int32) if isinstance(f.data, np.ndarray) else f.data
+        return ((data, "int32"), (f.offsets.view(np.int32), "int32"))
+
+    def bytes_read(self) -> int:
+        return self.format.nbytes
+
+    def describe(self) -> str:
+        f, c = self.format, self.config
+        dense = self.M * self.K * self.element_bytes
+        return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz}; N {self.N}; layout {self.layout}; dtype "
+                f"{self.dtype}\n  bitmap tiles decoded into mma.m16n8k16 A fragments: {f.nbytes} bytes of W "
+                f"({f.bytes_per_weight():.3f} a weight, {dense / max(f.nbytes, 1):.2f}x fewer than dense); "
+                f"{c.warps_per_block} warps a strip, {self.chunks_per_warp} chunks of {CHUNK_COLUMNS} columns a "
+                f"warp, {c.stages} buffers of {self.stage_bytes} bytes a warp{' (B staged)' if self.stage_b else ''}, {self.n_tiles} n-tile(s); "
+                f"grid {self.grid} x batch, {self.threads} threads")
+
+
+def make_bitmap_tc_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
+                        config: BitmapTcConfig | None = None, bias=None, relu: bool = False, arch: int = 90,
+                        residual: bool = False) -> BitmapTcPlan:
+    config = _checked_options(n, dtype, layout, config, arch)
+    m, k = w.shape
+    fmt = w.packed(("bitmap-tc", dtype), lambda: bitmap_tiles(w, dtype))
+    return _checked_plan(BitmapTcPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
+                                      w.digest(), residual=bool(residual)))
+
+
+def make_bitmap_tc_plan_on_device(w, n: int, dtype: str = "float16", layout: str = DEFAULT_LAYOUT,
+                                  config: BitmapTcConfig | None = None, bias=None, relu: bool = False,
+                                  arch: int = 90, residual: bool = False) -> BitmapTcPlan:
+    """make_bitmap_tc_plan's plan from a formats.DeviceCsr, its tiles packed on W's device and shared by the
+    matrix's plans; the digest is empty (W is data)."""
+    config = _checked_options(n, dtype, layout, config, arch)
+    m, k = w.shape
+    fmt = w.packed(("bitmap-tc", dtype), lambda: bitmap_tiles_on_device(w, dtype))
+    return _checked_plan(BitmapTcPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
+                                      "", residual=bool(residual)))
+
+
+def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> BitmapTcConfig:
+    check_problem(n, dtype, layout)
+    if dtype == "float32":
+        raise ValueError("the bitmap-tc mapping multiplies on the tensor cores in float16 or bfloat16: for float32 "
+                         "use another mapping (compile_spmm without a config chooses one)")
+    if arch < 80:
+        raise ValueError(f"the bitmap-tc mapping needs mma.sync m16n8k16 and cp.async (sm_80 or newer), got sm_{arch}")
+    if n > MAX_N:
+        raise ValueError(f"the bitmap-tc mapping covers N <= {MAX_N} in one block, got N = {n}: use another mapping")
+    return config or BitmapTcConfig()
+
+
+def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
+    c = plan.config
+    if plan.chunks_per_warp > MAX_CHUNKS_A_WARP:
+        raise ValueError(f"K = {plan.K} gives {plan.format.chunks_per_strip} chunks of {CHUNK_COLUMNS} columns a "
+                         f"strip, {plan.chunks_per_warp} for each of {c.warps_per_block} warps, over the "
+                         f"{MAX_CHUNKS_A_WARP} a warp takes: use more warps_per_block")
+    if plan.dynamic_shared_bytes > SHARED_LIMIT:
+        raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {plan.stage_bytes} bytes need "
+                         f"{plan.dynamic_shared_bytes} bytes of shared memory, over {SHARED_LIMIT}: use fewer "
+                         "warps_per_block or stages")
+    if c.threads * plan.registers > 65536:
+        raise ValueError(f"{c.warps_per_block} warps at N = {plan.N} need about {plan.registers} registers a "
+                         "thread, over a block's 65536: use fewer warps_per_block")
+    check_launch(plan.grid)
+    return plan
+
+
+def execute_bitmap_tc(plan: BitmapTcPlan, b: np.ndarray) -> np.ndarray:
+    """float64 reference of what the kernel computes, from W decoded out of the plan's own tiles."""
+    b = np.asarray(b, dtype=np.float64)
+    if b.ndim == 3:
+        return np.stack([execute_bitmap_tc(plan, one) for one in b])
+    out = decode_dense(plan.format) @ (b if plan.layout == "kn" else b.T)
+    if plan.bias is not None:
+        out += np.asarray(plan.bias)[:, None]
+    if plan.relu:
+        out = np.maximum(out, 0)
+    return out if plan.layout == "kn" else out.T
+
+
+def bitmap_tc_traffic(plan: BitmapTcPlan) -> dict[str, int]:
+    """W's tiles streamed once per batch entry, B's columns once per strip (from L2), C written once; and the
+    floor (W, B and C once)."""
+    es = plan.element_bytes
+    output = plan.M * plan.N * es
+    b_reads = plan.format.strips * plan.K * plan.N * es
+    return {"fetched_bytes": plan.bytes_read() + b_reads + output,
+            "floor_bytes": plan.bytes_read() + plan.K * plan.N * es + output}
+
+
+def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
+    """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays (data, offsets:
+    runtime.kernel.weight_data) by torch ops there, without a host sync: every chunk's bits expanded, a set
+    bit's value at its rank in the chunk (formats/bitmap_tiles.py's layout). The chunk starts come from the
+    plan's host copy of the offsets."""
+    import torch
+
+    from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_TILES, TILE, cell_of
+
+    f, device = plan.format, out.device
+    data = arrays[0]
+    out.zero_()
+    chunks = f.strips * f.chunks_per_strip
+    starts = torch.from_numpy(f.offsets[:-1].astype(np.int64)).to(device, non_blocking=True)
+    slots = torch.arange(TILE * TILE, device=device)
+    # words [chunk, tile, 8] -> bits [chunk, tile * 256 + slot]
+    words = data[(starts[:, None] * (UNIT // 4) + torch.arange(CHUNK_TILES * BITMAP_WORDS, device=device))]
+    words = words.view(chunks, CHUNK_TILES, BITMAP_WORDS).long() & 0xFFFFFFFF
+    bits = ((words[:, :, slots >> 5] >> (slots & 31)) & 1).view(chunks, -1).bool()
+    rank = torch.cumsum(bits, 1) - 1
+    chunk, place = torch.nonzero(bits, as_tuple=True)
+    halves = data.view(getattr(torch, plan.dtype))
+    values = halves[starts[chunk] * (UNIT // 2) + BITMAP_BYTES // 2 + rank[chunk, place]]
+    rows, cols = cell_of(place & 255)
+    strip, within = chunk // f.chunks_per_strip, chunk % f.chunks_per_strip
+    row, col = strip * TILE + rows, within * CHUNK_COLUMNS + (place >> 8) * TILE + cols
+    out[row, col] = values.to(out.dtype)
+    return out

@@ -1,0 +1,199 @@
+"""Lowering target: the bitmap-tc kernel (plan.py). Pure: render_bitmap_tc(plan) -> PTX.
+
+Parameters: B (kn: [batch,] K x N; nk: [batch,] N x K), C ([batch,] M x N or N x M), data (the chunks as
+words), offsets (a chunk's first 16-byte unit), bias (fp32, or null), then the residual where the plan adds
+one. Dynamic shared memory: per warp `stages` chunk buffers of plan.buffer_units units.
+
+Per warp (plan.py has the why):
+- lane j loads chunk j's offset of the warp's range (and the end after the last);
+- a chunk's copy: its offsets by shuffle, then 16-byte cp.async a lane into its buffer, one commit group a
+  chunk (empty past the range, so `wait_group stages - 1` always means "the chunk to decode has landed");
+- the chunk loop is unrolled `stages` times, so a buffer's address is an immediate;
+- a tile: the lane's bitmap word (tile word g = lane / 4), its popc scanned over the 8 words by 3 shuffles
+  (lanes 4 apart), plus the bits below its byte in its word: where its values start; then per slot of its
+  byte a predicated 16-bit shared load and a step of the pointer; the 8 halves packed into the A fragment;
+  per n-tile B's two registers from global memory (zero past K or N) and one mma.
+"""
+from __future__ import annotations
+
+from ...codegen.emitter import Emitter
+from ...codegen.mma_epilogue import strip_epilogue
+from ...codegen.ptx import KernelSource, data_kernel
+from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, TILE, UNIT
+from .plan import N_TILE, X_ROW_BYTES, BitmapTcPlan
+
+
+def _mma(plan: BitmapTcPlan) -> str:
+    t = "bf16" if plan.dtype == "bfloat16" else "f16"
+    return f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32"
+
+
+def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
+    """Chunk %j of the warp's range (nothing past it) copied into buffer `stage`: its units, then (stage_b) B's
+    N rows over its 128 columns, 16 bytes a lane and copy (zeros past K); one commit group either way."""
+    buffer, weights = plan.stage_bytes, plan.buffer_units * UNIT
+    es = plan.element_bytes
+    e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};",
+             "shfl.sync.idx.b32 %st, %offr, %j, 31, -1;", "add.u32 %t, %j, 1;",
+             "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
+             f"add.u32 %sb, %wb, {stage * buffer};", "mov.u32 %u, %lane;"])
+    pieces = CHUNK_COLUMNS * es // UNIT  # 16-byte pieces of a B row over a chunk
+    if plan.stage_b:
+        e.lines([f"add.u32 %all, %sz, {plan.N * pieces};", "add.u32 %t, %cb, %j;",
+                 f"mul.lo.u32 %kcj, %t, {CHUNK_COLUMNS};"])
+    else:
+        e.line("mov.u32 %all, %sz;")
+    e.label(f"COPY{tag}")
+    e.lines(["setp.ge.u32 %pi, %u, %all;", f"@%pi bra ISSUED{tag};", "add.u32 %t, %st, %u;",
+             f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;", f"mov.u32 %csz, {UNIT};"])
+    if plan.stage_b:
+        e.comment("past the weights' units: B's piece (row, 16-byte piece) of this chunk's columns")
+        e.lines(["setp.lt.u32 %pw, %u, %sz;", f"@%pw bra COPYW{tag};", "sub.u32 %t, %u, %sz;",
+                 f"shr.u32 %xr, %t, {pieces.bit_length() - 1};", f"and.b32 %t, %t, {pieces - 1};",
+                 f"mad.lo.u32 %xk, %t, {UNIT // es}, %kcj;", f"setp.lt.u32 %pk, %xk, {plan.K};",
+                 f"selp.u32 %csz, {UNIT}, 0, %pk;", "selp.u32 %xk, %xk, 0, %pk;",
+                 f"mad.lo.u32 %ad, %xr, {X_ROW_BYTES}, %sb;", f"mad.lo.u32 %ad, %t, {UNIT}, %ad;",
+                 f"add.u32 %ad, %ad, {weights};", f"mul.wide.u32 %rdt, %xr, {plan.K * es};", "add.s64 %rdt, %rdt, %rdb;",
+                 f"mad.wide.u32 %rdt, %xk, {es}, %rdt;"])
+        e.label(f"COPYW{tag}")
+    e.lines([f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT}, %csz;", "add.u32 %u, %u, 32;", f"bra.uni COPY{tag};"])
+    e.label(f"ISSUED{tag}")
+    e.line("cp.async.commit_group;")
+
+
+def _b_pointers(e: Emitter, plan: BitmapTcPlan) -> None:
+    """Per n-tile %rdy: B's element (this lane's row n, the chunk's column %kc + 2 tq); %kr: columns left
+    from there (signed: K - kc - 2 tq)."""
+    e.lines(["mad.lo.u32 %t, %tq, 2, %kc;", f"mov.u32 %kr, {plan.K};", "sub.s32 %kr, %kr, %t;"])
+    for nt in range(plan.n_tiles):
+        e.line(f"mad.wide.u32 %rdy{nt}, %t, {_column_stride(plan)}, %rdx{nt};")
+
+
+def _column_stride(plan: BitmapTcPlan) -> int:
+    """Bytes between B's columns k and k + 1 of one row n."""
+    return plan.element_bytes if plan.vector_b or plan.layout == "nk" else plan.N * plan.element_bytes
+
+
+def _load_b(e: Emitter, plan: BitmapTcPlan, t: int, nt: int) -> None:
+    """B's two registers of tile t for n-tile nt: columns 16 t + 2 tq (+1) and + 8 of the lane's row n, zero
+    past K or N. Loaded at the tile: on the H200 loading a whole chunk's B a chunk ahead (32 more registers)
+    measured 5-10% slower at N = 8 (the kernel's limit is the decode's shared-memory and shuffle traffic)."""
+    stride = _column_stride(plan)
+    for half in range(2):
+        reg, first = f"%bq{nt}_{half}", 16 * t + 8 * half
+        if plan.vector_b:
+            e.lines([f"setp.gt.s32 %pk, %kr, {first};", f"and.pred %pq, %pk, %pn{nt};", f"mov.b32 {reg}, 0;",
+                     f"@%pq ld.global.nc.b32 {reg}, [%rdy{nt}+{first * stride}];"])
+            continue
+        for i in range(2):  # one element at a time: kn with N > 1, or K odd
+            e.lines([f"setp.gt.s32 %pk, %kr, {first + i};", f"and.pred %pq, %pk, %pn{nt};", f"mov.b16 %hb{i}, 0;",
+                     f"@%pq ld.global.nc.b16 %hb{i}, [%rdy{nt}+{(first + i) * stride}];"])
+        e.line(f"mov.b32 {reg}, {{%hb0, %hb1}};")
+
+
+def _scan(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None:
+    """Tile t's scan into scan slot `slot`: %mb{slot} the lane's byte (low 8 bits), %p{slot} the set bits before
+    it in the tile (where its values start), %tot{slot} the tile's set bits."""
+    word = stage * plan.stage_bytes + t * BITMAP_WORDS * 4
+    e.comment(f"tile {t}: where the lane's values start (set bits before its byte)")
+    e.lines([f"ld.shared.b32 %w{slot}, [%wg+{word}];", f"popc.b32 %c0, %w{slot};", "mov.u32 %c, %c0;"])
+    for delta in (4, 8, 16):  # lanes 4 apart hold the next word: an inclusive scan over the tile's 8 words
+        e.lines([f"shfl.sync.up.b32 %x|%pu, %c, {delta}, 0, -1;", "@%pu add.u32 %c, %c, %x;"])
+    e.lines([f"shfl.sync.idx.b32 %tot{slot}, %c, 31, 31, -1;", f"and.b32 %x, %w{slot}, %lowm;", "popc.b32 %x, %x;",
+             f"sub.u32 %p{slot}, %c, %c0;", f"add.u32 %p{slot}, %p{slot}, %x;", f"shr.b32 %mb{slot}, %w{slot}, %sh;"])
+
+
+def _tile(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None:
+    """Tile t, its scan in slot `slot`: the lane's A fragment from its 8 slots' values, the mmas."""
+    e.comment(f"tile {t}: the lane's 8 slots, then the mma")
+    e.line(f"mad.lo.u32 %ptr, %p{slot}, 2, %vp;")
+    for i in range(8):
+        e.lines([f"and.b32 %x, %mb{slot}, {1 << i};", "setp.ne.u32 %ps, %x, 0;", f"mov.b16 %h{i}, 0;",
+                 f"@%ps ld.shared.b16 %h{i}, [%ptr];", "@%ps add.u32 %ptr, %ptr, 2;"])
+    e.lines([f"mov.b32 %a{r}, {{%h{2 * r}, %h{2 * r + 1}}};" for r in range(4)])
+    for nt in range(plan.n_tiles):
+        if plan.stage_b:  # tiles t and t + 1: four 8 x 8 matrices of the staged rows (k 0-7, 8-15 each)
+            if t % 2 == 0:
+                at = stage * plan.stage_bytes + plan.buffer_units * UNIT + N_TILE * nt * X_ROW_BYTES + 32 * t
+                e.line(f"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%bq{nt}_0, %bq{nt}_1, %bq{nt}_2, %bq{nt}_3}}, "
+                       f"[%xl+{at}];")
+            b = f"%bq{nt}_{2 * (t % 2)}, %bq{nt}_{2 * (t % 2) + 1}"
+        else:
+            _load_b(e, plan, t, nt)
+            b = f"%bq{nt}_0, %bq{nt}_1"
+        c = ", ".join(f"%c{nt}_{q}" for q in range(4))
+        e.line(f"{_mma(plan)} {{{c}}}, {{%a0, %a1, %a2, %a3}}, {{{b}}}, {{{c}}};")
+    e.line(f"mad.lo.u32 %vp, %tot{slot}, 2, %vp;")
+
+
+def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
+    c, f = plan.config, plan.format
+    per_strip, per_warp, stages = f.chunks_per_strip, plan.chunks_per_warp, c.stages
+    buffer, es = plan.stage_bytes, plan.element_bytes
+    e = Emitter()
+    e.comment(f"{c.warps_per_block} warps a strip, {per_warp} chunks of {CHUNK_COLUMNS} columns a warp, {stages} "
+              f"buffers of {buffer} bytes a warp, {plan.n_tiles} n-tile(s) of 8 columns")
+    e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
+             "shr.u32 %g, %lane, 2;", "and.b32 %tq, %lane, 3;", "mov.u32 %rs, %ctaid.y;", "mov.u32 %rgx, %ctaid.x;",
+             "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
+             "shl.b32 %sh, %tq, 3;", "mov.u32 %lowm, 1;", "shl.b32 %lowm, %lowm, %sh;", "sub.u32 %lowm, %lowm, 1;",
+             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", "mad.lo.u32 %wg, %g, 4, %wb;",
+             # ldmatrix.x4 row address: matrix lane / 8 (8 columns further each), its row lane % 8
+             "and.b32 %t, %lane, 7;", "shr.u32 %xl, %lane, 3;", f"mul.lo.u32 %xl, %xl, {UNIT};",
+             f"mad.lo.u32 %xl, %t, {X_ROW_BYTES}, %xl;", "add.u32 %xl, %xl, %wb;"])
+    e.comment("the lane's rows of B (n = 8 n-tile + g) and whether they are inside N")
+    e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;"])
+    row_stride = plan.K * es if plan.layout == "nk" or plan.N == 1 else es  # kn: B[k, n] at k N + n
+    for nt in range(plan.n_tiles):
+        e.lines([f"add.u32 %t, %g, {8 * nt};", f"setp.lt.u32 %pn{nt}, %t, {plan.N};",
+                 f"mad.wide.u32 %rdx{nt}, %t, {row_stride}, %rdb;"])
+    e.comment("this warp's chunks [cb, cb + cnt); lane j holds chunk j's first unit (and the end at j = cnt)")
+    e.lines([f"mul.lo.u32 %cb, %warp, {per_warp};", f"min.u32 %cb, %cb, {per_strip};", f"add.u32 %t, %cb, {per_warp};",
+             f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;", "min.u32 %t, %lane, %cnt;",
+             f"mad.lo.u32 %t, %rs, {per_strip}, %t;", "add.u32 %t, %t, %cb;",
+             "ld.param.u64 %rdt, [p_offsets];", "cvta.to.global.u64 %rdt, %rdt;", "mad.wide.u32 %rdt, %t, 4, %rdt;",
+             "ld.global.nc.u32 %offr, [%rdt];", "ld.param.u64 %rdd, [p_data];", "cvta.to.global.u64 %rdd, %rdd;"])
+    e.lines([f"mov.f32 %c{nt}_{q}, 0f00000000;" for nt in range(plan.n_tiles) for q in range(4)])
+    e.comment(f"the first {stages - 1} chunks in flight")
+    for s in range(stages - 1):
+        e.line(f"mov.u32 %j, {s};")
+        _issue(e, plan, s, f"P{s}")
+    e.line("mov.u32 %i, 0;")
+    e.label("CHUNKS")
+    for u in range(stages):  # unrolled: buffer u's address is an immediate
+        e.lines(["setp.ge.u32 %pt, %i, %cnt;", "@%pt bra WALKED;", f"add.u32 %j, %i, {stages - 1};"])
+        _issue(e, plan, (u + stages - 1) % stages, f"L{u}")
+        e.lines([f"cp.async.wait_group {stages - 1};", "bar.warp.sync -1;",
+                 "add.u32 %kc, %cb, %i;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};",
+                 f"add.u32 %vp, %wb, {u * buffer + BITMAP_BYTES};"])
+        if not plan.stage_b:
+            _b_pointers(e, plan)
+        group = c.scan_group
+        for first in range(0, CHUNK_TILES, group):  # a group's scans, then its tiles' values and mmas
+            for t in range(first, first + group):
+                _scan(e, plan, u, t, t - first)
+            for t in range(first, first + group):
+                _tile(e, plan, u, t, t - first)
+        e.lines(["bar.warp.sync -1;", "add.u32 %i, %i, 1;"])
+    e.line("bra.uni CHUNKS;")
+    e.label("WALKED")
+    e.line("cp.async.wait_all;")
+    strip_epilogue(e, plan)
+    e.line("ret;")
+    nts = range(plan.n_tiles)
+    decl = [".reg .pred %pt, %pi, %pu, %ps, %pk, %pq, %pw, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
+            ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %sh, %lowm, %wb, %wg, %cb, %cnt, %offr, %i, %j, "
+            "%st, %en, %sz, %all, %csz, %kcj, %xr, %xk, %xl, %sb, %u, %kc, %kr, %c0, %c, %x, %ptr, %vp, "
+            + "".join(f"%w{g}, %tot{g}, %p{g}, %mb{g}, " for g in range(c.scan_group)) + " %t, %o, %ad, %rw, %cl, "
+            "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(4)) + ";",
+            ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",
+            ".reg .b16 " + ", ".join(f"%h{i}" for i in range(8)) + ", %hb0, %hb1, %hv16;",
+            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, "
+            + ", ".join(f"%rdx{nt}, %rdy{nt}" for nt in nts) + ";"]
+    assert TILE * TILE // 32 == BITMAP_WORDS
+    # dynamic: the launch gives plan.dynamic_shared_bytes (over the 48 KB a static declaration may have)
+    shared = ".extern .shared .align 16 .b8 smem[];"
+    return data_kernel(plan, "tensor-core SpMM over bitmap tiles decoded into A fragments (W as data)",
+                       ("p_b", "p_c", "p_data", "p_offsets", "p_bias") + (("p_residual",) if plan.residual else ()),
+                       decl, e.text(), 0, shared)

@@ -1,0 +1,34 @@
+"""The bitmap-tc family's part of the design space (tune/space.py gathers every family's)."""
+from __future__ import annotations
+
+from .plan import MAX_N, BitmapTcConfig
+
+# (warps, stages[, scan group]). Measured on the H200 (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 / 90%,
+# fp16, weights rotated): at N = 8 and 16 bitmap-tc beat tc-scatter in all 18 cases (0.85-1.28x of cuBLAS at
+# N = 8, 50-70%), 8 warps with 2 buffers won most N = 8 cases, 16 warps most at N = 16, 4 warps with 4
+# buffers on 14336 x 4096. At N = 1 delta-runs is 1.4-3.5x faster: not proposed there.
+CONFIGS = ((8, 2), (16, 2), (4, 4))
+# compiled and checked in the PTX interpreter, not yet timed: 3 buffers (timed no faster than 2 tile by tile),
+# and the scans of 4 or 8 tiles issued before their values (the decode's time hardly moved with density on the
+# H200: a warp's tile-by-tile dependent chain, not the bytes, bounds it)
+TRIALS = ((8, 3), (8, 2, 4), (8, 2, 8), (16, 2, 8), (4, 4, 8))
+
+
+def _configs(table) -> list[BitmapTcConfig]:
+    return [BitmapTcConfig(warps_per_block=w, stages=s, scan_group=rest[0] if rest else 1) for w, s, *rest in table]
+
+
+def bitmap_tc_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                         sms: int) -> list[BitmapTcConfig]:
+    """bitmap-tc configs for 16-bit dtypes at 2 <= N <= 16."""
+    if dtype not in ("float16", "bfloat16") or not 2 <= n <= MAX_N:
+        return []
+    return _configs(CONFIGS)
+
+
+def bitmap_tc_trials(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
+                     sms: int) -> list[BitmapTcConfig]:
+    """Configs not proposed by default (unmeasured=True: benchmarks/designs.py): the trials, and N = 1."""
+    if dtype not in ("float16", "bfloat16") or n > MAX_N:
+        return []
+    return _configs(TRIALS + (CONFIGS if n == 1 else ()))

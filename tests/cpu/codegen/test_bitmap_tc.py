@@ -1,0 +1,99 @@
+"""The bitmap-tc kernel (mappings/bitmap_tc/render.py) run by the PTX interpreter (cp.async, shuffles, popc,
+mma) against float64 into NaN-poisoned outputs: strips and chunks with tails, a warp's chunks through every
+buffer of its ring, N across two n-tiles, both layouts (B value by value where it must), both dtypes,
+batches, bias, ReLU, the residual; ptxas for sm_90 and sm_80 without spills; what the plan refuses."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseforge import SparseMatrix
+from sparseforge.codegen import render
+from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig, make_bitmap_tc_plan
+from sparseforge.mappings.bitmap_tc.space import bitmap_tc_candidates, bitmap_tc_trials
+
+from .test_interpreted import _decode, _encode, _reference, assert_matches, random_weight_and_epilogue, run_data_kernel
+from .test_ptx import _assemble_without_spills_and_link
+
+
+@st.composite
+def problems(draw):
+    """M past a strip, K past a chunk (odd K: B one element at a time; K % 8 == 0 in nk: B staged), warps with no
+    chunk, several chunks a warp (every ring buffer used), scans in groups; empty, one-nonzero, dense-row weights
+    (random_weight_and_epilogue)."""
+    m, k = draw(st.sampled_from([1, 16, 17, 33])), draw(st.sampled_from([8, 33, 128, 300, 700]))
+    n = draw(st.sampled_from([1, 2, 3, 8, 9, 16]))
+    config = BitmapTcConfig(warps_per_block=draw(st.sampled_from([2, 4])), stages=draw(st.sampled_from([2, 3, 4])),
+                            scan_group=draw(st.sampled_from([1, 2, 4, 8])))
+    return (m, k, n, draw(st.sampled_from(["kn", "nk"])), draw(st.sampled_from(["float16", "bfloat16"])), config,
+            draw(st.sampled_from([0.05, 0.5, 1.0])), draw(st.integers(0, 2 ** 16)), draw(st.integers(1, 2)))
+
+
+@given(problems())
+@settings(max_examples=15, deadline=None)
+def test_random_bitmap_tc_kernels_match_float64(problem):
+    m, k, n, layout, dtype, config, density, seed, batch = problem
+    rng = np.random.default_rng(seed)
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, density, seed, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, n, dtype, layout, config, bias=bias, relu=relu)
+    shape = (k, n) if layout == "kn" else (n, k)
+    b = rng.standard_normal((batch, *shape) if batch > 1 else shape)
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, layout, dtype, bias, relu), dtype)
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_the_residual_is_added_before_relu(layout):
+    rng = np.random.default_rng(3)
+    dense = np.where(rng.random((20, 300)) < 0.3, rng.standard_normal((20, 300)), 0).astype(np.float32)
+    weight, bias = SparseMatrix.from_dense(dense), rng.standard_normal(20)
+    plan = make_bitmap_tc_plan(weight, 3, "bfloat16", layout, BitmapTcConfig(2, 3), bias=bias, relu=True,
+                               residual=True)
+    b = rng.standard_normal((300, 3) if layout == "kn" else (3, 300))
+    residual = rng.standard_normal((20, 3) if layout == "kn" else (3, 20))
+    got = run_data_kernel(plan, b, residual)
+    want = np.maximum(_reference(weight, b, layout, "bfloat16", bias, False)
+                      + _decode(_encode(residual, "bfloat16"), "bfloat16"), 0)
+    assert plan.name.endswith("_res") and np.isfinite(got).all()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 2e-2
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("n, layout, k", [(1, "nk", 4096), (8, "nk", 4096), (16, "nk", 14336), (8, "kn", 4096),
+                                          (5, "nk", 4095)])
+def test_every_config_assembles_without_spills(arch, n, layout, k):
+    rng = np.random.default_rng(0)
+    dense = (rng.standard_normal((32, k)) * (rng.random((32, k)) < 0.5)).astype(np.float32)
+    w = SparseMatrix.from_dense(dense)
+    configs = {*bitmap_tc_candidates(n, layout, 32, k / 2, False, "float16", 132),
+               *bitmap_tc_trials(n, layout, 32, k / 2, False, "float16", 132)}
+    assert configs
+    for config in configs:
+        plan = make_bitmap_tc_plan(w, n, "float16", layout, config, bias=np.ones(32), relu=True, arch=arch,
+                                   residual=True)
+        _assemble_without_spills_and_link(render(plan), arch)
+
+
+def test_what_the_plan_refuses():
+    w = SparseMatrix.from_dense(np.eye(16, 64, dtype=np.float32))
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        make_bitmap_tc_plan(w, 8, "float32", "nk")
+    with pytest.raises(ValueError, match="N <= 16"):
+        make_bitmap_tc_plan(w, 17, "float16", "nk")
+    with pytest.raises(ValueError, match="sm_80"):
+        make_bitmap_tc_plan(w, 8, "float16", "nk", arch=75)
+    long = SparseMatrix.from_dense(np.eye(16, 128 * 70, dtype=np.float32))  # 70 chunks: 35 a warp for 2 warps
+    with pytest.raises(ValueError, match="use more warps_per_block"):
+        make_bitmap_tc_plan(long, 8, "float16", "nk", BitmapTcConfig(warps_per_block=2))
+    with pytest.raises(ValueError, match="stages"):
+        BitmapTcConfig(stages=5)
+    with pytest.raises(ValueError, match="scan_group"):
+        BitmapTcConfig(scan_group=3)
+
+
+def test_the_buffer_follows_the_density_bucket_not_the_pattern():
+    rng = np.random.default_rng(5)
+    a, b = ((rng.standard_normal((64, 4096)) * (rng.random((64, 4096)) < 0.5)).astype(np.float32) for _ in range(2))
+    plans = [make_bitmap_tc_plan(SparseMatrix.from_dense(x), 8, "float16", "nk") for x in (a, b)]
+    assert plans[0].name == plans[1].name and render(plans[0]).text == render(plans[1]).text
+    sparse = make_bitmap_tc_plan(SparseMatrix.from_dense(a * (rng.random(a.shape) < 0.2)), 8, "float16", "nk")
+    assert sparse.buffer_units < plans[0].buffer_units
