@@ -114,8 +114,8 @@ def test_the_chooser_proposes_it_for_half_precision_from_17_columns_and_names_it
     mappings = {r["mapping"] for r in kernel.choice.records}
     assert "tc-scatter" in mappings and kernel.mapping in mappings
     _check(kernel, w, torch.float16, "nk")
-    at_8 = {r["mapping"] for r in compile_spmm(w, 8, torch.float16, "nk", tune_budget=None).choice.records}
-    assert "bitmap-tc" in at_8 and "tc-scatter" not in at_8  # bitmap-tc beat it in every measured case there
+    at_8 = {r["mapping"] for r in compile_spmm(w, 8, torch.float16, "kn", tune_budget=None).choice.records}
+    assert "bitmap-tc" in at_8 and "tc-scatter" not in at_8  # bitmap-tc beat it in every measured kn case there
     fp32 = compile_spmm(w, 24, torch.float32, "nk", tune_budget=None)
     assert "tc-scatter" not in {r["mapping"] for r in fp32.choice.records}
 

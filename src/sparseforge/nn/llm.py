@@ -139,7 +139,7 @@ class DecodeLinear(nn.Module):
 
     Once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one copy of W on the device), so
     the workspace is filled from the kernel's own device arrays where its family can (runtime.kernel densify:
-    csr, tc-scatter and delta-runs); otherwise each prefill copies the CSR buffers over, 6 bytes per nonzero in fp16 (21 GB
+    csr, tc-scatter, bitmap-tc and delta-runs); otherwise each prefill copies the CSR buffers over, 6 bytes per nonzero in fp16 (21 GB
     for the decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe)."""
 
     def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int]):

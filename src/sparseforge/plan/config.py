@@ -4,6 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WARP = 32
+# dynamic shared memory a block may have, by arch (the CUDA C programming guide's table); 48 KB elsewhere
+SHARED_BYTES = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
+
+
+def shared_bytes_limit(arch: int) -> int:
+    """The dynamic shared memory a block may have on sm_`arch`."""
+    return SHARED_BYTES.get(arch, 48 * 1024)
 
 
 def require_ints(config, flags: tuple[str, ...] = ()) -> None:

@@ -201,9 +201,9 @@ class SpmmKernel(LoadedPlanKernel):
     B[k, j] (kn; X[j, k] in nk) makes C[i, j] NaN for exactly the rows i of W with a nonzero in column k;
     an inf makes it +-inf by the sign of W[i, k] (NaN where infinities of both signs meet). Every other
     output is untouched by it, so a NaN in a column W does not use appears nowhere (dense W @ B would
-    poison all of column j: 0 * NaN = NaN). The exception is the tensor-core mapping (mapping
-    "tc-scatter", half precision at N <= 64): it multiplies dense 16 x 64 blocks of W, so a non-finite
-    B[k, j] makes all of C[:, j] NaN, exactly as dense W @ B (the masked dense model) does. The fused ReLU (relu=True) is PTX max.NaN(x, 0): NaN stays
+    poison all of column j: 0 * NaN = NaN). The exceptions are the tensor-core mappings ("tc-scatter" and
+    "bitmap-tc", half precision at N <= 64 and <= 16): they multiply dense tiles of W, empty ones too, so a
+    non-finite B[k, j] makes all of C[:, j] NaN, exactly as dense W @ B (the masked dense model) does. The fused ReLU (relu=True) is PTX max.NaN(x, 0): NaN stays
     NaN, as in torch.relu.
 
     Keep the kernel object alive as long as a CUDA graph that replays it: the small-N mapping (csr) reads

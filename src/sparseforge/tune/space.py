@@ -54,7 +54,8 @@ def search_space(n: int, layout: str, m: int, row_nnz: float, relu: bool = False
     M-row weight with row_nnz nonzeros per row on average, at width n, in dtype (the tensor-core kernel takes
     16-bit dtypes only). deterministic: no candidate that adds partial sums with atomics.
     unmeasured: also the families and configs not yet run on a GPU, which the default space leaves out until
-    benchmarks/designs.py has measured them (bitmap, split-24 and delta-runs' trial configs today; inline and
+    benchmarks/designs.py has measured them (bitmap, split-24, bitmap-tc's trial configs and tc-scatter below
+    17 columns today; inline and
     csr-columns were measured on the H200, 2026-12-01, csr-staged and prefetch 2026-12-03, and won layers:
     docs/history.md). sms: the
     GPU's SM count (sm_count: csr-staged's persistent blocks; configs whose copy of B does not fit the arch

@@ -59,7 +59,7 @@ def test_the_residual_is_added_before_relu(layout):
 
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("n, layout, k", [(1, "nk", 4096), (8, "nk", 4096), (16, "nk", 14336), (8, "kn", 4096),
-                                          (5, "nk", 4095)])
+                                          (16, "kn", 4096), (5, "nk", 4095)])
 def test_every_config_assembles_without_spills(arch, n, layout, k):
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((32, k)) * (rng.random((32, k)) < 0.5)).astype(np.float32)
@@ -67,10 +67,17 @@ def test_every_config_assembles_without_spills(arch, n, layout, k):
     configs = {*bitmap_tc_candidates(n, layout, 32, k / 2, False, "float16", 132),
                *bitmap_tc_trials(n, layout, 32, k / 2, False, "float16", 132)}
     assert configs
+    built = 0
     for config in configs:
-        plan = make_bitmap_tc_plan(w, n, "float16", layout, config, bias=np.ones(32), relu=True, arch=arch,
-                                   residual=True)
+        try:
+            plan = make_bitmap_tc_plan(w, n, "float16", layout, config, bias=np.ones(32), relu=True, arch=arch,
+                                       residual=True)
+        except ValueError as err:  # the chooser drops these: over sm_80's shared memory, or 512 threads' registers
+            assert ("on sm_80" in str(err) and arch == 80) or "registers a thread" in str(err), err
+            continue
         _assemble_without_spills_and_link(render(plan), arch)
+        built += 1
+    assert built
 
 
 def test_what_the_plan_refuses():
@@ -84,10 +91,28 @@ def test_what_the_plan_refuses():
     long = SparseMatrix.from_dense(np.eye(16, 128 * 70, dtype=np.float32))  # 70 chunks: 35 a warp for 2 warps
     with pytest.raises(ValueError, match="use more warps_per_block"):
         make_bitmap_tc_plan(long, 8, "float16", "nk", BitmapTcConfig(warps_per_block=2))
+    longest = SparseMatrix.from_dense(np.eye(16, 128 * 500, dtype=np.float32))  # 500 chunks: 32 a warp of 16
+    with pytest.raises(ValueError, match="K <= 63488: use another mapping"):
+        make_bitmap_tc_plan(longest, 8, "float16", "nk", BitmapTcConfig(warps_per_block=16))
+    big = SparseMatrix.from_dense(np.ones((16, 4096), dtype=np.float32))  # dense chunks: 4.3 KB + B rows a buffer
+    with pytest.raises(ValueError, match="over the 101376 a block has on sm_86"):
+        make_bitmap_tc_plan(big, 16, "float16", "nk", BitmapTcConfig(warps_per_block=16, stages=2), arch=86)
     with pytest.raises(ValueError, match="stages"):
         BitmapTcConfig(stages=5)
     with pytest.raises(ValueError, match="scan_group"):
         BitmapTcConfig(scan_group=3)
+
+
+def test_a_nan_reaches_every_output_of_its_token_as_in_the_dense_product():
+    dense = np.zeros((40, 256), np.float32)
+    dense[3, 70] = 1.0  # the tiles around column 150 hold nothing: the tensor cores still multiply them
+    for layout in ("nk", "kn"):
+        plan = make_bitmap_tc_plan(SparseMatrix.from_dense(dense), 2, "float16", layout, BitmapTcConfig(2, 2))
+        x = np.ones((2, 256))
+        x[1, 150] = np.nan
+        got = run_data_kernel(plan, x if layout == "nk" else x.T)
+        got = got if layout == "nk" else got.T
+        assert np.isnan(got[1]).all() and np.isfinite(got[0]).all() and got[0, 3] == 1.0
 
 
 def test_the_buffer_follows_the_density_bucket_not_the_pattern():

@@ -5,27 +5,32 @@ from ...formats.bitmap_tiles import CHUNK_TILES, UNIT
 from ...tune.cost import Estimate, Gpu
 from .plan import BitmapTcPlan
 
-TILE_INSTRUCTIONS = 62   # a tile's decode: the word, popc, the 3-step scan, 8 slots, packing (render.py)
-N_TILE_INSTRUCTIONS = 8  # per n-tile and tile: B's two loads with their guards, the mma
-CHUNK_INSTRUCTIONS = 40  # a chunk's copy loop, waits and pointers
+# An SM's cycles a 16 x 16 tile, fitted to the H200 at N = 8 (benchmarks/designs.py and `bench llm:`, 4096 x 4096
+# and 14336 x 4096 at 50 / 70 / 90%, weights rotated, 2026-12-04): the decode's dependent chain and its
+# shared-memory and shuffle traffic, not W's bytes, bound the kernel, so its time moves little with density.
+# (base, per unit of density, per n-tile past the first); B from L2 (kn) or staged with the weights (nk).
+TILE_CYCLES = {"loaded": (28.4, 12.0, 20.6), "staged": (26.5, 25.0, 8.0)}
 
 
 def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
-    """bitmap-tc: W's tiles streamed from HBM once per batch entry as fast as the chunks in flight allow
-    (stages - 1 a warp, times the warps an SM holds by shared memory and registers); every tile's decode as
-    issue (empty ones too: a lane walks its 8 slots whatever they hold); B re-read per strip from L2."""
+    """bitmap-tc: every tile's decode at the fitted rate (empty tiles too: a lane walks its 8 slots whatever
+    they hold), spread over the SMs or, for layers of few strips, one strip's tiles on one SM; W's tiles
+    streamed from HBM as fast as the chunks in flight allow (stages - 1 a busy warp, times the warps an SM
+    holds by shared memory and registers)."""
     c, f, es = plan.config, plan.format, plan.element_bytes
     chunks = f.strips * f.chunks_per_strip
     tiles = chunks * CHUNK_TILES
-    warp_instr = (tiles * (TILE_INSTRUCTIONS + N_TILE_INSTRUCTIONS * plan.n_tiles) + chunks * CHUNK_INSTRUCTIONS) * batch
-    issue = warp_instr / (gpu.sms * 4 * gpu.clock_hz)
+    base, per_density, per_n_tile = TILE_CYCLES["staged" if plan.stage_b else "loaded"]
+    density = plan.nnz / max(plan.M * plan.K, 1)
+    cycles = base + per_density * density + per_n_tile * (plan.n_tiles - 1)
+    tiles_per_sm = max(tiles / gpu.sms, f.chunks_per_strip * CHUNK_TILES)
+    decode = batch * tiles_per_sm * cycles / gpu.clock_hz
     blocks_per_sm = max(1, min(gpu.registers // (c.threads * plan.registers),
-                               227 * 1024 // plan.dynamic_shared_bytes, gpu.max_warps // c.warps_per_block))
-    warps = f.strips * c.warps_per_block
-    resident = min(warps, gpu.sms * blocks_per_sm * c.warps_per_block)
+                               (227 * 1024) // plan.dynamic_shared_bytes, gpu.max_warps // c.warps_per_block))
+    busy = min(c.warps_per_block, -(-f.chunks_per_strip // plan.chunks_per_warp))  # warps of a block with chunks
+    resident = min(f.strips * busy, gpu.sms * blocks_per_sm * busy)
     chunk_bytes = f.units * UNIT / max(chunks, 1)
     rate = min(gpu.hbm_bytes_per_s, resident * (c.stages - 1) * chunk_bytes / gpu.hbm_latency_s)
     streamed = (plan.bytes_read() + plan.M * plan.N * es) * batch / rate
-    b_reads = f.strips * plan.K * plan.N * es * batch / gpu.l2_bytes_per_s
-    terms = {"issue": issue * 1e6, "operand": max(streamed, b_reads) * 1e6, "ifetch": 0.0, "latency": 0.0}
+    terms = {"issue": decode * 1e6, "operand": streamed * 1e6, "ifetch": 0.0, "latency": 0.0}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)

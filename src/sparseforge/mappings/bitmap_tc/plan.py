@@ -1,5 +1,5 @@
 """The bitmap-tc mapping: W as bitmap tiles (formats/bitmap_tiles.py) decoded straight into the A fragments
-of mma.sync m16n8k16 on the tensor cores, for float16 / bfloat16 at N = 1..64 (decode and small batches).
+of mma.sync m16n8k16 on the tensor cores, for float16 / bfloat16 at N = 1..16 (decode and small batches).
 
 Why: at N >= 8 a CUDA-core kernel pays N FMAs and a read of X per nonzero (csr-staged: 0.6x of cuBLAS at
 50% and N = 8 on the H200), and tc-scatter rebuilds each dense tile in shared memory, an entry a store, with
@@ -12,8 +12,13 @@ The kernel (render.py): a block is one strip of 16 rows (grid.y) and all N colum
 strip's chunks into consecutive ranges (split K inside the block). A warp streams its chunks into a ring of
 `stages` buffers in shared memory with cp.async (16 bytes a lane, coalesced), `stages - 1` chunks ahead of
 the one it decodes; a chunk's offsets come from one load a lane at the start (lane j holds chunk j's) and a
-shuffle. B (X) comes from global memory (L1 / L2) as 32-bit pairs. At the end the warps' accumulators meet in
-shared memory and are added in warp order (deterministic), with bias, residual and ReLU (codegen/mma_epilogue).
+shuffle. B (X): with X as N x K and K a multiple of 8, its rows over the chunk's columns come into the chunk's
+buffer with the weights and reach the mma by ldmatrix (stage_b); otherwise from global memory (L1 / L2) at
+each tile. At the end the warps' accumulators meet in shared memory and are added in warp order
+(deterministic), with bias, residual and ReLU (codegen/mma_epilogue).
+
+Non-finite inputs: the tensor cores multiply every 16 x 16 tile densely, empty ones too, so a NaN or inf in
+X[n, k] reaches every output of token n, as in the dense product W @ X (the masked dense model).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import numpy as np
 from ...formats import SparseMatrix
 from ...formats.bitmap_tiles import (BitmapTiles, CHUNK_COLUMNS, UNIT, bitmap_tiles, bitmap_tiles_on_device,
                                      decode_dense)
-from ...plan.config import WARP, epilogue_tag, require_ints
+from ...plan.config import WARP, epilogue_tag, require_ints, shared_bytes_limit
 from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
 
 N_TILE = 8             # output columns of one mma
@@ -32,7 +37,6 @@ MAX_N = 16             # N a block covers: B comes from L2 a tile and n-tile, so
 # than W's bytes (at N = 64 on the H200: 0.21x of cuBLAS); wider N wants B staged in shared memory
 BUFFER_STEP = 32       # a chunk buffer's size is rounded up to this many units (512 bytes): a density bucket
 MAX_CHUNKS_A_WARP = 31  # a warp's chunk offsets sit one a lane (31 chunks and the end)
-SHARED_LIMIT = 227 * 1024
 X_ROW_BYTES = CHUNK_COLUMNS * 2 + 16  # a staged row of B: a chunk's columns, padded so ldmatrix's 8 rows hit
 # different banks
 
@@ -142,10 +146,12 @@ class BitmapTcPlan(WeightAsData):
 
     @property
     def registers(self) -> int:
-        """Registers a thread takes, a little over what ptxas 13.0 gives for sm_90 (40 at N <= 16 tile by tile,
-        up to 64 with scans in groups of 8): the decode's ~30, 3 a tile of a scan group, the accumulators and B
-        per n-tile."""
-        return 40 + 3 * self.config.scan_group + 8 * self.n_tiles
+        """Registers a thread takes, a little over what `ptxas -c` 13.0 gives for sm_90 (the runtime's build):
+        B staged 88-90 at N <= 8, 96 at 9-16; B loaded from L2, which ptxas hoists for the chunk's tiles, 118-120
+        and 158-160."""
+        if self.stage_b:
+            return 92 + 8 * (self.n_tiles - 1)
+        return 122 + 40 * (self.n_tiles - 1)
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
         f = self.format
@@ -203,13 +209,17 @@ def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> Bitm
 def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
     c = plan.config
     if plan.chunks_per_warp > MAX_CHUNKS_A_WARP:
+        most = MAX_CHUNKS_A_WARP * 16 * CHUNK_COLUMNS
+        fix = "use more warps_per_block" if c.warps_per_block < 16 else \
+            f"the bitmap-tc mapping takes K <= {most}: use another mapping"
         raise ValueError(f"K = {plan.K} gives {plan.format.chunks_per_strip} chunks of {CHUNK_COLUMNS} columns a "
                          f"strip, {plan.chunks_per_warp} for each of {c.warps_per_block} warps, over the "
-                         f"{MAX_CHUNKS_A_WARP} a warp takes: use more warps_per_block")
-    if plan.dynamic_shared_bytes > SHARED_LIMIT:
+                         f"{MAX_CHUNKS_A_WARP} a warp takes: {fix}")
+    limit = shared_bytes_limit(plan.arch)
+    if plan.dynamic_shared_bytes > limit:
         raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {plan.stage_bytes} bytes need "
-                         f"{plan.dynamic_shared_bytes} bytes of shared memory, over {SHARED_LIMIT}: use fewer "
-                         "warps_per_block or stages")
+                         f"{plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has on "
+                         f"sm_{plan.arch}: use fewer warps_per_block or stages")
     if c.threads * plan.registers > 65536:
         raise ValueError(f"{c.warps_per_block} warps at N = {plan.N} need about {plan.registers} registers a "
                          "thread, over a block's 65536: use fewer warps_per_block")
@@ -240,31 +250,42 @@ def bitmap_tc_traffic(plan: BitmapTcPlan) -> dict[str, int]:
             "floor_bytes": plan.bytes_read() + plan.K * plan.N * es + output}
 
 
+DENSIFY_POSITIONS = 1 << 23  # positions a slice of densify expands at once (~20 bytes each of temporaries)
+
+
 def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     """W dense in `out` (torch, M x K, on the arrays' device) from the kernel's device arrays (data, offsets:
-    runtime.kernel.weight_data) by torch ops there, without a host sync: every chunk's bits expanded, a set
-    bit's value at its rank in the chunk (formats/bitmap_tiles.py's layout). The chunk starts come from the
-    plan's host copy of the offsets."""
+    runtime.kernel.weight_data) by torch ops there, with no host sync: strips a slice at a time, every
+    position of their chunks expanded from its bit, a set bit's value at its rank in the chunk
+    (formats/bitmap_tiles.py's layout), then the slice's rows copied out. The chunk starts come from the plan's
+    host copy of the offsets."""
     import torch
 
-    from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_TILES, TILE, cell_of
+    from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_TILES, TILE, slot_of
 
     f, device = plan.format, out.device
-    data = arrays[0]
-    out.zero_()
-    chunks = f.strips * f.chunks_per_strip
+    per_strip = f.chunks_per_strip
+    halves = arrays[0].view(getattr(torch, plan.dtype))
+    words_all = arrays[0]
     starts = torch.from_numpy(f.offsets[:-1].astype(np.int64)).to(device, non_blocking=True)
     slots = torch.arange(TILE * TILE, device=device)
-    # words [chunk, tile, 8] -> bits [chunk, tile * 256 + slot]
-    words = data[(starts[:, None] * (UNIT // 4) + torch.arange(CHUNK_TILES * BITMAP_WORDS, device=device))]
-    words = words.view(chunks, CHUNK_TILES, BITMAP_WORDS).long() & 0xFFFFFFFF
-    bits = ((words[:, :, slots >> 5] >> (slots & 31)) & 1).view(chunks, -1).bool()
-    rank = torch.cumsum(bits, 1) - 1
-    chunk, place = torch.nonzero(bits, as_tuple=True)
-    halves = data.view(getattr(torch, plan.dtype))
-    values = halves[starts[chunk] * (UNIT // 2) + BITMAP_BYTES // 2 + rank[chunk, place]]
-    rows, cols = cell_of(place & 255)
-    strip, within = chunk // f.chunks_per_strip, chunk % f.chunks_per_strip
-    row, col = strip * TILE + rows, within * CHUNK_COLUMNS + (place >> 8) * TILE + cols
-    out[row, col] = values.to(out.dtype)
+    # chunk position (tile * 256 + bit) of each cell (row, column) of a chunk, row-major over 16 x 128
+    rows, cols = np.divmod(np.arange(TILE * CHUNK_COLUMNS), CHUNK_COLUMNS)
+    place = torch.from_numpy((cols // TILE) * 256 + slot_of(rows, cols % TILE)).to(device)
+    word_index = torch.arange(CHUNK_TILES * BITMAP_WORDS, device=device)
+    step = max(1, DENSIFY_POSITIONS // (per_strip * CHUNK_TILES * 256))
+    for first in range(0, f.strips, step):
+        last = min(f.strips, first + step)
+        begin = starts[first * per_strip:last * per_strip]
+        words = words_all[begin[:, None] * (UNIT // 4) + word_index].long() & 0xFFFFFFFF
+        words = words.view(-1, CHUNK_TILES, BITMAP_WORDS)
+        bits = ((words[:, :, slots >> 5] >> (slots & 31)) & 1).view(words.shape[0], -1).bool()
+        rank = torch.cumsum(bits, 1, dtype=torch.int32) - 1
+        # a clear bit reads any value in range (a chunk with no values may end the data), then zero
+        source = (begin[:, None] * (UNIT // 2) + BITMAP_BYTES // 2 + rank.clamp(min=0)).clamp(max=halves.numel() - 1)
+        values = torch.where(bits, halves[source], torch.zeros((), dtype=halves.dtype, device=device))
+        block = values[:, place].view(last - first, per_strip, TILE, CHUNK_COLUMNS)
+        block = block.permute(0, 2, 1, 3).reshape((last - first) * TILE, per_strip * CHUNK_COLUMNS)
+        row0, row1 = first * TILE, min(plan.M, last * TILE)
+        out[row0:row1] = block[: row1 - row0, : plan.K].to(out.dtype)
     return out

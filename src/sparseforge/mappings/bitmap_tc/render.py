@@ -2,17 +2,20 @@
 
 Parameters: B (kn: [batch,] K x N; nk: [batch,] N x K), C ([batch,] M x N or N x M), data (the chunks as
 words), offsets (a chunk's first 16-byte unit), bias (fp32, or null), then the residual where the plan adds
-one. Dynamic shared memory: per warp `stages` chunk buffers of plan.buffer_units units.
+one. Dynamic shared memory: per warp `stages` buffers of plan.stage_bytes: a chunk's plan.buffer_units units,
+then (plan.stage_b) B's rows over the chunk's 128 columns, X_ROW_BYTES apart.
 
 Per warp (plan.py has the why):
 - lane j loads chunk j's offset of the warp's range (and the end after the last);
-- a chunk's copy: its offsets by shuffle, then 16-byte cp.async a lane into its buffer, one commit group a
-  chunk (empty past the range, so `wait_group stages - 1` always means "the chunk to decode has landed");
+- a chunk's copy: its offsets by shuffle, then 16-byte cp.async a lane into its buffer (the weights' units,
+  then with stage_b B's N rows, zero-filled past K), one commit group a chunk (empty past the range, so
+  `wait_group stages - 1` always means "the chunk to decode has landed");
 - the chunk loop is unrolled `stages` times, so a buffer's address is an immediate;
 - a tile: the lane's bitmap word (tile word g = lane / 4), its popc scanned over the 8 words by 3 shuffles
-  (lanes 4 apart), plus the bits below its byte in its word: where its values start; then per slot of its
-  byte a predicated 16-bit shared load and a step of the pointer; the 8 halves packed into the A fragment;
-  per n-tile B's two registers from global memory (zero past K or N) and one mma.
+  (lanes 4 apart), plus the bits below its byte in its word: where its values start (the scans of
+  config.scan_group tiles first, then their values); then per slot of its byte a predicated 16-bit shared load
+  and a step of the pointer; the 8 halves packed into the A fragment; per n-tile B's two registers (ldmatrix.x4
+  for two tiles from the staged rows, or loads from global memory, zero past K or N) and one mma.
 """
 from __future__ import annotations
 
@@ -77,7 +80,7 @@ def _column_stride(plan: BitmapTcPlan) -> int:
 def _load_b(e: Emitter, plan: BitmapTcPlan, t: int, nt: int) -> None:
     """B's two registers of tile t for n-tile nt: columns 16 t + 2 tq (+1) and + 8 of the lane's row n, zero
     past K or N. Loaded at the tile: on the H200 loading a whole chunk's B a chunk ahead (32 more registers)
-    measured 5-10% slower at N = 8 (the kernel's limit is the decode's shared-memory and shuffle traffic)."""
+    measured 3-12% slower at N = 8 (the kernel's limit is the decode's shared-memory and shuffle traffic)."""
     stride = _column_stride(plan)
     for half in range(2):
         reg, first = f"%bq{nt}_{half}", 16 * t + 8 * half

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...formats import SparseMatrix
-from ...plan.config import WARP, require_ints
+from ...plan.config import WARP, require_ints, shared_bytes_limit
 from ...plan.plan import DEFAULT_LAYOUT, ELEMENT_BYTES, WeightAsData, check_launch, check_problem, fp32_bias
 
 NNZ_PER_STEP = 4  # nonzeros a lane takes per step: one vector load of indices, one of values
@@ -342,14 +342,9 @@ def densify_csr(plan: CsrPlan, arrays, out):
     return out
 
 
-# Shared memory a block may have (static + dynamic, less the 1 KB the system reserves on sm_80+), per arch:
-# csr-staged's copy of B must fit it
-STAGED_SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
-
-
 def staged_fits(k: int, n: int, dtype: str, arch: int = 90) -> bool:
     """Whether B (K x N in dtype) fits csr-staged's shared memory on sm_<arch>."""
-    return -(-k * n * ELEMENT_BYTES[dtype] // 16) * 16 <= STAGED_SHARED_LIMIT.get(arch, 48 * 1024)
+    return -(-k * n * ELEMENT_BYTES[dtype] // 16) * 16 <= shared_bytes_limit(arch)
 
 
 def _check_staged(plan: CsrPlan) -> None:
@@ -363,7 +358,7 @@ def _check_staged(plan: CsrPlan) -> None:
         raise ValueError(f"csr-staged takes N in one column tile: N = {plan.N} needs columns >= N (got "
                          f"{c.columns}); use csr (stage_b=False) or csr-columns for wider N")
     if not staged_fits(plan.K, plan.N, plan.dtype, plan.arch):
-        limit = STAGED_SHARED_LIMIT.get(plan.arch, 48 * 1024)
+        limit = shared_bytes_limit(plan.arch)
         raise ValueError(f"csr-staged copies B into shared memory: K = {plan.K} x N = {plan.N} in {plan.dtype} is "
                          f"{plan.dynamic_shared_bytes} bytes, over the {limit} a block has on sm_{plan.arch}; use csr "
                          "(stage_b=False)")

@@ -36,14 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...formats import SparseMatrix
-from ...plan.config import WARP, require_ints
+from ...plan.config import WARP, require_ints, shared_bytes_limit
 from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
 
 GAP_BITS = (8, 4)   # bits of an entry's gap: 8 (4 entries a slot) or 4 (8 entries a slot, 2.5 bytes a nonzero)
 MAX_K = 65536       # run bases are uint16
 MAX_N = 8           # columns of X a nonzero's one shared load brings (16 bytes of 16-bit values)
 # shared memory a block may have (static + dynamic, less the 1 KB the system reserves), per arch: X staged
-SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024}
 
 
 @dataclass(frozen=True)
@@ -252,7 +251,7 @@ class DeltaRunsPlan(WeightAsData):
     def x_bytes(self) -> int:
         """Bytes of one staged X value: fp32 where [K][Np] fits the block's shared memory (and the config allows
         it), else 16-bit."""
-        fits = _staged_bytes(self.K, self.n_pad, 4) <= SHARED_LIMIT.get(self.arch, 48 * 1024)
+        fits = _staged_bytes(self.K, self.n_pad, 4) <= shared_bytes_limit(self.arch)
         return 4 if self.config.x_bits == 32 and fits else 2
 
     @property
@@ -311,7 +310,7 @@ def _checked_options(n: int, dtype: str, layout: str, config, k: int, arch: int)
     if dtype == "float32":
         raise ValueError("the delta-runs kernel reads 16-bit values (float16, bfloat16); for float32 use another "
                          "mapping (compile_spmm without a config chooses one)")
-    limit = SHARED_LIMIT.get(arch, 48 * 1024)
+    limit = shared_bytes_limit(arch)
     n_pad = 1 << (n - 1).bit_length()
     fits = limit // (n_pad * 2)  # X staged in 16 bits where fp32 is too big
     if k > MAX_K or _staged_bytes(k, n_pad, 2) > limit:

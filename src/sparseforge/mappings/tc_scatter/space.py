@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from .plan import TcScatterConfig
 
-TC_SCATTER_MIN_N = 17  # bitmap-tc beat it in all 18 Llama cases at N = 8 and 16 on the H200 (fewer bytes a
-# nonzero, no scatter through shared memory): below this it is reachable by config= only
+TC_SCATTER_MIN_N = 17  # with X as K x N, bitmap-tc beat it in all 18 Llama cases at N = 8 and 16 on the H200
+# (fewer bytes a nonzero, no scatter through shared memory): below this, in kn, reachable by config= only. With
+# X as N x K the two have not been timed side by side: both stay proposed
 TC_SCATTER_MAX_N = 64  # the tensor cores do every 16 x 16 tile's dense work: past a few n-tiles the
 # cuBLAS GEMM it then resembles is as fast (decode asks for N = 1..16, and up to 64 where it still wins)
 
@@ -21,10 +22,10 @@ def tc_scatter(n: int, dtype: str) -> list[TcScatterConfig]:
 
 def tc_scatter_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
                           sms: int) -> list[TcScatterConfig]:
-    return tc_scatter(n, dtype) if n >= TC_SCATTER_MIN_N else []
+    return tc_scatter(n, dtype) if n >= TC_SCATTER_MIN_N or layout == "nk" else []
 
 
 def tc_scatter_trials(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
                       sms: int) -> list[TcScatterConfig]:
-    """Below TC_SCATTER_MIN_N, its configs for side-by-side timing only (unmeasured=True: benchmarks/designs.py)."""
-    return tc_scatter(n, dtype) if n < TC_SCATTER_MIN_N else []
+    """Below TC_SCATTER_MIN_N in kn, its configs for side-by-side timing only (unmeasured=True: designs.py)."""
+    return tc_scatter(n, dtype) if n < TC_SCATTER_MIN_N and layout == "kn" else []
