@@ -10,8 +10,6 @@ from sparseforge import SparseMatrix, compile_spmm
 from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig
 
 pytestmark = pytest.mark.gpu
-TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
-NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _weight(m: int, k: int, density, seed: int) -> SparseMatrix:
@@ -24,38 +22,14 @@ def _weight(m: int, k: int, density, seed: int) -> SparseMatrix:
     return SparseMatrix.from_dense(dense)
 
 
-def _check(kernel, w: SparseMatrix, dtype, layout: str, batch=(), bias=None, relu=False, residual=False, seed=0):
-    wd = torch.from_numpy(w.astype(NAME[dtype]).to_dense().astype(np.float64)).cuda()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    for _ in range(2):  # fresh inputs each time
-        b = torch.randn((*batch, *kernel.in_shape), device="cuda", generator=gen).to(dtype)
-        out = torch.full((*batch, *kernel.out_shape), float("nan"), device="cuda", dtype=dtype)
-        extra = {}
-        ref = wd @ b.double() if layout == "kn" else b.double() @ wd.T
-        if bias is not None:
-            b32 = torch.as_tensor(bias, device="cuda").to(torch.float32).double()
-            ref = ref + (b32[:, None] if layout == "kn" else b32)
-        if residual:
-            r = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
-            extra["residual"] = r
-            ref = ref + r.double()
-        if relu:
-            ref = ref.clamp_min(0)
-        kernel(b, out=out, **extra)
-        torch.cuda.synchronize()
-        assert torch.isfinite(out).all(), "an output element was never written"
-        scale, err = ref.norm().item(), (out.double() - ref).norm().item()
-        assert err <= TOL[dtype] * scale or scale == err == 0, (err, scale)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n", list(range(1, 17)))
-def test_every_width_matches_float64(n, dtype):
+def test_every_width_matches_float64(n, dtype, matches_float64):
     layout = "nk" if n % 3 else "kn"
     w = _weight(77, 1000, 0.3, seed=n)  # 5 strips, the last partial; 8 chunks, the last partial
     kernel = compile_spmm(w, n, dtype, layout, config=BitmapTcConfig(warps_per_block=2, stages=3), tune_budget=None)
     assert kernel.mapping == "bitmap-tc"
-    _check(kernel, w, dtype, layout, seed=n)
+    matches_float64(kernel, w, dtype, layout, seed=n)
 
 
 @pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)
@@ -63,21 +37,21 @@ def test_every_width_matches_float64(n, dtype):
 @pytest.mark.parametrize("config", [BitmapTcConfig(8, 2), BitmapTcConfig(16, 2), BitmapTcConfig(4, 4),
                                     BitmapTcConfig(8, 3), BitmapTcConfig(8, 2, 8), BitmapTcConfig(4, 4, 4)],
                          ids=lambda c: c.short())
-def test_densities_and_tails_match_float64(density, m, k, config):
+def test_densities_and_tails_match_float64(density, m, k, config, matches_float64):
     w = _weight(m, k, density, seed=m + k)
     for n, layout in ((1, "nk"), (8, "nk"), (16, "kn")):
         kernel = compile_spmm(w, n, torch.float16, layout, config=config, tune_budget=None)
-        _check(kernel, w, torch.float16, layout, seed=n)
+        matches_float64(kernel, w, torch.float16, layout, seed=n)
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_batched_bias_relu_and_residual(layout, dtype):
+def test_batched_bias_relu_and_residual(layout, dtype, matches_float64):
     w = _weight(50, 300, 0.4, seed=3)
     bias = np.random.default_rng(1).standard_normal(50)
     kernel = compile_spmm(w, 6, dtype, layout, bias=bias, relu=True, residual=True,
                           config=BitmapTcConfig(4, 2), tune_budget=None)
-    _check(kernel, w, dtype, layout, batch=(3,), bias=bias, relu=True, residual=True, seed=5)
+    matches_float64(kernel, w, dtype, layout, batch=(3,), bias=bias, relu=True, residual=True, seed=5)
 
 
 def test_the_format_packed_on_the_gpu_gives_the_hosts_bits():

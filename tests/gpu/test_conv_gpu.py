@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sparseforge import SparseMatrix, compile_conv1d, compile_conv2d
+from sparseforge import compile_conv1d, compile_conv2d
 from sparseforge.plan import TileConfig
 from sparseforge.mappings.csr.plan import CsrColumnsConfig
 
