@@ -11,6 +11,19 @@ from ..formats import SparseMatrix
 from .plan import Plan
 
 
+def execute_decoded(plan, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """What a W-as-data kernel computes in float64, given W (M x K) decoded out of the plan's own layout (so a
+    layout bug shows as a wrong product): W B, plus the plan's bias, then its ReLU. b: [batch,] K x N (kn) or
+    [batch,] N x K (nk); returns C / Y likewise."""
+    b = np.asarray(b, dtype=np.float64)
+    out = w @ (b if plan.layout == "kn" else np.swapaxes(b, -1, -2))
+    if plan.bias is not None:
+        out = out + np.asarray(plan.bias)[:, None]
+    if plan.relu:
+        out = np.maximum(out, 0)
+    return out if plan.layout == "kn" else np.swapaxes(out, -1, -2)
+
+
 def execute(plan: Plan, b: np.ndarray) -> np.ndarray:
     """Run the plan in float64. b: [batch,] K x N (kn) or [batch,] N x K (nk); returns C / Y likewise."""
     b = np.asarray(b, dtype=np.float64)

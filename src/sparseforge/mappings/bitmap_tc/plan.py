@@ -31,6 +31,7 @@ from ...formats.bitmap_tiles import (BitmapTiles, CHUNK_COLUMNS, UNIT, bitmap_ti
                                      decode_dense)
 from ...plan.config import WARP, epilogue_tag, require_ints, shared_bytes_limit
 from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.reference import execute_decoded
 
 N_TILE = 8             # output columns of one mma
 MAX_N = 16             # N a block covers: B comes from L2 a tile and n-tile, so wider N re-reads more of it
@@ -229,15 +230,7 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
 
 def execute_bitmap_tc(plan: BitmapTcPlan, b: np.ndarray) -> np.ndarray:
     """float64 reference of what the kernel computes, from W decoded out of the plan's own tiles."""
-    b = np.asarray(b, dtype=np.float64)
-    if b.ndim == 3:
-        return np.stack([execute_bitmap_tc(plan, one) for one in b])
-    out = decode_dense(plan.format) @ (b if plan.layout == "kn" else b.T)
-    if plan.bias is not None:
-        out += np.asarray(plan.bias)[:, None]
-    if plan.relu:
-        out = np.maximum(out, 0)
-    return out if plan.layout == "kn" else out.T
+    return execute_decoded(plan, decode_dense(plan.format), b)
 
 
 def bitmap_tc_traffic(plan: BitmapTcPlan) -> dict[str, int]:

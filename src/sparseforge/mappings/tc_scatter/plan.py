@@ -52,6 +52,7 @@ import numpy as np
 from ...formats import SparseMatrix
 from ...plan.config import WARP, require_ints
 from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.reference import execute_decoded
 
 TILE = 16                          # rows and (logical) columns of one mma A tile
 TILES_PER_CHUNK = 4                # tiles a warp's buffer holds at once: one chunk of 64 columns
@@ -529,16 +530,7 @@ def densify_tc_scatter(plan: TcScatterPlan, arrays, out):
 
 def execute_tc_scatter(plan: TcScatterPlan, b: np.ndarray) -> np.ndarray:
     """float64 reference of what the kernel computes, from W decoded out of the plan's own layout."""
-    b = np.asarray(b, dtype=np.float64)
-    if b.ndim == 3:
-        return np.stack([execute_tc_scatter(plan, one) for one in b])
-    w = decode_dense(plan)
-    out = w @ (b if plan.layout == "kn" else b.T)
-    if plan.bias is not None:
-        out += np.asarray(plan.bias)[:, None]
-    if plan.relu:
-        out = np.maximum(out, 0)
-    return out if plan.layout == "kn" else out.T
+    return execute_decoded(plan, decode_dense(plan), b)
 
 
 def scatter_bytes(plan: TcScatterPlan) -> dict[str, int]:
