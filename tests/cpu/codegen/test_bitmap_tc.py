@@ -72,8 +72,8 @@ def test_every_config_assembles_without_spills(arch, n, layout, k):
         try:
             plan = make_bitmap_tc_plan(w, n, "float16", layout, config, bias=np.ones(32), relu=True, arch=arch,
                                        residual=True)
-        except ValueError as err:  # the chooser drops these: over sm_80's shared memory, or 512 threads' registers
-            assert ("on sm_80" in str(err) and arch == 80) or "registers a thread" in str(err), err
+        except ValueError as err:  # the chooser drops these: over sm_80's shared memory or registers
+            assert "on sm_80" in str(err) and arch == 80, err
             continue
         _assemble_without_spills_and_link(render(plan), arch)
         built += 1

@@ -149,10 +149,17 @@ class BitmapTcPlan(WeightAsData):
     def registers(self) -> int:
         """Registers a thread takes, a little over what `ptxas -c` 13.0 gives for sm_90 (the runtime's build):
         B staged 88-90 at N <= 8, 96 at 9-16; B loaded from L2, which ptxas hoists for the chunk's tiles, 118-120
-        and 158-160."""
-        if self.stage_b:
-            return 92 + 8 * (self.n_tiles - 1)
-        return 122 + 40 * (self.n_tiles - 1)
+        and 158-160. The entry's .maxntid caps them at 65536 / threads (128 for 16 warps), where ptxas hoists fewer
+        of B's loads instead of spilling (16 warps at N = 16 from L2: 126, no spills)."""
+        return min(self.unbounded_registers, self.register_cap)
+
+    @property
+    def unbounded_registers(self) -> int:
+        return 92 + 8 * (self.n_tiles - 1) if self.stage_b else 122 + 40 * (self.n_tiles - 1)
+
+    @property
+    def register_cap(self) -> int:
+        return 65536 // self.config.threads // 8 * 8
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
         f = self.format
@@ -221,9 +228,11 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
         raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {plan.stage_bytes} bytes need "
                          f"{plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has on "
                          f"sm_{plan.arch}: use fewer warps_per_block or stages")
-    if c.threads * plan.registers > 65536:
-        raise ValueError(f"{c.warps_per_block} warps at N = {plan.N} need about {plan.registers} registers a "
-                         "thread, over a block's 65536: use fewer warps_per_block")
+    if plan.arch < 90 and plan.unbounded_registers > plan.register_cap:
+        # ptxas for sm_80 spills under the cap where sm_90's fits (16 warps, N > 8, B from L2)
+        raise ValueError(f"{c.warps_per_block} warps at N = {plan.N} need about {plan.unbounded_registers} registers "
+                         f"a thread on sm_{plan.arch}, over the {plan.register_cap} that {c.threads} threads leave "
+                         "without spilling: use fewer warps_per_block")
     check_launch(plan.grid)
     return plan
 
