@@ -12,12 +12,18 @@ the tile (PTX ISA, "Matrix Fragments for mma.m16n8k16"). So a lane's 8 positions
 byte l; a tile's values are packed in bit order, so a lane's nonzeros are consecutive, starting at the
 number of set bits below its byte.
 
+Each chunk also stores, for every 32-bit word of its bitmaps, where that word's values start among the chunk's
+(16 bits, in values): a lane adds the set bits below its byte in its own word and knows where its values
+start, with no scan across the warp and no dependence on the tile before. On the H200 the shuffle scan this
+replaces (4 shuffles and their latency chain a tile) bounded the kernel at N = 8, not the bytes.
+
 Layout (uint32 words, 16-byte units): strips of 16 rows; each strip's columns in chunks of 8 tiles (128
 columns); chunks in (strip, chunk) order, each
-    [8 bitmaps of 8 words: word j holds lanes 4 j .. 4 j + 3][its tiles' values in tile order][zeros to 16 B]
+    [8 bitmaps of 8 words: word j holds lanes 4 j .. 4 j + 3][64 uint16 starts: tile t's word j at 8 t + j]
+    [its tiles' values in tile order][zeros to 16 B]
 (a chunk past K has empty tiles: zero bitmaps, no values). offsets[strip * chunks + c] is chunk c's first
-unit, and one more entry ends the last chunk. Extra bytes: 4 per chunk of offsets and 8 of padding on
-average, 0.006 bytes a weight.
+unit, and one more entry ends the last chunk. Bytes a weight: 2 (1 - s) for the values, 1/8 for the bitmaps,
+1/16 for the starts, 0.006 for the offsets and the padding (8 bytes a chunk on average).
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ CHUNK_TILES = 8                 # tiles of a chunk (a strip's 128 consecutive co
 CHUNK_COLUMNS = TILE * CHUNK_TILES
 BITMAP_WORDS = TILE * TILE // 32  # uint32 words of a tile's bitmap
 BITMAP_BYTES = CHUNK_TILES * BITMAP_WORDS * 4  # a chunk's bitmaps (256 bytes: 16 units)
+STARTS_BYTES = CHUNK_TILES * BITMAP_WORDS * 2  # a chunk's starts, one uint16 a bitmap word (128 bytes)
+HEADER_BYTES = BITMAP_BYTES + STARTS_BYTES     # where a chunk's values begin (24 units)
 UNIT = 16                       # bytes of an offset unit (one cp.async)
 assert CHUNK_COLUMNS == 1 << 7 and TILE == 1 << 4  # the builders' shifts
 
@@ -101,8 +109,18 @@ def _half_bits(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _layout(counts):
-    """Per chunk its units (bitmaps, then the values rounded up to 16 bytes) from its nonzero counts."""
-    return BITMAP_BYTES // UNIT + (2 * counts + UNIT - 1) // UNIT
+    """Per chunk its units (bitmaps and starts, then the values rounded up to 16 bytes) from its nonzero
+    counts."""
+    return HEADER_BYTES // UNIT + (2 * counts + UNIT - 1) // UNIT
+
+
+WORDS_A_CHUNK = CHUNK_TILES * BITMAP_WORDS
+
+
+def _starts(word_counts):
+    """Per chunk (rows) and bitmap word (columns, tile-major) the values before the word in the chunk: the
+    exclusive running sum of the words' nonzero counts (numpy or torch, int64)."""
+    return word_counts.cumsum(1) - word_counts
 
 
 def bitmap_tiles(w, dtype: str = "float16") -> BitmapTiles:
@@ -129,7 +147,10 @@ def bitmap_tiles(w, dtype: str = "float16") -> BitmapTiles:
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     rank = np.arange(key.size, dtype=np.int64) - first[chunk_of]
     halves = words.view(np.uint16)
-    halves[offsets[chunk_of] * (UNIT // 2) + BITMAP_BYTES // 2 + rank] = \
+    word_counts = np.bincount(chunk_of * WORDS_A_CHUNK + (slot >> 5), minlength=counts.size * WORDS_A_CHUNK)
+    halves[(offsets[:-1] * (UNIT // 2) + BITMAP_BYTES // 2)[:, None] + np.arange(WORDS_A_CHUNK)] = \
+        _starts(word_counts.reshape(-1, WORDS_A_CHUNK))
+    halves[offsets[chunk_of] * (UNIT // 2) + HEADER_BYTES // 2 + rank] = \
         _half_bits(np.asarray(w.values, dtype=np.float64)[order], dtype)
     return BitmapTiles(m, k, w.nnz, dtype, words, offsets.astype(np.uint32))
 
@@ -162,14 +183,19 @@ def bitmap_tiles_on_device(w, dtype: str) -> BitmapTiles:
     first = torch.cumsum(counts, 0) - counts
     rank = torch.arange(key.numel(), device=dev) - first[chunk_of]
     values = w.values[order].to(getattr(torch, dtype))
+    word_counts = torch.bincount(chunk_of * WORDS_A_CHUNK + (slot >> 5), minlength=counts.numel() * WORDS_A_CHUNK)
+    starts = _starts(word_counts.view(-1, WORDS_A_CHUNK)).to(torch.int16)  # <= 2016: the same bits as uint16
+    words.view(torch.int16)[(offsets[:-1] * (UNIT // 2) + BITMAP_BYTES // 2)[:, None]
+                            + torch.arange(WORDS_A_CHUNK, device=dev)] = starts
     halves = words.view(getattr(torch, dtype))
-    halves[offsets[chunk_of] * (UNIT // 2) + BITMAP_BYTES // 2 + rank] = values
+    halves[offsets[chunk_of] * (UNIT // 2) + HEADER_BYTES // 2 + rank] = values
     return BitmapTiles(m, k, w.nnz, dtype, words, offsets.cpu().numpy().astype(np.uint32))
 
 
 def decode_dense(f: BitmapTiles) -> np.ndarray:
     """W (M x K, float64) read back from the format the way a kernel walks it: per chunk its bitmaps, per
-    tile the lanes' bytes in order, values consumed in bit order (a layout bug shows as a wrong product)."""
+    tile the lanes' bytes in order, values consumed in bit order (a layout bug shows as a wrong product); each
+    word's stored start checked against the values before it."""
     f = f.on_host()
     words = np.asarray(f.data).view(np.uint32)
     halves = words.view(np.uint16)
@@ -182,10 +208,14 @@ def decode_dense(f: BitmapTiles) -> np.ndarray:
     for chunk in range(f.strips * per_strip):
         s, c = divmod(chunk, per_strip)
         start, end = int(f.offsets[chunk]), int(f.offsets[chunk + 1])
-        base = start * UNIT // 2 + BITMAP_BYTES // 2  # the chunk's first value, in halves
+        base = start * UNIT // 2 + HEADER_BYTES // 2  # the chunk's first value, in halves
+        stored = halves[start * UNIT // 2 + BITMAP_BYTES // 2:][:WORDS_A_CHUNK].astype(np.int64)
         at = 0
         for t in range(CHUNK_TILES):
             bitmap = words[start * 4 + t * BITMAP_WORDS: start * 4 + (t + 1) * BITMAP_WORDS]
+            before = at + np.concatenate([[0], np.cumsum([bin(int(x)).count("1") for x in bitmap])[:-1]])
+            assert (stored[t * BITMAP_WORDS:(t + 1) * BITMAP_WORDS] == before).all(), \
+                f"chunk {chunk}, tile {t}: the stored starts disagree with the bitmap"
             bits = ((bitmap[slots >> 5] >> (slots & 31).astype(np.uint32)) & 1).astype(bool)
             n = int(bits.sum())
             dense[s * TILE + rows[bits], c * CHUNK_COLUMNS + t * TILE + cols[bits]] = values[base + at: base + at + n]

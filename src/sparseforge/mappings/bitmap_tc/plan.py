@@ -3,9 +3,9 @@ of mma.sync m16n8k16 on the tensor cores, for float16 / bfloat16 at N = 1..16 (d
 
 Why: at N >= 8 a CUDA-core kernel pays N FMAs and a read of X per nonzero (csr-staged: 0.6x of cuBLAS at
 50% and N = 8 on the H200), and tc-scatter rebuilds each dense tile in shared memory, an entry a store, with
-3 bytes an entry. Here W is 2 (1 - s) + 1/8 bytes a weight and each lane decodes its own 8 positions of a
-tile in registers: its byte of the bitmap, the set bits below it (a popc and a 3-step shuffle scan over the
-tile's 8 words), then one 16-bit shared load a set bit. One mma a tile and n-tile; the decode is shared by
+3 bytes an entry. Here W is 2 (1 - s) + 3/16 bytes a weight and each lane decodes its own 8 positions of a
+tile in registers: its byte of the bitmap, where its values start (its word's stored start plus a popc of
+the bits below its byte), then one 16-bit shared load a set bit. One mma a tile and n-tile; the decode is shared by
 every n-tile, so wider N costs little more.
 
 The kernel (render.py): a block is one strip of 16 rows (grid.y) and all N columns; its warps split the
@@ -49,8 +49,8 @@ class BitmapTcConfig:
     warps_per_block: int = 8
     # chunk buffers a warp cycles through: stages - 1 chunks in flight while one is decoded (2 measured best)
     stages: int = 2
-    # tiles whose bitmap scans (a popc and 4 shuffles each, ~250 cycles of dependent latency) are issued before
-    # any of their values are read: a warp's in-order issue then overlaps the scans' latencies (1: tile by tile)
+    # tiles whose bitmap words and starts are read (two shared loads and a popc each) before any of their values:
+    # a warp's in-order issue then overlaps those loads' latencies (1: tile by tile)
     scan_group: int = 1
 
     def __post_init__(self):
@@ -148,14 +148,14 @@ class BitmapTcPlan(WeightAsData):
     @property
     def registers(self) -> int:
         """Registers a thread takes, a little over what `ptxas -c` 13.0 gives for sm_90 (the runtime's build):
-        B staged 88-90 at N <= 8, 96 at 9-16; B loaded from L2, which ptxas hoists for the chunk's tiles, 118-120
-        and 158-160. The entry's .maxntid caps them at 65536 / threads (128 for 16 warps), where ptxas hoists fewer
-        of B's loads instead of spilling (16 warps at N = 16 from L2: 126, no spills)."""
+        B staged 80 at N <= 8, 88-89 at 9-16; B loaded from L2, which ptxas hoists for the chunk's tiles, 112 and
+        152. The entry's .maxntid caps them at 65536 / threads (128 for 16 warps), where ptxas hoists fewer of B's
+        loads instead of spilling (16 warps at N = 16 from L2: 128, no spills)."""
         return min(self.unbounded_registers, self.register_cap)
 
     @property
     def unbounded_registers(self) -> int:
-        return 92 + 8 * (self.n_tiles - 1) if self.stage_b else 122 + 40 * (self.n_tiles - 1)
+        return 82 + 8 * (self.n_tiles - 1) if self.stage_b else 114 + 40 * (self.n_tiles - 1)
 
     @property
     def register_cap(self) -> int:
@@ -263,7 +263,7 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     host copy of the offsets."""
     import torch
 
-    from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_TILES, TILE, slot_of
+    from ...formats.bitmap_tiles import BITMAP_WORDS, CHUNK_TILES, HEADER_BYTES, TILE, slot_of
 
     f, device = plan.format, out.device
     per_strip = f.chunks_per_strip
@@ -284,7 +284,7 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
         bits = ((words[:, :, slots >> 5] >> (slots & 31)) & 1).view(words.shape[0], -1).bool()
         rank = torch.cumsum(bits, 1, dtype=torch.int32) - 1
         # a clear bit reads any value in range (a chunk with no values may end the data), then zero
-        source = (begin[:, None] * (UNIT // 2) + BITMAP_BYTES // 2 + rank.clamp(min=0)).clamp(max=halves.numel() - 1)
+        source = (begin[:, None] * (UNIT // 2) + HEADER_BYTES // 2 + rank.clamp(min=0)).clamp(max=halves.numel() - 1)
         values = torch.where(bits, halves[source], torch.zeros((), dtype=halves.dtype, device=device))
         block = values[:, place].view(last - first, per_strip, TILE, CHUNK_COLUMNS)
         block = block.permute(0, 2, 1, 3).reshape((last - first) * TILE, per_strip * CHUNK_COLUMNS)

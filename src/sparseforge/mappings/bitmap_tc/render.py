@@ -11,10 +11,10 @@ Per warp (plan.py has the why):
   then with stage_b B's N rows, zero-filled past K), one commit group a chunk (empty past the range, so
   `wait_group stages - 1` always means "the chunk to decode has landed");
 - the chunk loop is unrolled `stages` times, so a buffer's address is an immediate;
-- a tile: the lane's bitmap word (tile word g = lane / 4), its popc scanned over the 8 words by 3 shuffles
-  (lanes 4 apart), plus the bits below its byte in its word: where its values start (the scans of
-  config.scan_group tiles first, then their values); then per slot of its byte a predicated 16-bit shared load
-  and a step of the pointer; the 8 halves packed into the A fragment; per n-tile B's two registers (ldmatrix.x4
+- a tile: the lane's bitmap word (tile word g = lane / 4) and that word's stored start, plus the bits below
+  its byte in its word: where its values start (those of config.scan_group tiles first, then their values);
+  then per slot of its byte a 16-bit shared load (from the chunk's first start, a zero, where the bit is
+  clear: no zeroing move) and a predicated step of the pointer; the 8 halves packed into the A fragment; per n-tile B's two registers (ldmatrix.x4
   for two tiles from the staged rows, or loads from global memory, zero past K or N) and one mma.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from ...codegen.emitter import Emitter
 from ...codegen.mma_epilogue import strip_epilogue
 from ...codegen.ptx import KernelSource, data_kernel
-from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, TILE, UNIT
+from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, HEADER_BYTES, TILE, UNIT
 from .plan import N_TILE, X_ROW_BYTES, BitmapTcPlan
 
 
@@ -95,25 +95,26 @@ def _load_b(e: Emitter, plan: BitmapTcPlan, t: int, nt: int) -> None:
 
 
 def _scan(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None:
-    """Tile t's scan into scan slot `slot`: %mb{slot} the lane's byte (low 8 bits), %p{slot} the set bits before
-    it in the tile (where its values start), %tot{slot} the tile's set bits."""
+    """Tile t's lane state into slot `slot`: %mb{slot} the lane's byte (low 8 bits), %p{slot} the chunk's set
+    bits before it (its word's stored start plus the bits below the byte in the word: where its values
+    start)."""
     word = stage * plan.stage_bytes + t * BITMAP_WORDS * 4
-    e.comment(f"tile {t}: where the lane's values start (set bits before its byte)")
-    e.lines([f"ld.shared.b32 %w{slot}, [%wg+{word}];", f"popc.b32 %c0, %w{slot};", "mov.u32 %c, %c0;"])
-    for delta in (4, 8, 16):  # lanes 4 apart hold the next word: an inclusive scan over the tile's 8 words
-        e.lines([f"shfl.sync.up.b32 %x|%pu, %c, {delta}, 0, -1;", "@%pu add.u32 %c, %c, %x;"])
-    e.lines([f"shfl.sync.idx.b32 %tot{slot}, %c, 31, 31, -1;", f"and.b32 %x, %w{slot}, %lowm;", "popc.b32 %x, %x;",
-             f"sub.u32 %p{slot}, %c, %c0;", f"add.u32 %p{slot}, %p{slot}, %x;", f"shr.b32 %mb{slot}, %w{slot}, %sh;"])
+    start = stage * plan.stage_bytes + BITMAP_BYTES + t * BITMAP_WORDS * 2
+    e.comment(f"tile {t}: where the lane's values start (its word's start, then the set bits before its byte)")
+    e.lines([f"ld.shared.b32 %w{slot}, [%wg+{word}];", f"ld.shared.u16 %p{slot}, [%sg+{start}];",
+             f"and.b32 %x, %w{slot}, %lowm;", "popc.b32 %x, %x;", f"add.u32 %p{slot}, %p{slot}, %x;",
+             f"shr.b32 %mb{slot}, %w{slot}, %sh;"])
 
 
 def _tile(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None:
     """Tile t, its scan in slot `slot`: the lane's A fragment from its 8 slots' values, the mmas."""
-    e.comment(f"tile {t}: the lane's 8 slots, then the mma")
-    e.line(f"mad.lo.u32 %ptr, %p{slot}, 2, %vp;")
+    e.comment(f"tile {t}: the lane's 8 slots (a clear one reads the chunk's first start, always 0), then the mma")
+    e.lines([f"mad.lo.u32 %ptr, %p{slot}, 2, %wb;", f"add.u32 %ptr, %ptr, {stage * plan.stage_bytes + HEADER_BYTES};",
+             f"add.u32 %zr, %wb, {stage * plan.stage_bytes + BITMAP_BYTES};"])
     for i in range(8):
-        e.lines([f"and.b32 %x, %mb{slot}, {1 << i};", "setp.ne.u32 %ps, %x, 0;", f"mov.b16 %h{i}, 0;",
-                 f"@%ps ld.shared.b16 %h{i}, [%ptr];", "@%ps add.u32 %ptr, %ptr, 2;"])
-    e.lines([f"mov.b32 %a{r}, {{%h{2 * r}, %h{2 * r + 1}}};" for r in range(4)])
+        e.lines([f"and.b32 %x, %mb{slot}, {1 << i};", "setp.ne.u32 %ps, %x, 0;", "selp.u32 %ad, %ptr, %zr, %ps;",
+                 f"ld.shared.u16 %v{i}, [%ad];"] + (["@%ps add.u32 %ptr, %ptr, 2;"] if i < 7 else []))
+    e.lines([f"prmt.b32 %a{r}, %v{2 * r}, %v{2 * r + 1}, 0x5410;" for r in range(4)])
     for nt in range(plan.n_tiles):
         if plan.stage_b:  # tiles t and t + 1: four 8 x 8 matrices of the staged rows (k 0-7, 8-15 each)
             if t % 2 == 0:
@@ -126,7 +127,6 @@ def _tile(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None
             b = f"%bq{nt}_0, %bq{nt}_1"
         c = ", ".join(f"%c{nt}_{q}" for q in range(4))
         e.line(f"{_mma(plan)} {{{c}}}, {{%a0, %a1, %a2, %a3}}, {{{b}}}, {{{c}}};")
-    e.line(f"mad.lo.u32 %vp, %tot{slot}, 2, %vp;")
 
 
 def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
@@ -140,7 +140,7 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
              "shr.u32 %g, %lane, 2;", "and.b32 %tq, %lane, 3;", "mov.u32 %rs, %ctaid.y;", "mov.u32 %rgx, %ctaid.x;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "shl.b32 %sh, %tq, 3;", "mov.u32 %lowm, 1;", "shl.b32 %lowm, %lowm, %sh;", "sub.u32 %lowm, %lowm, 1;",
-             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", "mad.lo.u32 %wg, %g, 4, %wb;",
+             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", "mad.lo.u32 %wg, %g, 4, %wb;", "mad.lo.u32 %sg, %g, 2, %wb;",
              # ldmatrix.x4 row address: matrix lane / 8 (8 columns further each), its row lane % 8
              "and.b32 %t, %lane, 7;", "shr.u32 %xl, %lane, 3;", f"mul.lo.u32 %xl, %xl, {UNIT};",
              f"mad.lo.u32 %xl, %t, {X_ROW_BYTES}, %xl;", "add.u32 %xl, %xl, %wb;"])
@@ -168,8 +168,7 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
         e.lines(["setp.ge.u32 %pt, %i, %cnt;", "@%pt bra WALKED;", f"add.u32 %j, %i, {stages - 1};"])
         _issue(e, plan, (u + stages - 1) % stages, f"L{u}")
         e.lines([f"cp.async.wait_group {stages - 1};", "bar.warp.sync -1;",
-                 "add.u32 %kc, %cb, %i;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};",
-                 f"add.u32 %vp, %wb, {u * buffer + BITMAP_BYTES};"])
+                 "add.u32 %kc, %cb, %i;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};"])
         if not plan.stage_b:
             _b_pointers(e, plan)
         group = c.scan_group
@@ -187,11 +186,12 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     nts = range(plan.n_tiles)
     decl = [".reg .pred %pt, %pi, %pu, %ps, %pk, %pq, %pw, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
             ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %sh, %lowm, %wb, %wg, %cb, %cnt, %offr, %i, %j, "
-            "%st, %en, %sz, %all, %csz, %kcj, %xr, %xk, %xl, %sb, %u, %kc, %kr, %c0, %c, %x, %ptr, %vp, "
-            + "".join(f"%w{g}, %tot{g}, %p{g}, %mb{g}, " for g in range(c.scan_group)) + " %t, %o, %ad, %rw, %cl, "
+            "%st, %en, %sz, %all, %csz, %kcj, %xr, %xk, %xl, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, "
+            + "".join(f"%v{i}, " for i in range(8))
+            + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group)) + " %t, %o, %ad, %rw, %cl, "
             "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(4)) + ";",
             ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",
-            ".reg .b16 " + ", ".join(f"%h{i}" for i in range(8)) + ", %hb0, %hb1, %hv16;",
+            ".reg .b16 %hb0, %hb1, %hv16;",
             ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, "
             + ", ".join(f"%rdx{nt}, %rdy{nt}" for nt in nts) + ";"]
     assert TILE * TILE // 32 == BITMAP_WORDS
