@@ -12,6 +12,14 @@ the tile (PTX ISA, "Matrix Fragments for mma.m16n8k16"). So a lane's 8 positions
 byte l; a tile's values are packed in bit order, so a lane's nonzeros are consecutive, starting at the
 number of set bits below its byte.
 
+Columns inside a chunk are in one of two orders (tile_column). Natural: tile t holds columns 16 t .. 16 t + 15.
+Grouped (for X as N x K, a Linear's): tile t's mma column kk holds W's column 64 (t >> 2)
++ 32 (kk >> 3) + 8 tq + 2 (t & 3) + (kk & 1), tq = (kk >> 1) & 3. Then the B fragments a lane needs for a group
+of 4 tiles are X's 8 consecutive columns 8 tq .. 8 tq + 7 and the 8 from 32 + 8 tq, two 16-byte loads where X's
+rows are K long: no staging of X in shared memory, whole cache lines used. Where X is K x N a lane's columns
+are N apart anyway, and the natural order keeps a load's rows together (on the H200 the grouped order ran
+30-40% slower there). (The product is the same whatever the order: A's and B's columns are permuted alike.)
+
 Each chunk also stores, for every 32-bit word of its bitmaps, where that word's values start among the chunk's
 (16 bits, in values): a lane adds the set bits below its byte in its own word and knows where its values
 start, with no scan across the warp and no dependence on the tile before. On the H200 the shuffle scan this
@@ -42,6 +50,21 @@ UNIT = 16                       # bytes of an offset unit (one cp.async)
 assert CHUNK_COLUMNS == 1 << 7 and TILE == 1 << 4  # the builders' shifts
 
 
+def tile_column(cols, grouped: bool):
+    """(tile, mma column kk) of a chunk's column (0..127) in the natural or grouped order (numpy or torch)."""
+    if not grouped:
+        return cols >> 4, cols & 15
+    group, tq, t, hi, h = cols >> 6, (cols >> 3) & 3, (cols >> 1) & 3, (cols >> 5) & 1, cols & 1
+    return 4 * group + t, 8 * hi + 2 * tq + h
+
+
+def chunk_column(tile, kk, grouped: bool):
+    """The chunk's column that tile `tile`'s mma column kk holds: tile_column's inverse."""
+    if not grouped:
+        return 16 * tile + kk
+    return 64 * (tile >> 2) + 32 * (kk >> 3) + 8 * ((kk >> 1) & 3) + 2 * (tile & 3) + (kk & 1)
+
+
 def slot_of(rows, cols):
     """Bit f of a tile's bitmap for row r, column c within the tile (numpy arrays or torch tensors)."""
     g, rr, t, h, cc = rows & 7, rows >> 3, (cols & 7) >> 1, cols & 1, cols >> 3
@@ -58,13 +81,14 @@ def cell_of(slot):
 class BitmapTiles:
     """W (M x K) as bitmap tiles (module docstring). `data` holds the chunks as 32-bit words (numpy uint32 on
     the host, or an int32 torch tensor on W's device, the same bits); `offsets` (uint32, host) the chunks'
-    first units. `dtype` names the values' 16-bit type."""
+    first units. `dtype` names the values' 16-bit type; `grouped` the column order (module docstring)."""
     M: int
     K: int
     nnz: int
     dtype: str
     data: object = field(repr=False)
     offsets: np.ndarray = field(repr=False)
+    grouped: bool = True
 
     @property
     def strips(self) -> int:
@@ -95,7 +119,7 @@ class BitmapTiles:
         if isinstance(self.data, np.ndarray):
             return self
         return BitmapTiles(self.M, self.K, self.nnz, self.dtype, self.data.cpu().numpy().view(np.uint32),
-                           self.offsets)
+                           self.offsets, self.grouped)
 
 
 def _half_bits(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -123,15 +147,16 @@ def _starts(word_counts):
     return word_counts.cumsum(1) - word_counts
 
 
-def bitmap_tiles(w, dtype: str = "float16") -> BitmapTiles:
-    """W's bitmap tiles built by numpy from a SparseMatrix (values rounded to `dtype`)."""
+def bitmap_tiles(w, dtype: str = "float16", grouped: bool = True) -> BitmapTiles:
+    """W's bitmap tiles built by numpy from a SparseMatrix (values rounded to `dtype`), columns in the grouped
+    or natural order."""
     m, k = w.shape
     strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
     rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(w.indptr))
     cols = np.asarray(w.indices, dtype=np.int64)
     chunk = (rows >> 4) * per_strip + (cols >> 7)
-    tile = (cols >> 4) & (CHUNK_TILES - 1)
-    key = (chunk * CHUNK_TILES + tile) * 256 + slot_of(rows & 15, cols & 15)
+    tile, kk = tile_column(cols & (CHUNK_COLUMNS - 1), grouped)
+    key = (chunk * CHUNK_TILES + tile) * 256 + slot_of(rows & 15, kk)
     order = np.argsort(key, kind="stable")
     key = key[order]
     counts = np.bincount(key >> 11, minlength=strips * per_strip)
@@ -152,10 +177,10 @@ def bitmap_tiles(w, dtype: str = "float16") -> BitmapTiles:
         _starts(word_counts.reshape(-1, WORDS_A_CHUNK))
     halves[offsets[chunk_of] * (UNIT // 2) + HEADER_BYTES // 2 + rank] = \
         _half_bits(np.asarray(w.values, dtype=np.float64)[order], dtype)
-    return BitmapTiles(m, k, w.nnz, dtype, words, offsets.astype(np.uint32))
+    return BitmapTiles(m, k, w.nnz, dtype, words, offsets.astype(np.uint32), grouped)
 
 
-def bitmap_tiles_on_device(w, dtype: str) -> BitmapTiles:
+def bitmap_tiles_on_device(w, dtype: str, grouped: bool = True) -> BitmapTiles:
     """bitmap_tiles' format from a formats.DeviceCsr by torch ops on W's device, the same bits (data as int32);
     offsets come to the host (one small copy)."""
     import torch
@@ -165,8 +190,8 @@ def bitmap_tiles_on_device(w, dtype: str) -> BitmapTiles:
     strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
     rows = torch.repeat_interleave(torch.arange(m, device=dev), torch.diff(w.indptr), output_size=w.nnz)
     cols = w.indices.long()
-    key = (((rows >> 4) * per_strip + (cols >> 7)) * CHUNK_TILES + ((cols >> 4) & 7)) * 256 \
-        + slot_of(rows & 15, cols & 15)
+    tile, kk = tile_column(cols & (CHUNK_COLUMNS - 1), grouped)
+    key = (((rows >> 4) * per_strip + (cols >> 7)) * CHUNK_TILES + tile) * 256 + slot_of(rows & 15, kk)
     key, order = torch.sort(key, stable=True)
     chunk_of = key >> 11
     counts = torch.bincount(chunk_of, minlength=strips * per_strip)
@@ -189,7 +214,7 @@ def bitmap_tiles_on_device(w, dtype: str) -> BitmapTiles:
                             + torch.arange(WORDS_A_CHUNK, device=dev)] = starts
     halves = words.view(getattr(torch, dtype))
     halves[offsets[chunk_of] * (UNIT // 2) + HEADER_BYTES // 2 + rank] = values
-    return BitmapTiles(m, k, w.nnz, dtype, words, offsets.cpu().numpy().astype(np.uint32))
+    return BitmapTiles(m, k, w.nnz, dtype, words, offsets.cpu().numpy().astype(np.uint32), grouped)
 
 
 def decode_dense(f: BitmapTiles) -> np.ndarray:
@@ -218,7 +243,8 @@ def decode_dense(f: BitmapTiles) -> np.ndarray:
                 f"chunk {chunk}, tile {t}: the stored starts disagree with the bitmap"
             bits = ((bitmap[slots >> 5] >> (slots & 31).astype(np.uint32)) & 1).astype(bool)
             n = int(bits.sum())
-            dense[s * TILE + rows[bits], c * CHUNK_COLUMNS + t * TILE + cols[bits]] = values[base + at: base + at + n]
+            dense[s * TILE + rows[bits], c * CHUNK_COLUMNS + chunk_column(t, cols[bits], f.grouped)] = \
+                values[base + at: base + at + n]
             at += n
         assert (base + at) * 2 <= end * UNIT, f"chunk {chunk}: its values run past its end"
     return dense[: f.M, : f.K]

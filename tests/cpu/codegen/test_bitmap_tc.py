@@ -18,7 +18,7 @@ from .test_ptx import _assemble_without_spills_and_link
 
 @st.composite
 def problems(draw):
-    """M past a strip, K past a chunk (odd K: B one element at a time; K % 8 == 0 in nk: B staged), warps with no
+    """M past a strip, K past a chunk (odd K: B one element at a time; K % 8 == 0 in nk: two 16-byte loads a tile group; else 32 bits), warps with no
     chunk, several chunks a warp (every ring buffer used), scans in groups; empty, one-nonzero, dense-row weights
     (random_weight_and_epilogue)."""
     m, k = draw(st.sampled_from([1, 16, 17, 33])), draw(st.sampled_from([8, 33, 128, 300, 700]))
@@ -39,6 +39,19 @@ def test_random_bitmap_tc_kernels_match_float64(problem):
     shape = (k, n) if layout == "kn" else (n, k)
     b = rng.standard_normal((batch, *shape) if batch > 1 else shape)
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, layout, dtype, bias, relu), dtype)
+
+
+@pytest.mark.parametrize("scan_group", [1, 8])
+@pytest.mark.parametrize("k, b_loads", [(264, "wide"), (300, "pair"), (301, "scalar")])
+def test_each_way_of_loading_b_matches_float64(k, b_loads, scan_group):
+    """X as N x K, 9 tokens (two n-tiles, the second partial): each of plan.b_loads' forms, with a scan group of
+    8 tiles (both tile groups' B live at once) and tile by tile."""
+    rng = np.random.default_rng(k)
+    weight, bias, relu = random_weight_and_epilogue(rng, 33, k, 0.5, k, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, 9, "float16", "nk", BitmapTcConfig(2, 2, scan_group), bias=bias, relu=relu)
+    assert plan.b_loads == b_loads
+    b = rng.standard_normal((9, k))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", bias, relu), "float16")
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.formats.bitmap_tiles import (CHUNK_COLUMNS, HEADER_BYTES, bitmap_tiles, bitmap_tiles_on_device,
-                                              cell_of, decode_dense, slot_of)
+                                              cell_of, chunk_column, decode_dense, slot_of, tile_column)
 from sparseforge.formats.device import DeviceCsr
 
 
@@ -38,15 +38,26 @@ def weights(draw):
     return SparseMatrix.from_dense(dense)
 
 
-@given(weights(), st.sampled_from(["float16", "bfloat16"]))
+@given(weights(), st.sampled_from(["float16", "bfloat16"]), st.booleans())
 @settings(max_examples=40, deadline=None)
-def test_w_comes_back_from_its_tiles_and_both_builders_agree(w, dtype):
-    tiles = bitmap_tiles(w, dtype)
-    assert np.array_equal(decode_dense(tiles), _rounded(w, dtype))
-    on_device = bitmap_tiles_on_device(_device_csr(w), dtype)
+def test_w_comes_back_from_its_tiles_and_both_builders_agree(w, dtype, grouped):
+    tiles = bitmap_tiles(w, dtype, grouped)
+    assert tiles.grouped == grouped and np.array_equal(decode_dense(tiles), _rounded(w, dtype))
+    on_device = bitmap_tiles_on_device(_device_csr(w), dtype, grouped)
     assert isinstance(on_device.data, torch.Tensor) and on_device.data.dtype == torch.int32
     assert np.array_equal(on_device.on_host().data, tiles.data) and np.array_equal(on_device.offsets, tiles.offsets)
-    assert tiles.offsets[0] == 0 and np.all(np.diff(tiles.offsets.astype(np.int64)) >= 16)  # bitmaps at least
+    assert tiles.offsets[0] == 0 and np.all(np.diff(tiles.offsets.astype(np.int64)) >= HEADER_BYTES // 16)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_column_orders_are_permutations_of_a_chunk(grouped):
+    cols = np.arange(CHUNK_COLUMNS)
+    tile, kk = tile_column(cols, grouped)
+    assert len(set(zip(tile.tolist(), kk.tolist()))) == CHUNK_COLUMNS and tile.max() == 7 and kk.max() == 15
+    assert np.array_equal(chunk_column(tile, kk, grouped), cols)
+    if grouped:  # a lane's B of a tile group: 8 consecutive columns from 8 tq, and 8 from 32 + 8 tq
+        lane_tq = (kk >> 1) & 3
+        assert np.array_equal(cols[(lane_tq == 1) & (tile < 4)], np.r_[8:16, 40:48])
 
 
 def test_a_lanes_byte_holds_its_a_fragment_positions():

@@ -20,7 +20,7 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     c, f, es = plan.config, plan.format, plan.element_bytes
     chunks = f.strips * f.chunks_per_strip
     tiles = chunks * CHUNK_TILES
-    base, per_density, per_n_tile = TILE_CYCLES["staged" if plan.stage_b else "loaded"]
+    base, per_density, per_n_tile = TILE_CYCLES["staged" if plan.b_loads == "wide" else "loaded"]
     density = plan.nnz / max(plan.M * plan.K, 1)
     cycles = base + per_density * density + per_n_tile * (plan.n_tiles - 1)
     tiles_per_sm = max(tiles / gpu.sms, f.chunks_per_strip * CHUNK_TILES)

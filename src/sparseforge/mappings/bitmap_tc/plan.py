@@ -12,9 +12,9 @@ The kernel (render.py): a block is one strip of 16 rows (grid.y) and all N colum
 strip's chunks into consecutive ranges (split K inside the block). A warp streams its chunks into a ring of
 `stages` buffers in shared memory with cp.async (16 bytes a lane, coalesced), `stages - 1` chunks ahead of
 the one it decodes; a chunk's offsets come from one load a lane at the start (lane j holds chunk j's) and a
-shuffle. B (X): with X as N x K and K a multiple of 8, its rows over the chunk's columns come into the chunk's
-buffer with the weights and reach the mma by ldmatrix (stage_b); otherwise from global memory (L1 / L2) at
-each tile. At the end the warps' accumulators meet in shared memory and are added in warp order
+shuffle. B (X) comes from global memory (L1 / L2) straight into the fragments: with X as N x K, thanks to the
+format's column order, two 16-byte loads a lane cover 4 tiles (b_loads). On the H200 copying X's rows into
+shared memory beside the weights cost 20% over B loaded at the tile (X as K x N) at N = 8. At the end the warps' accumulators meet in shared memory and are added in warp order
 (deterministic), with bias, residual and ReLU (codegen/mma_epilogue).
 
 Non-finite inputs: the tensor cores multiply every 16 x 16 tile densely, empty ones too, so a NaN or inf in
@@ -38,8 +38,6 @@ MAX_N = 16             # N a block covers: B comes from L2 a tile and n-tile, so
 # than W's bytes (at N = 64 on the H200: 0.21x of cuBLAS); wider N wants B staged in shared memory
 BUFFER_STEP = 32       # a chunk buffer's size is rounded up to this many units (512 bytes): a density bucket
 MAX_CHUNKS_A_WARP = 31  # a warp's chunk offsets sit one a lane (31 chunks and the end)
-X_ROW_BYTES = CHUNK_COLUMNS * 2 + 16  # a staged row of B: a chunk's columns, padded so ldmatrix's 8 rows hit
-# different banks
 
 
 @dataclass(frozen=True)
@@ -121,23 +119,19 @@ class BitmapTcPlan(WeightAsData):
         return max(BUFFER_STEP, -(-self.format.max_chunk_units // BUFFER_STEP) * BUFFER_STEP)
 
     @property
-    def stage_b(self) -> bool:
-        """B's rows for a chunk are copied into the chunk's buffer with the weights (16-byte cp.async, zeros
-        past K) and handed to the mma by ldmatrix: X's rows are the lanes' (layout nk, or N = 1) and K is a
-        multiple of 8 (every row 16-byte aligned). On the H200 B loaded from L2 at each tile (8 cache lines a
-        load) cost a third of the kernel's time at N = 8."""
-        return (self.layout == "nk" or self.N == 1) and self.K % 8 == 0
+    def b_loads(self) -> str:
+        """How a lane loads B (formats/bitmap_tiles.py's column order): "wide", two 16-byte loads a group of 4
+        tiles and n-tile, where X's rows are the lanes' (layout nk, or N = 1) and K is a multiple of 8 (each row
+        16-byte aligned); "pair", a 32-bit load a register, where K is even; else "scalar", 16 bits at a time
+        (X as K x N with N > 1: a lane's values are N apart)."""
+        if self.format.grouped:
+            return "wide" if self.K % 8 == 0 else "pair" if self.K % 2 == 0 else "scalar"
+        return "scalar"
 
     @property
     def stage_bytes(self) -> int:
-        """One buffer: a chunk's weights, then (stage_b) its B rows."""
-        return self.buffer_units * UNIT + (N_TILE * self.n_tiles * X_ROW_BYTES if self.stage_b else 0)
-
-    @property
-    def vector_b(self) -> bool:
-        """B's two values of a register come with one 32-bit load: X's rows are the lanes' (layout nk, or
-        N = 1) and K is even (every pair 4-byte aligned and inside K or past it together)."""
-        return (self.layout == "nk" or self.N == 1) and self.K % 2 == 0
+        """One buffer: a chunk's header and values."""
+        return self.buffer_units * UNIT
 
     @property
     def dynamic_shared_bytes(self) -> int:
@@ -148,14 +142,17 @@ class BitmapTcPlan(WeightAsData):
     @property
     def registers(self) -> int:
         """Registers a thread takes, a little over what `ptxas -c` 13.0 gives for sm_90 (the runtime's build):
-        B staged 80 at N <= 8, 88-89 at 9-16; B loaded from L2, which ptxas hoists for the chunk's tiles, 112 and
-        152. The entry's .maxntid caps them at 65536 / threads (128 for 16 warps), where ptxas hoists fewer of B's
-        loads instead of spilling (16 warps at N = 16 from L2: 128, no spills)."""
+        B by wide loads 84-86 at N <= 8, 106 at 9-16; else (and at N = 1), where ptxas hoists B's loads for the
+        chunk's tiles, 112-117 and 152. The entry's .maxntid caps them at 65536 / threads (128 for 16 warps),
+        where ptxas hoists fewer of B's loads instead of spilling (16 warps at N = 16 from L2: 128, no
+        spills)."""
         return min(self.unbounded_registers, self.register_cap)
 
     @property
     def unbounded_registers(self) -> int:
-        return 82 + 8 * (self.n_tiles - 1) if self.stage_b else 114 + 40 * (self.n_tiles - 1)
+        if self.b_loads == "wide" and self.N > 1:
+            return 86 + 20 * (self.n_tiles - 1)
+        return 118 + 36 * (self.n_tiles - 1)
 
     @property
     def register_cap(self) -> int:
@@ -176,7 +173,8 @@ class BitmapTcPlan(WeightAsData):
                 f"{self.dtype}\n  bitmap tiles decoded into mma.m16n8k16 A fragments: {f.nbytes} bytes of W "
                 f"({f.bytes_per_weight():.3f} a weight, {dense / max(f.nbytes, 1):.2f}x fewer than dense); "
                 f"{c.warps_per_block} warps a strip, {self.chunks_per_warp} chunks of {CHUNK_COLUMNS} columns a "
-                f"warp, {c.stages} buffers of {self.stage_bytes} bytes a warp{' (B staged)' if self.stage_b else ''}, {self.n_tiles} n-tile(s); "
+                f"warp, {c.stages} buffers of {self.stage_bytes} bytes a warp, B by {self.b_loads} loads, "
+                f"{self.n_tiles} n-tile(s); "
                 f"grid {self.grid} x batch, {self.threads} threads")
 
 
@@ -185,7 +183,8 @@ def make_bitmap_tc_plan(w: SparseMatrix, n: int, dtype: str = "float16", layout:
                         residual: bool = False) -> BitmapTcPlan:
     config = _checked_options(n, dtype, layout, config, arch)
     m, k = w.shape
-    fmt = w.packed(("bitmap-tc", dtype), lambda: bitmap_tiles(w, dtype))
+    grouped = grouped_columns(n, layout)
+    fmt = w.packed(("bitmap-tc", dtype, grouped), lambda: bitmap_tiles(w, dtype, grouped))
     return _checked_plan(BitmapTcPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
                                       w.digest(), residual=bool(residual)))
 
@@ -197,9 +196,16 @@ def make_bitmap_tc_plan_on_device(w, n: int, dtype: str = "float16", layout: str
     matrix's plans; the digest is empty (W is data)."""
     config = _checked_options(n, dtype, layout, config, arch)
     m, k = w.shape
-    fmt = w.packed(("bitmap-tc", dtype), lambda: bitmap_tiles_on_device(w, dtype))
+    grouped = grouped_columns(n, layout)
+    fmt = w.packed(("bitmap-tc", dtype, grouped), lambda: bitmap_tiles_on_device(w, dtype, grouped))
     return _checked_plan(BitmapTcPlan(m, k, n, layout, dtype, config, fmt, w.nnz, fp32_bias(bias, m), relu, arch,
                                       "", residual=bool(residual)))
+
+
+def grouped_columns(n: int, layout: str) -> bool:
+    """The format's column order for a plan: grouped where X's rows are the lanes' (nk, or N = 1), so B comes
+    in 16-byte loads; natural where X is K x N (formats/bitmap_tiles.py)."""
+    return layout == "nk" or n == 1
 
 
 def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> BitmapTcConfig:
@@ -263,7 +269,7 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     host copy of the offsets."""
     import torch
 
-    from ...formats.bitmap_tiles import BITMAP_WORDS, CHUNK_TILES, HEADER_BYTES, TILE, slot_of
+    from ...formats.bitmap_tiles import BITMAP_WORDS, CHUNK_TILES, HEADER_BYTES, TILE, slot_of, tile_column
 
     f, device = plan.format, out.device
     per_strip = f.chunks_per_strip
@@ -273,7 +279,8 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     slots = torch.arange(TILE * TILE, device=device)
     # chunk position (tile * 256 + bit) of each cell (row, column) of a chunk, row-major over 16 x 128
     rows, cols = np.divmod(np.arange(TILE * CHUNK_COLUMNS), CHUNK_COLUMNS)
-    place = torch.from_numpy((cols // TILE) * 256 + slot_of(rows, cols % TILE)).to(device)
+    tile, kk = tile_column(cols, f.grouped)
+    place = torch.from_numpy(tile * 256 + slot_of(rows, kk)).to(device)
     word_index = torch.arange(CHUNK_TILES * BITMAP_WORDS, device=device)
     step = max(1, DENSIFY_POSITIONS // (per_strip * CHUNK_TILES * 256))
     for first in range(0, f.strips, step):

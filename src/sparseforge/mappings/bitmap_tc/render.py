@@ -2,20 +2,19 @@
 
 Parameters: B (kn: [batch,] K x N; nk: [batch,] N x K), C ([batch,] M x N or N x M), data (the chunks as
 words), offsets (a chunk's first 16-byte unit), bias (fp32, or null), then the residual where the plan adds
-one. Dynamic shared memory: per warp `stages` buffers of plan.stage_bytes: a chunk's plan.buffer_units units,
-then (plan.stage_b) B's rows over the chunk's 128 columns, X_ROW_BYTES apart.
+one. Dynamic shared memory: per warp `stages` buffers of plan.stage_bytes, a chunk's plan.buffer_units units.
 
 Per warp (plan.py has the why):
 - lane j loads chunk j's offset of the warp's range (and the end after the last);
-- a chunk's copy: its offsets by shuffle, then 16-byte cp.async a lane into its buffer (the weights' units,
-  then with stage_b B's N rows, zero-filled past K), one commit group a chunk (empty past the range, so
-  `wait_group stages - 1` always means "the chunk to decode has landed");
+- a chunk's copy: its offsets by shuffle, then 16-byte cp.async a lane into its buffer, one commit group a
+  chunk (empty past the range, so `wait_group stages - 1` always means "the chunk to decode has landed");
 - the chunk loop is unrolled `stages` times, so a buffer's address is an immediate;
 - a tile: the lane's bitmap word (tile word g = lane / 4) and that word's stored start, plus the bits below
   its byte in its word: where its values start (those of config.scan_group tiles first, then their values);
   then per slot of its byte a 16-bit shared load (from the chunk's first start, a zero, where the bit is
-  clear: no zeroing move) and a predicated step of the pointer; the 8 halves packed into the A fragment; per n-tile B's two registers (ldmatrix.x4
-  for two tiles from the staged rows, or loads from global memory, zero past K or N) and one mma.
+  clear: no zeroing move) and a predicated step of the pointer; the 8 halves packed into the A fragment; per
+  n-tile B's two registers (plan.b_loads: "wide", two 16-byte loads a lane for a group of 4 tiles, issued
+  before the group's scans; else loads at the tile; zero past K or N) and one mma.
 """
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from ...codegen.emitter import Emitter
 from ...codegen.mma_epilogue import strip_epilogue
 from ...codegen.ptx import KernelSource, data_kernel
 from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, HEADER_BYTES, TILE, UNIT
-from .plan import N_TILE, X_ROW_BYTES, BitmapTcPlan
+from .plan import BitmapTcPlan
 
 
 def _mma(plan: BitmapTcPlan) -> str:
@@ -32,63 +31,63 @@ def _mma(plan: BitmapTcPlan) -> str:
 
 
 def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
-    """Chunk %j of the warp's range (nothing past it) copied into buffer `stage`: its units, then (stage_b) B's
-    N rows over its 128 columns, 16 bytes a lane and copy (zeros past K); one commit group either way."""
-    buffer, weights = plan.stage_bytes, plan.buffer_units * UNIT
-    es = plan.element_bytes
+    """Chunk %j of the warp's range (nothing past it) copied into buffer `stage`, 16 bytes a lane and copy; one
+    commit group either way."""
     e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};",
              "shfl.sync.idx.b32 %st, %offr, %j, 31, -1;", "add.u32 %t, %j, 1;",
              "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
-             f"add.u32 %sb, %wb, {stage * buffer};", "mov.u32 %u, %lane;"])
-    pieces = CHUNK_COLUMNS * es // UNIT  # 16-byte pieces of a B row over a chunk
-    if plan.stage_b:
-        e.lines([f"add.u32 %all, %sz, {plan.N * pieces};", "add.u32 %t, %cb, %j;",
-                 f"mul.lo.u32 %kcj, %t, {CHUNK_COLUMNS};"])
-    else:
-        e.line("mov.u32 %all, %sz;")
+             f"add.u32 %sb, %wb, {stage * plan.stage_bytes};", "mov.u32 %u, %lane;"])
     e.label(f"COPY{tag}")
-    e.lines(["setp.ge.u32 %pi, %u, %all;", f"@%pi bra ISSUED{tag};", "add.u32 %t, %st, %u;",
-             f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;", f"mov.u32 %csz, {UNIT};"])
-    if plan.stage_b:
-        e.comment("past the weights' units: B's piece (row, 16-byte piece) of this chunk's columns")
-        e.lines(["setp.lt.u32 %pw, %u, %sz;", f"@%pw bra COPYW{tag};", "sub.u32 %t, %u, %sz;",
-                 f"shr.u32 %xr, %t, {pieces.bit_length() - 1};", f"and.b32 %t, %t, {pieces - 1};",
-                 f"mad.lo.u32 %xk, %t, {UNIT // es}, %kcj;", f"setp.lt.u32 %pk, %xk, {plan.K};",
-                 f"selp.u32 %csz, {UNIT}, 0, %pk;", "selp.u32 %xk, %xk, 0, %pk;",
-                 f"mad.lo.u32 %ad, %xr, {X_ROW_BYTES}, %sb;", f"mad.lo.u32 %ad, %t, {UNIT}, %ad;",
-                 f"add.u32 %ad, %ad, {weights};", f"mul.wide.u32 %rdt, %xr, {plan.K * es};", "add.s64 %rdt, %rdt, %rdb;",
-                 f"mad.wide.u32 %rdt, %xk, {es}, %rdt;"])
-        e.label(f"COPYW{tag}")
-    e.lines([f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT}, %csz;", "add.u32 %u, %u, 32;", f"bra.uni COPY{tag};"])
+    e.lines(["setp.ge.u32 %pi, %u, %sz;", f"@%pi bra ISSUED{tag};", "add.u32 %t, %st, %u;",
+             f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
+             f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tag};"])
     e.label(f"ISSUED{tag}")
     e.line("cp.async.commit_group;")
 
 
 def _b_pointers(e: Emitter, plan: BitmapTcPlan) -> None:
-    """Per n-tile %rdy: B's element (this lane's row n, the chunk's column %kc + 2 tq); %kr: columns left
-    from there (signed: K - kc - 2 tq)."""
-    e.lines(["mad.lo.u32 %t, %tq, 2, %kc;", f"mov.u32 %kr, {plan.K};", "sub.s32 %kr, %kr, %t;"])
+    """Per n-tile %rdy: B's element (this lane's row n, the chunk's first column the lane reads: %kc + 8 tq in
+    the grouped order, where its columns of a tile group begin, %kc + 2 tq in the natural); %kr: columns left
+    from there (signed)."""
+    e.lines([f"mad.lo.u32 %t, %tq, {8 if plan.format.grouped else 2}, %kc;", f"mov.u32 %kr, {plan.K};", "sub.s32 %kr, %kr, %t;"])
     for nt in range(plan.n_tiles):
         e.line(f"mad.wide.u32 %rdy{nt}, %t, {_column_stride(plan)}, %rdx{nt};")
 
 
 def _column_stride(plan: BitmapTcPlan) -> int:
     """Bytes between B's columns k and k + 1 of one row n."""
-    return plan.element_bytes if plan.vector_b or plan.layout == "nk" else plan.N * plan.element_bytes
+    return plan.element_bytes if plan.layout == "nk" or plan.N == 1 else plan.N * plan.element_bytes
+
+
+def _b_column(plan: BitmapTcPlan, t: int, half: int) -> int:
+    """The first of the two columns (from the lane's first, _b_pointers) that tile t's B register `half` holds."""
+    if plan.format.grouped:
+        return 64 * (t // 4) + 32 * half + 2 * (t % 4)
+    return 16 * t + 8 * half
+
+
+def _load_b_group(e: Emitter, plan: BitmapTcPlan, group: int, nt: int) -> None:
+    """b_loads "wide": the lane's 16 columns of tile group `group` for n-tile nt, two 16-byte loads into
+    %bw{nt}_{group}_0..7 (tile t's registers: t % 4 and 4 + t % 4; each group its own, so a scan group of 8
+    tiles has both groups' B live), zero past K or N (K % 8 == 0: a piece is wholly inside K or past it)."""
+    for piece in range(2):
+        first = 64 * group + 32 * piece
+        regs = [f"%bw{nt}_{group}_{4 * piece + q}" for q in range(4)]
+        e.lines([f"setp.gt.s32 %pk, %kr, {first};", f"and.pred %pq, %pk, %pn{nt};"]
+                + [f"mov.b32 {r}, 0;" for r in regs]
+                + [f"@%pq ld.global.nc.v4.b32 {{{', '.join(regs)}}}, [%rdy{nt}+{first * plan.element_bytes}];"])
 
 
 def _load_b(e: Emitter, plan: BitmapTcPlan, t: int, nt: int) -> None:
-    """B's two registers of tile t for n-tile nt: columns 16 t + 2 tq (+1) and + 8 of the lane's row n, zero
-    past K or N. Loaded at the tile: on the H200 loading a whole chunk's B a chunk ahead (32 more registers)
-    measured 3-12% slower at N = 8 (the kernel's limit is the decode's shared-memory and shuffle traffic)."""
+    """b_loads "pair" or "scalar": B's two registers of tile t for n-tile nt, zero past K or N."""
     stride = _column_stride(plan)
     for half in range(2):
-        reg, first = f"%bq{nt}_{half}", 16 * t + 8 * half
-        if plan.vector_b:
+        reg, first = f"%bq{nt}_{half}", _b_column(plan, t, half)
+        if plan.b_loads == "pair":
             e.lines([f"setp.gt.s32 %pk, %kr, {first};", f"and.pred %pq, %pk, %pn{nt};", f"mov.b32 {reg}, 0;",
                      f"@%pq ld.global.nc.b32 {reg}, [%rdy{nt}+{first * stride}];"])
             continue
-        for i in range(2):  # one element at a time: kn with N > 1, or K odd
+        for i in range(2):  # one element at a time: X as K x N with N > 1, or K odd
             e.lines([f"setp.gt.s32 %pk, %kr, {first + i};", f"and.pred %pq, %pk, %pn{nt};", f"mov.b16 %hb{i}, 0;",
                      f"@%pq ld.global.nc.b16 %hb{i}, [%rdy{nt}+{(first + i) * stride}];"])
         e.line(f"mov.b32 {reg}, {{%hb0, %hb1}};")
@@ -116,12 +115,8 @@ def _tile(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None
                  f"ld.shared.u16 %v{i}, [%ad];"] + (["@%ps add.u32 %ptr, %ptr, 2;"] if i < 7 else []))
     e.lines([f"prmt.b32 %a{r}, %v{2 * r}, %v{2 * r + 1}, 0x5410;" for r in range(4)])
     for nt in range(plan.n_tiles):
-        if plan.stage_b:  # tiles t and t + 1: four 8 x 8 matrices of the staged rows (k 0-7, 8-15 each)
-            if t % 2 == 0:
-                at = stage * plan.stage_bytes + plan.buffer_units * UNIT + N_TILE * nt * X_ROW_BYTES + 32 * t
-                e.line(f"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%bq{nt}_0, %bq{nt}_1, %bq{nt}_2, %bq{nt}_3}}, "
-                       f"[%xl+{at}];")
-            b = f"%bq{nt}_{2 * (t % 2)}, %bq{nt}_{2 * (t % 2) + 1}"
+        if plan.b_loads == "wide":  # loaded for the tile group before its scans
+            b = f"%bw{nt}_{t // 4}_{t % 4}, %bw{nt}_{t // 4}_{4 + t % 4}"
         else:
             _load_b(e, plan, t, nt)
             b = f"%bq{nt}_0, %bq{nt}_1"
@@ -140,10 +135,8 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
              "shr.u32 %g, %lane, 2;", "and.b32 %tq, %lane, 3;", "mov.u32 %rs, %ctaid.y;", "mov.u32 %rgx, %ctaid.x;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "shl.b32 %sh, %tq, 3;", "mov.u32 %lowm, 1;", "shl.b32 %lowm, %lowm, %sh;", "sub.u32 %lowm, %lowm, 1;",
-             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", "mad.lo.u32 %wg, %g, 4, %wb;", "mad.lo.u32 %sg, %g, 2, %wb;",
-             # ldmatrix.x4 row address: matrix lane / 8 (8 columns further each), its row lane % 8
-             "and.b32 %t, %lane, 7;", "shr.u32 %xl, %lane, 3;", f"mul.lo.u32 %xl, %xl, {UNIT};",
-             f"mad.lo.u32 %xl, %t, {X_ROW_BYTES}, %xl;", "add.u32 %xl, %xl, %wb;"])
+             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", "mad.lo.u32 %wg, %g, 4, %wb;",
+             "mad.lo.u32 %sg, %g, 2, %wb;"])
     e.comment("the lane's rows of B (n = 8 n-tile + g) and whether they are inside N")
     e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;"])
@@ -167,12 +160,17 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     for u in range(stages):  # unrolled: buffer u's address is an immediate
         e.lines(["setp.ge.u32 %pt, %i, %cnt;", "@%pt bra WALKED;", f"add.u32 %j, %i, {stages - 1};"])
         _issue(e, plan, (u + stages - 1) % stages, f"L{u}")
-        e.lines([f"cp.async.wait_group {stages - 1};", "bar.warp.sync -1;",
-                 "add.u32 %kc, %cb, %i;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};"])
-        if not plan.stage_b:
-            _b_pointers(e, plan)
+        e.lines(["add.u32 %kc, %cb, %i;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};"])
+        _b_pointers(e, plan)
+        wide = plan.b_loads == "wide"
+        for nt in range(plan.n_tiles if wide else 0):  # the first group's B in flight while the chunk lands
+            _load_b_group(e, plan, 0, nt)
+        e.lines([f"cp.async.wait_group {stages - 1};", "bar.warp.sync -1;"])
         group = c.scan_group
-        for first in range(0, CHUNK_TILES, group):  # a group's scans, then its tiles' values and mmas
+        for first in range(0, CHUNK_TILES, group):  # a group's B and scans, then its tiles' values and mmas
+            for t in [t for t in range(first, first + group) if t % 4 == 0 and t > 0 and wide]:
+                for nt in range(plan.n_tiles):
+                    _load_b_group(e, plan, t // 4, nt)
             for t in range(first, first + group):
                 _scan(e, plan, u, t, t - first)
             for t in range(first, first + group):
@@ -184,9 +182,10 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     strip_epilogue(e, plan)
     e.line("ret;")
     nts = range(plan.n_tiles)
-    decl = [".reg .pred %pt, %pi, %pu, %ps, %pk, %pq, %pw, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
+    decl = [".reg .pred %pt, %pi, %ps, %pk, %pq, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
             ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %sh, %lowm, %wb, %wg, %cb, %cnt, %offr, %i, %j, "
-            "%st, %en, %sz, %all, %csz, %kcj, %xr, %xk, %xl, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, "
+            "%st, %en, %sz, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, "
+            + "".join(f"%bw{nt}_{g}_{q}, " for nt in nts for g in range(2) for q in range(8))
             + "".join(f"%v{i}, " for i in range(8))
             + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group)) + " %t, %o, %ad, %rw, %cl, "
             "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(4)) + ";",
