@@ -21,14 +21,14 @@ original = R.render_bitmap_tc
 
 def patched(plan):
     text = original(plan).modules[0]
-    if "nolds" in variant:
-        text = re.sub(r"@%ps ld\.shared\.b16 (%h\d), \[%ptr\];", r"@%ps cvt.u16.u32 \1, %ptr;", text)
-    if "noshfl" in variant:
-        text = re.sub(r"shfl\.sync\.up\.b32 %x\|%pu, %c, (\d+), 0, -1;", r"add.u32 %x, %c, \1; setp.ne.u32 %pu, %x, 0;", text)
-        text = text.replace("shfl.sync.idx.b32 %tot, %c, 31, 31, -1;", "add.u32 %tot, %c, 64;")
-    if "nob" in variant:
-        text = re.sub(r"@%pq ld\.global\.nc\.b32 (%bq\d+_\d), \[[^\]]*\];", r"@%pq mov.b32 \1, 15360;", text)
-    if "nocopy" in variant:
+    if "nolds" in variant:  # the values: a register move instead of each slot's 16-bit shared load
+        text = re.sub(r"ld\.shared\.u16 (%v\d), \[%ad\];", r"mov.u32 \1, %ad;", text)
+    if "nostarts" in variant:  # the word's stored start: a constant
+        text = re.sub(r"ld\.shared\.u16 (%p\d), \[%sg\+\d+\];", r"mov.u32 \1, 64;", text)
+    if "nob" in variant:  # B: constants instead of the 16-byte loads
+        text = re.sub(r"@%pq ld\.global\.nc\.v4\.b32 \{([^}]*)\}, \[[^\]]*\];",
+                      lambda m: " ".join(f"mov.b32 {r.strip()}, 15360;" for r in m[1].split(",")), text)
+    if "nocopy" in variant:  # the chunks: a shared store instead of the copy from global memory
         text = text.replace("cp.async.cg.shared.global [%ad], [%rdt], 16;", "st.shared.b32 [%ad], %t;")
     return KernelSource(plan.name, (text,), 0)
 
@@ -36,7 +36,7 @@ def patched(plan):
 R.render_bitmap_tc = patched
 for shape, sparsity in (((14336, 4096), 0.5), ((14336, 4096), 0.9), ((4096, 4096), 0.7)):
     w = magnitude_prune(seeded_weight(*shape, seed=0), sparsity).astype("float16")
-    for config in (BitmapTcConfig(8, 2), BitmapTcConfig(4, 4)):
+    for config in (BitmapTcConfig(8, 2, 4), BitmapTcConfig(4, 4)):
         kernel = compile_spmm(w, 8, torch.float16, "nk", config=config, tune_budget=None)
         t = _rotating_times(kernel, w.to_torch("cuda"), "nk", torch.float16, (8, shape[1]), 11)
         print(f"{variant:14s} {shape} {sparsity} {config.short()} sparse {t['sparseforge_rotating_us']:.2f} us "

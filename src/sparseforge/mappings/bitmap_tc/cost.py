@@ -5,11 +5,12 @@ from ...formats.bitmap_tiles import CHUNK_TILES, UNIT
 from ...tune.cost import Estimate, Gpu
 from .plan import BitmapTcPlan
 
-# An SM's cycles a 16 x 16 tile, fitted to the H200 at N = 8 (benchmarks/designs.py and `bench llm:`, 4096 x 4096
-# and 14336 x 4096 at 50 / 70 / 90%, weights rotated, 2026-12-04): the decode's dependent chain and its
-# shared-memory and shuffle traffic, not W's bytes, bound the kernel, so its time moves little with density.
-# (base, per unit of density, per n-tile past the first); B from L2 (kn) or staged with the weights (nk).
-TILE_CYCLES = {"loaded": (28.4, 12.0, 20.6), "staged": (26.5, 25.0, 8.0)}
+# An SM's cycles a 16 x 16 tile, fitted to the H200 (benchmarks/designs.py --rotate-all, 4096 x 4096, 14336 x 4096
+# and 4096 x 14336 at 50 / 70 / 90%, fp16, each case's best config, weights rotated; within 12% of those 27 cases):
+# the decode, not W's bytes, bounds the kernel (14336 x 4096 at 50%: 2.2 TB/s), and it grows with the values a lane
+# loads. (base, per unit of density, per n-tile past the first); B by 16-byte loads (X as N x K, N = 8 and 16) or
+# loaded at the tile (X as K x N, N = 8; its n-tile term from an earlier kernel at N = 16).
+TILE_CYCLES = {"loaded": (19.7, 19.9, 20.6), "wide": (17.9, 25.4, 6.0)}
 
 
 def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
@@ -20,7 +21,7 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     c, f, es = plan.config, plan.format, plan.element_bytes
     chunks = f.strips * f.chunks_per_strip
     tiles = chunks * CHUNK_TILES
-    base, per_density, per_n_tile = TILE_CYCLES["staged" if plan.b_loads == "wide" else "loaded"]
+    base, per_density, per_n_tile = TILE_CYCLES["wide" if plan.b_loads == "wide" else "loaded"]
     density = plan.nnz / max(plan.M * plan.K, 1)
     cycles = base + per_density * density + per_n_tile * (plan.n_tiles - 1)
     tiles_per_sm = max(tiles / gpu.sms, f.chunks_per_strip * CHUNK_TILES)

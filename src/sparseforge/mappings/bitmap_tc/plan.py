@@ -45,11 +45,12 @@ class BitmapTcConfig:
     # warps of a block, all on one strip, each over a consecutive range of its chunks (their partial sums are
     # added in shared memory): more warps, more bytes in flight for layers of few strips
     warps_per_block: int = 8
-    # chunk buffers a warp cycles through: stages - 1 chunks in flight while one is decoded (2 measured best)
+    # chunk buffers a warp cycles through: stages - 1 chunks in flight while one is decoded
     stages: int = 2
     # tiles whose bitmap words and starts are read (two shared loads and a popc each) before any of their values:
-    # a warp's in-order issue then overlaps those loads' latencies (1: tile by tile)
-    scan_group: int = 1
+    # a warp's in-order issue then overlaps those loads' latencies (1: tile by tile). (8, 2, 4) came within 9% of
+    # the best config in every case timed on the H200 at N = 8 and 16 (space.py)
+    scan_group: int = 4
 
     def __post_init__(self):
         require_ints(self)

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 from .plan import MAX_N, BitmapTcConfig
 
-# (warps, stages[, scan group]). Measured on the H200 (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 / 90%,
-# fp16, weights rotated, X as K x N): at N = 8 and 16 bitmap-tc beat tc-scatter in all 18 cases (0.85-1.28x of
-# cuBLAS at N = 8, 50-70%), 8 warps with 2 buffers won most N = 8 cases, 16 warps most at N = 16, 4 warps with
-# 4 buffers on 14336 x 4096. At N = 1 delta-runs is 1.3-3.5x faster: not proposed there.
-CONFIGS = ((8, 2), (16, 2), (4, 4))
-# compiled and checked in the PTX interpreter, not yet timed: 3 buffers (timed no faster than 2 tile by tile),
-# and the scans of 4 or 8 tiles issued before their values (the decode's time hardly moved with density on the
-# H200: a warp's tile-by-tile dependent chain, not the bytes, bounds it)
-TRIALS = ((8, 3), (8, 2, 4), (8, 2, 8), (16, 2, 8), (4, 4, 8))
+# (warps, stages[, scan group]). Measured on the H200 (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 /
+# 90%, fp16, weights rotated): X as N x K at N = 8, 3 buffers won 3 of 9 cases and came within 6% of the best in
+# all; scans of 4 tiles ahead won most at N = 16 and within 9% everywhere; 4 warps with 4 buffers won 14336 x 4096
+# at 70 / 90%. 16 warps won none (12-36% behind), nor 2 buffers without scan groups (within 2-10%). At N = 1
+# delta-runs is 1.3-3.5x faster: not proposed there.
+CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
+# compiled, checked, kept for other GPUs and shapes (benchmarks/designs.py times them)
+TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8))
 
 
 def _configs(table) -> list[BitmapTcConfig]:
