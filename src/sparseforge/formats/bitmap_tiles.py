@@ -147,6 +147,14 @@ def _starts(word_counts):
     return word_counts.cumsum(1) - word_counts
 
 
+def chunk_positions(grouped: bool) -> np.ndarray:
+    """Per cell of a chunk (row r of 16, column c of 128: index 128 r + c) its position tile * 256 + bit: one
+    gather instead of tile_column's and slot_of's arithmetic on every nonzero (int32)."""
+    rows, cols = np.divmod(np.arange(TILE * CHUNK_COLUMNS), CHUNK_COLUMNS)
+    tile, kk = tile_column(cols, grouped)
+    return (tile * 256 + slot_of(rows, kk)).astype(np.int32)
+
+
 def bitmap_tiles(w, dtype: str = "float16", grouped: bool = True) -> BitmapTiles:
     """W's bitmap tiles built by numpy from a SparseMatrix (values rounded to `dtype`), columns in the grouped
     or natural order."""
@@ -154,10 +162,9 @@ def bitmap_tiles(w, dtype: str = "float16", grouped: bool = True) -> BitmapTiles
     strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
     rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(w.indptr))
     cols = np.asarray(w.indices, dtype=np.int64)
-    chunk = (rows >> 4) * per_strip + (cols >> 7)
-    tile, kk = tile_column(cols & (CHUNK_COLUMNS - 1), grouped)
-    key = (chunk * CHUNK_TILES + tile) * 256 + slot_of(rows & 15, kk)
-    order = np.argsort(key, kind="stable")
+    key = ((rows >> 4) * per_strip + (cols >> 7)) << 11
+    key += chunk_positions(grouped)[((rows & 15) << 7) | (cols & (CHUNK_COLUMNS - 1))]
+    order = np.argsort(key)  # keys are distinct (one a position): any sort gives this order
     key = key[order]
     counts = np.bincount(key >> 11, minlength=strips * per_strip)
     offsets = np.concatenate([[0], np.cumsum(_layout(counts))]).astype(np.int64)
@@ -190,9 +197,9 @@ def bitmap_tiles_on_device(w, dtype: str, grouped: bool = True) -> BitmapTiles:
     strips, per_strip = -(-m // TILE), max(1, -(-k // CHUNK_COLUMNS))
     rows = torch.repeat_interleave(torch.arange(m, device=dev), torch.diff(w.indptr), output_size=w.nnz)
     cols = w.indices.long()
-    tile, kk = tile_column(cols & (CHUNK_COLUMNS - 1), grouped)
-    key = (((rows >> 4) * per_strip + (cols >> 7)) * CHUNK_TILES + tile) * 256 + slot_of(rows & 15, kk)
-    key, order = torch.sort(key, stable=True)
+    place = torch.from_numpy(chunk_positions(grouped)).to(dev).long()
+    key = (((rows >> 4) * per_strip + (cols >> 7)) << 11) + place[((rows & 15) << 7) | (cols & (CHUNK_COLUMNS - 1))]
+    key, order = torch.sort(key)  # distinct keys
     chunk_of = key >> 11
     counts = torch.bincount(chunk_of, minlength=strips * per_strip)
     offsets = torch.zeros(strips * per_strip + 1, dtype=torch.int64, device=dev)

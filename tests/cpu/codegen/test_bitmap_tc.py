@@ -107,11 +107,11 @@ def test_what_the_plan_refuses():
     longest = SparseMatrix.from_dense(np.eye(16, 128 * 500, dtype=np.float32))  # 500 chunks: 32 a warp of 16
     with pytest.raises(ValueError, match="K <= 63488: use another mapping"):
         make_bitmap_tc_plan(longest, 8, "float16", "nk", BitmapTcConfig(warps_per_block=16))
-    big = SparseMatrix.from_dense(np.ones((16, 4096), dtype=np.float32))  # dense chunks: 4.3 KB + B rows a buffer
+    big = SparseMatrix.from_dense(np.ones((16, 4096), dtype=np.float32))  # dense chunks: 4.5 KB a buffer
     with pytest.raises(ValueError, match="over the 101376 a block has on sm_86"):
         make_bitmap_tc_plan(big, 16, "float16", "nk", BitmapTcConfig(warps_per_block=16, stages=2), arch=86)
     with pytest.raises(ValueError, match="stages"):
-        BitmapTcConfig(stages=5)
+        BitmapTcConfig(stages=7)
     with pytest.raises(ValueError, match="scan_group"):
         BitmapTcConfig(scan_group=3)
 

@@ -56,8 +56,8 @@ class BitmapTcConfig:
         require_ints(self)
         if self.warps_per_block not in (2, 4, 8, 16):
             raise ValueError(f"warps_per_block must be 2, 4, 8 or 16, got {self.warps_per_block}")
-        if self.stages not in (2, 3, 4):
-            raise ValueError(f"stages must be 2, 3 or 4, got {self.stages}")
+        if not 2 <= self.stages <= 6:
+            raise ValueError(f"stages must be 2 to 6, got {self.stages}")
         if self.scan_group not in (1, 2, 4, 8):
             raise ValueError(f"scan_group must be 1, 2, 4 or 8, got {self.scan_group}")
 
@@ -270,7 +270,7 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     host copy of the offsets."""
     import torch
 
-    from ...formats.bitmap_tiles import BITMAP_WORDS, CHUNK_TILES, HEADER_BYTES, TILE, slot_of, tile_column
+    from ...formats.bitmap_tiles import BITMAP_WORDS, CHUNK_TILES, HEADER_BYTES, TILE, chunk_positions
 
     f, device = plan.format, out.device
     per_strip = f.chunks_per_strip
@@ -278,10 +278,7 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     words_all = arrays[0]
     starts = torch.from_numpy(f.offsets[:-1].astype(np.int64)).to(device, non_blocking=True)
     slots = torch.arange(TILE * TILE, device=device)
-    # chunk position (tile * 256 + bit) of each cell (row, column) of a chunk, row-major over 16 x 128
-    rows, cols = np.divmod(np.arange(TILE * CHUNK_COLUMNS), CHUNK_COLUMNS)
-    tile, kk = tile_column(cols, f.grouped)
-    place = torch.from_numpy(tile * 256 + slot_of(rows, kk)).to(device)
+    place = torch.from_numpy(chunk_positions(f.grouped)).to(device).long()  # a chunk's cells, row-major
     word_index = torch.arange(CHUNK_TILES * BITMAP_WORDS, device=device)
     step = max(1, DENSIFY_POSITIONS // (per_strip * CHUNK_TILES * 256))
     for first in range(0, f.strips, step):

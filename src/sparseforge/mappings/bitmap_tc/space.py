@@ -9,8 +9,10 @@ from .plan import MAX_N, BitmapTcConfig
 # at 70 / 90%. 16 warps won none (12-36% behind), nor 2 buffers without scan groups (within 2-10%). At N = 1
 # delta-runs is 1.3-3.5x faster: not proposed there.
 CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
-# compiled, checked, kept for other GPUs and shapes (benchmarks/designs.py times them)
-TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8))
+# compiled, checked, kept for other GPUs and shapes (benchmarks/designs.py times them); and, not yet timed, more
+# chunks in flight an SM: at 50% an SM's 24 warps with one chunk each in flight hold about the 65 KB that 4.3 TB/s
+# needs at 2 us of loaded latency (3 buffers won most cases at N = 8), so 4 and 6 buffers
+TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8), (8, 4, 4), (4, 6, 4))
 
 
 def _configs(table) -> list[BitmapTcConfig]:
