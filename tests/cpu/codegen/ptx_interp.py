@@ -277,6 +277,9 @@ class Thread:
             data = self.memory.read(src, copied) if copied else 0
             self.memory.write(dst, size, data)
             return
+        if op == "prefetch.global.L2":  # a hint, but only ever of W's own lines: the address must be readable
+            self.memory.read(self._address(args[0]), 1)
+            return
         if op in ("cp.async.commit_group", "cp.async.wait_all") or op.startswith("cp.async.wait_group"):
             return
         if head == "ld":  # ld.{global[.nc],shared}.{b16,u16,b32,v2.b32,v4.b32}

@@ -54,6 +54,18 @@ def test_each_way_of_loading_b_matches_float64(k, b_loads, scan_group):
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", bias, relu), "float16")
 
 
+@pytest.mark.parametrize("l2_ahead", [1, 3])
+def test_chunks_prefetched_into_l2_ahead_leave_the_product_and_stay_inside_w(l2_ahead):
+    """config.l2_ahead: the interpreter reads every prefetched address (one outside W's arrays fails); dense
+    chunks of 4.5 KB take two rounds of lanes; a warp's last chunks have nothing ahead."""
+    rng = np.random.default_rng(l2_ahead)
+    weight, bias, relu = random_weight_and_epilogue(rng, 20, 1100, 1.0, l2_ahead, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, 8, "float16", "nk", BitmapTcConfig(2, 3, 4, l2_ahead), bias=bias, relu=relu)
+    assert plan.stage_bytes > 32 * 128 and "prefetch.global.L2" in render(plan).modules[0]
+    b = rng.standard_normal((8, 1100))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", bias, relu), "float16")
+
+
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_the_residual_is_added_before_relu(layout):
     rng = np.random.default_rng(3)
@@ -114,6 +126,8 @@ def test_what_the_plan_refuses():
         BitmapTcConfig(stages=7)
     with pytest.raises(ValueError, match="scan_group"):
         BitmapTcConfig(scan_group=3)
+    with pytest.raises(ValueError, match="l2_ahead"):
+        BitmapTcConfig(l2_ahead=9)
 
 
 def test_a_nan_reaches_every_output_of_its_token_as_in_the_dense_product():

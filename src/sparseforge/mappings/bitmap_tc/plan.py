@@ -51,6 +51,10 @@ class BitmapTcConfig:
     # a warp's in-order issue then overlaps those loads' latencies (1: tile by tile). (8, 2, 4) came within 9% of
     # the best config in every case timed on the H200 at N = 8 and 16 (space.py)
     scan_group: int = 4
+    # chunks further ahead than the ring holds whose lines are prefetched into L2 as a chunk's copy is issued (0:
+    # none): more of W's bytes in flight from HBM than the buffers in shared memory hold, so the copy into a
+    # buffer later waits on L2, not on HBM
+    l2_ahead: int = 0
 
     def __post_init__(self):
         require_ints(self)
@@ -60,13 +64,16 @@ class BitmapTcConfig:
             raise ValueError(f"stages must be 2 to 6, got {self.stages}")
         if self.scan_group not in (1, 2, 4, 8):
             raise ValueError(f"scan_group must be 1, 2, 4 or 8, got {self.scan_group}")
+        if not 0 <= self.l2_ahead <= 8:
+            raise ValueError(f"l2_ahead must be 0 to 8 chunks, got {self.l2_ahead}")
 
     @property
     def threads(self) -> int:
         return self.warps_per_block * WARP
 
     def short(self) -> str:
-        return f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
+        return (f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
+                + (f"p{self.l2_ahead}" if self.l2_ahead else ""))
 
 
 @dataclass(frozen=True, eq=False)

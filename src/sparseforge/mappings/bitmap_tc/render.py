@@ -33,8 +33,10 @@ def _mma(plan: BitmapTcPlan) -> str:
 def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
     """Chunk %j of the warp's range (nothing past it) copied into buffer `stage`, 16 bytes a lane and copy; one
     commit group either way."""
-    e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};",
-             "shfl.sync.idx.b32 %st, %offr, %j, 31, -1;", "add.u32 %t, %j, 1;",
+    e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};"])
+    if plan.config.l2_ahead:
+        _prefetch(e, plan, tag)
+    e.lines(["shfl.sync.idx.b32 %st, %offr, %j, 31, -1;", "add.u32 %t, %j, 1;",
              "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
              f"add.u32 %sb, %wb, {stage * plan.stage_bytes};", "mov.u32 %u, %lane;"])
     e.label(f"COPY{tag}")
@@ -43,6 +45,19 @@ def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
              f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tag};"])
     e.label(f"ISSUED{tag}")
     e.line("cp.async.commit_group;")
+
+
+def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str) -> None:
+    """config.l2_ahead: chunk %j + l2_ahead of the warp's range (nothing past it) into L2, a 128-byte line a lane
+    (two rounds where a chunk buffer passes 32 lines). Warp-uniform: every lane takes part in the shuffles."""
+    lines = plan.stage_bytes // 128 + 1
+    e.lines([f"add.u32 %t, %j, {plan.config.l2_ahead};", "setp.ge.u32 %pi, %t, %cnt;", f"@%pi bra FETCHED{tag};",
+             "shfl.sync.idx.b32 %st, %offr, %t, 31, -1;", "add.u32 %t, %t, 1;",
+             "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;"])
+    for r in range(-(-lines // 32)):
+        e.lines([f"mad.lo.u32 %t, %lane, 8, {256 * r};", "add.u32 %t, %t, %st;", "setp.lt.u32 %pk, %t, %en;",
+                 f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", "@%pk prefetch.global.L2 [%rdt];"])
+    e.label(f"FETCHED{tag}")
 
 
 def _b_pointers(e: Emitter, plan: BitmapTcPlan) -> None:

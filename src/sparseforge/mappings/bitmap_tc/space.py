@@ -11,12 +11,15 @@ from .plan import MAX_N, BitmapTcConfig
 CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
 # compiled, checked, kept for other GPUs and shapes (benchmarks/designs.py times them); and, not yet timed, more
 # chunks in flight an SM: at 50% an SM's 24 warps with one chunk each in flight hold about the 65 KB that 4.3 TB/s
-# needs at 2 us of loaded latency (3 buffers won most cases at N = 8), so 4 and 6 buffers
-TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8), (8, 4, 4), (4, 6, 4))
+# needs at 2 us of loaded latency (3 buffers won most cases at N = 8), so 4 and 6 buffers, and chunks 2 or 4
+# further ahead prefetched into L2 (the fourth field)
+TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8), (8, 4, 4), (4, 6, 4), (8, 2, 4, 2), (8, 3, 4, 2),
+          (8, 2, 4, 4))
 
 
 def _configs(table) -> list[BitmapTcConfig]:
-    return [BitmapTcConfig(warps_per_block=w, stages=s, scan_group=rest[0] if rest else 1) for w, s, *rest in table]
+    return [BitmapTcConfig(warps_per_block=w, stages=s, scan_group=rest[0] if rest else 1,
+                           l2_ahead=rest[1] if len(rest) > 1 else 0) for w, s, *rest in table]
 
 
 def bitmap_tc_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
