@@ -36,7 +36,7 @@
 #   bitmap_tc     bitmap-tc's configs beside csr-staged and tc-scatter at N = 8 and 16, X as N x K (a Linear's) then
 #                 K x N; Llama shapes at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
 #   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with the value loads, the stored
-#                 starts, B's loads or the chunk copies replaced by register moves (benchmarks/proto/bitmap_tc_probe.py;
+#                 starts or B's loads replaced by register moves (benchmarks/proto/bitmap_tc_probe.py;
 #                 N = 8, X as N x K, fp16, weights rotated; timing only)
 #   gated_mlp     the Llama MLP's gate and up in one delta-runs kernel against the pair apart and dense, 14336 x
 #                 4096 at 50 / 70 / 90%, fp16, N = 1, weights rotated (benchmarks/gated_mlp.py)
@@ -190,7 +190,7 @@ stage() {
           --mappings bitmap-tc,csr-staged,tc-scatter --rotate-all
       done; done ;;
     bitmap_tc_probe)
-      for variant in base nolds nostarts nob nocopy nolds_nob; do
+      for variant in base nolds nostarts nob nolds_nob; do
         run "bitmap_tc_probe_$variant" python3 benchmarks/proto/bitmap_tc_probe.py $variant
       done ;;
     delta_runs)

@@ -28,7 +28,7 @@ def patched(plan):
     if "nob" in variant:  # B: constants instead of the 16-byte loads
         text = re.sub(r"@%pq ld\.global\.nc\.v4\.b32 \{([^}]*)\}, \[[^\]]*\];",
                       lambda m: " ".join(f"mov.b32 {r.strip()}, 15360;" for r in m[1].split(",")), text)
-    if "nocopy" in variant:  # the chunks: a shared store instead of the copy from global memory
+    if "nocopy" in variant:  # the chunks: a shared store instead of the copy (wrong starts: reads past the buffer)
         text = text.replace("cp.async.cg.shared.global [%ad], [%rdt], 16;", "st.shared.b32 [%ad], %t;")
     return KernelSource(plan.name, (text,), 0)
 

@@ -27,15 +27,18 @@ def _weight(m: int, k: int, density, seed: int) -> SparseMatrix:
 def test_every_width_matches_float64(n, dtype, matches_float64):
     layout = "nk" if n % 3 else "kn"
     w = _weight(77, 1000, 0.3, seed=n)  # 5 strips, the last partial; 8 chunks, the last partial
-    kernel = compile_spmm(w, n, dtype, layout, config=BitmapTcConfig(warps_per_block=2, stages=3), tune_budget=None)
+    config = BitmapTcConfig(warps_per_block=2, stages=3, scan_group=(1, 2, 4)[n % 3])
+    kernel = compile_spmm(w, n, dtype, layout, config=config, tune_budget=None)
     assert kernel.mapping == "bitmap-tc"
     matches_float64(kernel, w, dtype, layout, seed=n)
 
 
 @pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)
 @pytest.mark.parametrize("m,k", [(16, 128), (33, 70), (130, 1001), (8, 4104), (64, 14336)])
-@pytest.mark.parametrize("config", [BitmapTcConfig(8, 2), BitmapTcConfig(16, 2), BitmapTcConfig(4, 4),
-                                    BitmapTcConfig(8, 3), BitmapTcConfig(8, 2, 8), BitmapTcConfig(4, 4, 4)],
+@pytest.mark.parametrize("config", [BitmapTcConfig(8, 2, 1), BitmapTcConfig(16, 2, 1), BitmapTcConfig(4, 4, 1),
+                                    BitmapTcConfig(8, 3, 1), BitmapTcConfig(8, 2, 4), BitmapTcConfig(8, 2, 8),
+                                    BitmapTcConfig(4, 4, 2), BitmapTcConfig(8, 4, 4), BitmapTcConfig(4, 6, 4),
+                                    BitmapTcConfig(8, 3, 4, 2)],
                          ids=lambda c: c.short())
 def test_densities_and_tails_match_float64(density, m, k, config, matches_float64):
     w = _weight(m, k, density, seed=m + k)
@@ -54,20 +57,22 @@ def test_batched_bias_relu_and_residual(layout, dtype, matches_float64):
     matches_float64(kernel, w, dtype, layout, batch=(3,), bias=bias, relu=True, residual=True, seed=5)
 
 
-def test_the_format_packed_on_the_gpu_gives_the_hosts_bits():
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_format_packed_on_the_gpu_gives_the_hosts_bits(grouped):
     from sparseforge.formats.bitmap_tiles import bitmap_tiles, bitmap_tiles_on_device
     from sparseforge.formats.device import DeviceCsr
 
     w = _weight(4096, 1111, 0.5, seed=9).astype("float16")
     csr = DeviceCsr(torch.from_numpy(w.indptr.astype(np.int64)).cuda(), torch.from_numpy(w.indices.copy()).cuda(),
                     torch.from_numpy(w.values.astype(np.float32)).cuda().half(), w.shape, "float16")
-    on_gpu, on_host = bitmap_tiles_on_device(csr, "float16"), bitmap_tiles(w, "float16")
+    on_gpu, on_host = bitmap_tiles_on_device(csr, "float16", grouped), bitmap_tiles(w, "float16", grouped)
     assert np.array_equal(on_gpu.on_host().data, on_host.data) and np.array_equal(on_gpu.offsets, on_host.offsets)
 
 
-def test_densify_gives_w_back_on_the_gpu():
+@pytest.mark.parametrize("layout", ["nk", "kn"])  # the grouped and the natural column order
+def test_densify_gives_w_back_on_the_gpu(layout):
     w = _weight(200, 3000, 0.3, seed=4).astype("bfloat16")
-    kernel = compile_spmm(w, 8, torch.bfloat16, "nk", config=BitmapTcConfig(), tune_budget=None)
+    kernel = compile_spmm(w, 8, torch.bfloat16, layout, config=BitmapTcConfig(), tune_budget=None)
     out = torch.full((200, 3000), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert kernel.densify(out) is out
     assert torch.equal(out.cpu(), torch.from_numpy(w.to_dense().astype(np.float32)).to(torch.bfloat16))

@@ -18,9 +18,9 @@ from .test_ptx import _assemble_without_spills_and_link
 
 @st.composite
 def problems(draw):
-    """M past a strip, K past a chunk (odd K: B one element at a time; K % 8 == 0 in nk: two 16-byte loads a tile group; else 32 bits), warps with no
-    chunk, several chunks a warp (every ring buffer used), scans in groups; empty, one-nonzero, dense-row weights
-    (random_weight_and_epilogue)."""
+    """M past a strip, K past a chunk (odd K: B one element at a time; K % 8 == 0 in nk: two 16-byte loads a
+    tile group; else 32 bits), warps with no chunk, several chunks a warp, scans in groups; empty, one-nonzero,
+    dense-row weights (random_weight_and_epilogue). Every buffer of a deep ring: test_every_ring_buffer_..."""
     m, k = draw(st.sampled_from([1, 16, 17, 33])), draw(st.sampled_from([8, 33, 128, 300, 700]))
     n = draw(st.sampled_from([1, 2, 3, 8, 9, 16]))
     config = BitmapTcConfig(warps_per_block=draw(st.sampled_from([2, 4])), stages=draw(st.sampled_from([2, 3, 4])),
@@ -51,6 +51,18 @@ def test_each_way_of_loading_b_matches_float64(k, b_loads, scan_group):
     plan = make_bitmap_tc_plan(weight, 9, "float16", "nk", BitmapTcConfig(2, 2, scan_group), bias=bias, relu=relu)
     assert plan.b_loads == b_loads
     b = rng.standard_normal((9, k))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", bias, relu), "float16")
+
+
+@pytest.mark.parametrize("stages", [4, 5, 6])
+def test_every_ring_buffer_is_decoded(stages):
+    """K = 1800: 15 chunks, 8 for the first of 2 warps, so a ring of 4-6 buffers wraps and each buffer's
+    immediates are used (a buffer reading another's address gives a wrong product)."""
+    rng = np.random.default_rng(stages)
+    weight, bias, relu = random_weight_and_epilogue(rng, 17, 1800, 0.5, stages, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, 8, "float16", "nk", BitmapTcConfig(2, stages, 4), bias=bias, relu=relu)
+    assert plan.chunks_per_warp == 8
+    b = rng.standard_normal((8, 1800))
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", bias, relu), "float16")
 
 

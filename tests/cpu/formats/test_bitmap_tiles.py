@@ -1,6 +1,7 @@
 """BitmapTiles (formats/bitmap_tiles.py): W comes back exactly from the tiles (shapes not a multiple of a
 tile or chunk, empty, one-nonzero, fully dense), the torch builder gives the numpy builder's bits, the bit
-order is the mma A fragment's, and the bytes are the bitmap bound plus at most 0.01 a weight."""
+order is the mma A fragment's, both column orders are permutations of a chunk, and the bytes are the values,
+bitmaps and starts plus at most 0.01 a weight."""
 import numpy as np
 import pytest
 import torch

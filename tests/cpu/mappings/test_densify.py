@@ -54,20 +54,22 @@ def test_csr_arrays_give_w_back(m, k, density, config, layout, dtype):
 ])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("built", ["host", "device"])
-@pytest.mark.parametrize("family", ["tc-scatter", "delta-runs", "delta-runs 4-bit", "bitmap-tc"])
+@pytest.mark.parametrize("family", ["tc-scatter", "delta-runs", "delta-runs 4-bit", "bitmap-tc", "bitmap-tc kn"])
 def test_16_bit_decode_arrays_give_w_back(m, k, density, dtype, built, family):
     w = _matrix(m, k, density, seed=m + k, empty_rows=(m - 1,)).astype(dtype)
+    layout = "kn" if family.endswith(" kn") else "nk"  # bitmap-tc's natural column order, else its grouped
+    family = family.removesuffix(" kn")
     n, config = (8, None) if family in ("tc-scatter", "bitmap-tc") else \
         (1, DeltaRunsConfig(gap_bits=4 if "4" in family else 8))
     host, device = {"tc-scatter": (make_tc_scatter_plan, make_tc_scatter_plan_on_device),
                     "bitmap-tc": (make_bitmap_tc_plan, make_bitmap_tc_plan_on_device)}.get(
         family, (make_delta_runs_plan, make_delta_runs_plan_on_device))
     if built == "host":
-        plan = host(w, n, dtype, "nk", config)
+        plan = host(w, n, dtype, layout, config)
     else:  # the format made by torch ops where W lies (here the CPU), as a GPU layer packs it
         csr = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
                         torch.from_numpy(w.values.astype(np.float32)).to(getattr(torch, dtype)), w.shape, dtype)
-        plan = device(csr, 1 if family != "bitmap-tc" else n, dtype, "nk", config)
+        plan = device(csr, 1 if family != "bitmap-tc" else n, dtype, layout, config)
     arrays, _ = weight_data(plan, "cpu")
     out = torch.full((m, k), float("nan"), dtype=getattr(torch, dtype))
     assert plan_family(plan).hook("densify")(plan, arrays, out) is out

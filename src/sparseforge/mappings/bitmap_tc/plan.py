@@ -14,8 +14,9 @@ strip's chunks into consecutive ranges (split K inside the block). A warp stream
 the one it decodes; a chunk's offsets come from one load a lane at the start (lane j holds chunk j's) and a
 shuffle. B (X) comes from global memory (L1 / L2) straight into the fragments: with X as N x K, thanks to the
 format's column order, two 16-byte loads a lane cover 4 tiles (b_loads). On the H200 copying X's rows into
-shared memory beside the weights cost 20% over B loaded at the tile (X as K x N) at N = 8. At the end the warps' accumulators meet in shared memory and are added in warp order
-(deterministic), with bias, residual and ReLU (codegen/mma_epilogue).
+shared memory beside the weights cost 20% over B loaded at the tile (X as K x N) at N = 8. At the end the
+warps' accumulators meet in shared memory and are added in warp order (deterministic), with bias, residual
+and ReLU (codegen/mma_epilogue).
 
 Non-finite inputs: the tensor cores multiply every 16 x 16 tile densely, empty ones too, so a NaN or inf in
 X[n, k] reaches every output of token n, as in the dense product W @ X (the masked dense model).
@@ -131,7 +132,7 @@ class BitmapTcPlan(WeightAsData):
         """How a lane loads B (formats/bitmap_tiles.py's column order): "wide", two 16-byte loads a group of 4
         tiles and n-tile, where X's rows are the lanes' (layout nk, or N = 1) and K is a multiple of 8 (each row
         16-byte aligned); "pair", a 32-bit load a register, where K is even; else "scalar", 16 bits at a time
-        (X as K x N with N > 1: a lane's values are N apart)."""
+        (X as K x N with N > 1, a lane's values N apart; or K odd)."""
         if self.format.grouped:
             return "wide" if self.K % 8 == 0 else "pair" if self.K % 2 == 0 else "scalar"
         return "scalar"
@@ -212,7 +213,9 @@ def make_bitmap_tc_plan_on_device(w, n: int, dtype: str = "float16", layout: str
 
 def grouped_columns(n: int, layout: str) -> bool:
     """The format's column order for a plan: grouped where X's rows are the lanes' (nk, or N = 1), so B comes
-    in 16-byte loads; natural where X is K x N (formats/bitmap_tiles.py)."""
+    in 16-byte loads; natural where X is K x N (formats/bitmap_tiles.py). So the packing follows the problem,
+    not the config (no format_fields): a layer's widths share one packing where they share a layout, as a
+    decoder's Linears (X as N x K) always do."""
     return layout == "nk" or n == 1
 
 

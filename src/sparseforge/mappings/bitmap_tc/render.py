@@ -54,7 +54,8 @@ def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str) -> None:
     e.lines([f"add.u32 %t, %j, {plan.config.l2_ahead};", "setp.ge.u32 %pi, %t, %cnt;", f"@%pi bra FETCHED{tag};",
              "shfl.sync.idx.b32 %st, %offr, %t, 31, -1;", "add.u32 %t, %t, 1;",
              "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;"])
-    for r in range(-(-lines // 32)):
+    e.line("and.b32 %st, %st, -8;")  # from the line the chunk starts in: its last line is fetched too
+    for r in range(-(-(lines + 1) // 32)):
         e.lines([f"mad.lo.u32 %t, %lane, 8, {256 * r};", "add.u32 %t, %t, %st;", "setp.lt.u32 %pk, %t, %en;",
                  f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", "@%pk prefetch.global.L2 [%rdt];"])
     e.label(f"FETCHED{tag}")
@@ -64,7 +65,8 @@ def _b_pointers(e: Emitter, plan: BitmapTcPlan) -> None:
     """Per n-tile %rdy: B's element (this lane's row n, the chunk's first column the lane reads: %kc + 8 tq in
     the grouped order, where its columns of a tile group begin, %kc + 2 tq in the natural); %kr: columns left
     from there (signed)."""
-    e.lines([f"mad.lo.u32 %t, %tq, {8 if plan.format.grouped else 2}, %kc;", f"mov.u32 %kr, {plan.K};", "sub.s32 %kr, %kr, %t;"])
+    e.lines([f"mad.lo.u32 %t, %tq, {8 if plan.format.grouped else 2}, %kc;", f"mov.u32 %kr, {plan.K};",
+             "sub.s32 %kr, %kr, %t;"])
     for nt in range(plan.n_tiles):
         e.line(f"mad.wide.u32 %rdy{nt}, %t, {_column_stride(plan)}, %rdx{nt};")
 
@@ -203,7 +205,7 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
             + "".join(f"%bw{nt}_{g}_{q}, " for nt in nts for g in range(2) for q in range(8))
             + "".join(f"%v{i}, " for i in range(8))
             + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group)) + " %t, %o, %ad, %rw, %cl, "
-            "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(4)) + ";",
+            "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(2)) + ";",
             ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",
             ".reg .b16 %hb0, %hb1, %hv16;",
             ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, "

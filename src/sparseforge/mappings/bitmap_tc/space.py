@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from .plan import MAX_N, BitmapTcConfig
 
-# (warps, stages[, scan group]). Measured on the H200 (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 /
-# 90%, fp16, weights rotated): X as N x K at N = 8, 3 buffers won 3 of 9 cases and came within 6% of the best in
-# all; scans of 4 tiles ahead won most at N = 16 and within 9% everywhere; 4 warps with 4 buffers won 14336 x 4096
-# at 70 / 90%. 16 warps won none (12-36% behind), nor 2 buffers without scan groups (within 2-10%). At N = 1
-# delta-runs is 1.3-3.5x faster: not proposed there.
+# (warps, stages[, scan group[, l2_ahead]]), scan group 1 and l2_ahead 0 where left out. Measured on the H200
+# (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 / 90%, fp16, weights rotated): X as N x K at N = 8,
+# 3 buffers won 3 of 9 cases and came within 6% of the best in all; scans of 4 tiles ahead won most at N = 16 and
+# within 9% everywhere; 4 warps with 4 buffers won 14336 x 4096 at 70 / 90%. 16 warps won none (12-36% behind),
+# nor 2 buffers without scan groups (within 2-10%). At N = 1 delta-runs is 1.3-3.5x faster: not proposed there.
 CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
 # compiled, checked, kept for other GPUs and shapes (benchmarks/designs.py times them); and, not yet timed, more
 # chunks in flight an SM: at 50% an SM's 24 warps with one chunk each in flight hold about the 65 KB that 4.3 TB/s
