@@ -140,6 +140,10 @@ def test_what_the_plan_refuses():
         BitmapTcConfig(scan_group=3)
     with pytest.raises(ValueError, match="l2_ahead"):
         BitmapTcConfig(l2_ahead=9)
+    wide = SparseMatrix.from_dense(np.eye(16, 256, dtype=np.float32))  # B from L2 at N = 16: 154 registers
+    with pytest.raises(ValueError, match="registers a thread on sm_80.*use fewer warps_per_block"):
+        make_bitmap_tc_plan(wide, 16, "float16", "kn", BitmapTcConfig(warps_per_block=16), arch=80)
+    assert make_bitmap_tc_plan(wide, 16, "float16", "kn", BitmapTcConfig(warps_per_block=16)).registers == 128
 
 
 def test_a_nan_reaches_every_output_of_its_token_as_in_the_dense_product():

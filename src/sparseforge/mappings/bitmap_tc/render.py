@@ -21,7 +21,8 @@ from __future__ import annotations
 from ...codegen.emitter import Emitter
 from ...codegen.mma_epilogue import strip_epilogue
 from ...codegen.ptx import KernelSource, data_kernel
-from ...formats.bitmap_tiles import BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, HEADER_BYTES, TILE, UNIT
+from ...formats.bitmap_tiles import (BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, HEADER_BYTES, TILE, UNIT,
+                                     chunk_column)
 from .plan import BitmapTcPlan
 
 
@@ -65,7 +66,7 @@ def _b_pointers(e: Emitter, plan: BitmapTcPlan) -> None:
     """Per n-tile %rdy: B's element (this lane's row n, the chunk's first column the lane reads: %kc + 8 tq in
     the grouped order, where its columns of a tile group begin, %kc + 2 tq in the natural); %kr: columns left
     from there (signed)."""
-    e.lines([f"mad.lo.u32 %t, %tq, {8 if plan.format.grouped else 2}, %kc;", f"mov.u32 %kr, {plan.K};",
+    e.lines([f"mad.lo.u32 %t, %tq, {chunk_column(0, 2, plan.format.grouped)}, %kc;", f"mov.u32 %kr, {plan.K};",
              "sub.s32 %kr, %kr, %t;"])
     for nt in range(plan.n_tiles):
         e.line(f"mad.wide.u32 %rdy{nt}, %t, {_column_stride(plan)}, %rdx{nt};")
@@ -77,10 +78,9 @@ def _column_stride(plan: BitmapTcPlan) -> int:
 
 
 def _b_column(plan: BitmapTcPlan, t: int, half: int) -> int:
-    """The first of the two columns (from the lane's first, _b_pointers) that tile t's B register `half` holds."""
-    if plan.format.grouped:
-        return 64 * (t // 4) + 32 * half + 2 * (t % 4)
-    return 16 * t + 8 * half
+    """The first of the two columns (from the lane's first, _b_pointers) that tile t's B register `half` holds:
+    the format's own order, at tq = 0."""
+    return chunk_column(t, 8 * half, plan.format.grouped)
 
 
 def _load_b_group(e: Emitter, plan: BitmapTcPlan, group: int, nt: int) -> None:
@@ -88,7 +88,7 @@ def _load_b_group(e: Emitter, plan: BitmapTcPlan, group: int, nt: int) -> None:
     %bw{nt}_{group}_0..7 (tile t's registers: t % 4 and 4 + t % 4; each group its own, so a scan group of 8
     tiles has both groups' B live), zero past K or N (K % 8 == 0: a piece is wholly inside K or past it)."""
     for piece in range(2):
-        first = 64 * group + 32 * piece
+        first = _b_column(plan, 4 * group, piece)
         regs = [f"%bw{nt}_{group}_{4 * piece + q}" for q in range(4)]
         e.lines([f"setp.gt.s32 %pk, %kr, {first};", f"and.pred %pq, %pk, %pn{nt};"]
                 + [f"mov.b32 {r}, 0;" for r in regs]
