@@ -190,7 +190,7 @@ stage() {
           --mappings bitmap-tc,csr-staged,tc-scatter --rotate-all
       done; done ;;
     bitmap_tc_probe)
-      for variant in base nolds nostarts nob nolds_nob nocopy nocopy_nob nocopy_nolds_nob; do
+      for variant in base nolds nostarts nob nolds_nob nocopy_nolds_nob; do
         run "bitmap_tc_probe_$variant" python3 benchmarks/proto/bitmap_tc_probe.py $variant
       done ;;
     delta_runs)

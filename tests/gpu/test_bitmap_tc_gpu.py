@@ -38,13 +38,28 @@ def test_every_width_matches_float64(n, dtype, matches_float64):
 @pytest.mark.parametrize("config", [BitmapTcConfig(8, 2, 1), BitmapTcConfig(16, 2, 1), BitmapTcConfig(4, 4, 1),
                                     BitmapTcConfig(8, 3, 1), BitmapTcConfig(8, 2, 4), BitmapTcConfig(8, 2, 8),
                                     BitmapTcConfig(4, 4, 2), BitmapTcConfig(8, 4, 4), BitmapTcConfig(4, 6, 4),
-                                    BitmapTcConfig(8, 3, 4, 2)],
+                                    BitmapTcConfig(8, 3, 4, 2), BitmapTcConfig(8, 2, 4, blocks_per_sm=4),
+                                    BitmapTcConfig(4, 2, 4, blocks_per_sm=8)],
                          ids=lambda c: c.short())
 def test_densities_and_tails_match_float64(density, m, k, config, matches_float64):
     w = _weight(m, k, density, seed=m + k)
     for n, layout in ((1, "nk"), (8, "nk"), (16, "kn")):
         kernel = compile_spmm(w, n, torch.float16, layout, config=config, tune_budget=None)
         matches_float64(kernel, w, torch.float16, layout, seed=n)
+
+
+@pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)
+@pytest.mark.parametrize("m,k", [(16, 128), (33, 70), (130, 1001), (50, 4104), (64, 14336)])
+@pytest.mark.parametrize("config", [BitmapTcConfig(8, 2, 4, strips=2), BitmapTcConfig(4, 2, 4, strips=2),
+                                    BitmapTcConfig(4, 3, 2, strips=2), BitmapTcConfig(4, 2, 2, strips=4),
+                                    BitmapTcConfig(4, 3, 2, strips=4)],
+                         ids=lambda c: c.short())
+def test_several_strips_a_warp_match_float64(density, m, k, config, matches_float64):
+    """config.strips (N >= 8): M not a multiple of the block's strips, a block past the matrix's last strip."""
+    w = _weight(m, k, density, seed=m + k)
+    for n, layout, dtype in ((8, "nk", torch.float16), (16, "kn", torch.float16), (9, "nk", torch.bfloat16)):
+        kernel = compile_spmm(w, n, dtype, layout, config=config, tune_budget=None)
+        matches_float64(kernel, w, dtype, layout, seed=n)
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
@@ -55,6 +70,9 @@ def test_batched_bias_relu_and_residual(layout, dtype, matches_float64):
     kernel = compile_spmm(w, 6, dtype, layout, bias=bias, relu=True, residual=True,
                           config=BitmapTcConfig(4, 2), tune_budget=None)
     matches_float64(kernel, w, dtype, layout, batch=(3,), bias=bias, relu=True, residual=True, seed=5)
+    kernel = compile_spmm(w, 8, dtype, layout, bias=bias, relu=True, residual=True,
+                          config=BitmapTcConfig(4, 2, 2, strips=4), tune_budget=None)
+    matches_float64(kernel, w, dtype, layout, batch=(3,), bias=bias, relu=True, residual=True, seed=6)
 
 
 @pytest.mark.parametrize("grouped", [True, False])

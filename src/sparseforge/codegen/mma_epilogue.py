@@ -7,11 +7,12 @@ from .emitter import Emitter, widen
 TILE = 16  # rows of a strip (an mma's M)
 
 
-def strip_epilogue(e: Emitter, plan) -> None:
-    """After the walk: the warps' m16n8 accumulators (%c{n-tile}_{0..3}) meet in shared memory (`smem`, free
-    by now), and each thread adds its outputs' partial sums in warp order (deterministic), then bias,
-    residual, ReLU (max.NaN), rounding and the store. The kernel has %rtid, %warp, %g, %tq, %rs (strip),
-    %rgx (column group) and %rdz (batch entry) set; plan: block_columns, n_tiles, config.warps_per_block."""
+def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "") -> None:
+    """After the walk: the warps' m16n8 accumulators ({accumulators}{n-tile}_{0..3}) meet in shared memory
+    (`smem`, free by now), and each thread adds its outputs' partial sums in warp order (deterministic), then
+    bias, residual, ReLU (max.NaN), rounding and the store. The kernel has %rtid, %warp, %g, %tq, %rs (strip),
+    %rgx (column group) and %rdz (batch entry) set; plan: block_columns, n_tiles, config.warps_per_block. A
+    kernel whose warps hold several strips emits one a strip, each with its own `tag` (its labels')."""
     c, es = plan.config, plan.element_bytes
     bc, threads = plan.block_columns, c.threads
     e.comment("the warps' accumulators meet in shared memory (the tile buffers are free now), then each thread "
@@ -19,8 +20,9 @@ def strip_epilogue(e: Emitter, plan) -> None:
     e.lines(["bar.sync 0;", "mov.u32 %t, smem;", f"mad.lo.u32 %o, %warp, {TILE}, %g;",
              f"mul.lo.u32 %o, %o, {bc};", "mad.lo.u32 %o, %tq, 2, %o;", "mad.lo.u32 %ad, %o, 4, %t;"])
     for nt in range(plan.n_tiles):
-        e.lines([f"st.shared.v2.f32 [%ad+{nt * 32}], {{%c{nt}_0, %c{nt}_1}};",
-                 f"st.shared.v2.f32 [%ad+{nt * 32 + 8 * bc * 4}], {{%c{nt}_2, %c{nt}_3}};"])
+        c0, c1, c2, c3 = (f"{accumulators}{nt}_{q}" for q in range(4))
+        e.lines([f"st.shared.v2.f32 [%ad+{nt * 32}], {{{c0}, {c1}}};",
+                 f"st.shared.v2.f32 [%ad+{nt * 32 + 8 * bc * 4}], {{{c2}, {c3}}};"])
     e.line("bar.sync 0;")
     e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
              f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;"])
@@ -32,7 +34,7 @@ def strip_epilogue(e: Emitter, plan) -> None:
     shift = bc.bit_length() - 1
     cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
     for i in range(-(-elements // threads)):
-        done = f"STORED{i}"
+        done = f"STORED{tag}{i}"
         e.lines([f"add.u32 %o, %rtid, {i * threads};", f"setp.ge.u32 %pt, %o, {elements};", f"@%pt bra {done};"])
         if plan.layout == "kn":  # C[m, n]: consecutive threads along n
             e.lines([f"shr.u32 %rw, %o, {shift};", f"and.b32 %cl, %o, {bc - 1};"])

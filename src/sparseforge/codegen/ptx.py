@@ -84,7 +84,9 @@ def data_kernel(plan, title: str, params, decl: list[str], body: str, shared_byt
         f".version {PTX_VERSION}", f".target sm_{plan.arch}", ".address_size 64", "",
         *([shared, ""] if shared else []),
         f".visible .entry {plan.name}(", ",\n".join(f"    .param .u64 {p}" for p in params), ")",
-        f".maxntid {plan.config.threads}, 1, 1", "{"] + ["    " + d for d in decl] + [body, "}", ""])
+        f".maxntid {plan.config.threads}, 1, 1",
+        *([f".minnctapersm {plan.min_blocks}"] if getattr(plan, "min_blocks", 1) > 1 else []),
+        "{"] + ["    " + d for d in decl] + [body, "}", ""])
     return KernelSource(plan.name, (text,), shared_bytes)
 
 

@@ -2,6 +2,8 @@
 mma) against float64 into NaN-poisoned outputs: strips and chunks with tails, a warp's chunks through every
 buffer of its ring, N across two n-tiles, both layouts (B value by value where it must), both dtypes,
 batches, bias, ReLU, the residual; ptxas for sm_90 and sm_80 without spills; what the plan refuses."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,7 +15,7 @@ from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig, make_bitmap_tc_p
 from sparseforge.mappings.bitmap_tc.space import bitmap_tc_candidates, bitmap_tc_trials
 
 from .test_interpreted import _decode, _encode, _reference, assert_matches, random_weight_and_epilogue, run_data_kernel
-from .test_ptx import _assemble_without_spills_and_link
+from .test_ptx import _assemble, _assemble_without_spills_and_link
 
 
 @st.composite
@@ -23,8 +25,11 @@ def problems(draw):
     dense-row weights (random_weight_and_epilogue). Every buffer of a deep ring: test_every_ring_buffer_..."""
     m, k = draw(st.sampled_from([1, 16, 17, 33])), draw(st.sampled_from([8, 33, 128, 300, 700]))
     n = draw(st.sampled_from([1, 2, 3, 8, 9, 16]))
-    config = BitmapTcConfig(warps_per_block=draw(st.sampled_from([2, 4])), stages=draw(st.sampled_from([2, 3, 4])),
-                            scan_group=draw(st.sampled_from([1, 2, 4, 8])))
+    strips = draw(st.sampled_from([1, 1, 2, 4])) if n >= 8 else 1
+    config = BitmapTcConfig(warps_per_block=draw(st.sampled_from([2, 4])),
+                            stages=draw(st.sampled_from([2, 3, 4] if strips < 4 else [2, 3])),
+                            scan_group=draw(st.sampled_from([g for g in (1, 2, 4, 8) if g * strips <= 8])),
+                            strips=strips)
     return (m, k, n, draw(st.sampled_from(["kn", "nk"])), draw(st.sampled_from(["float16", "bfloat16"])), config,
             draw(st.sampled_from([0.05, 0.5, 1.0])), draw(st.integers(0, 2 ** 16)), draw(st.integers(1, 2)))
 
@@ -64,6 +69,23 @@ def test_every_ring_buffer_is_decoded(stages):
     assert plan.chunks_per_warp == 8
     b = rng.standard_normal((8, 1800))
     assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", "float16", bias, relu), "float16")
+
+
+@pytest.mark.parametrize("strips, m, layout, n", [(2, 33, "nk", 8), (2, 48, "nk", 9), (4, 40, "kn", 8),
+                                                 (4, 70, "nk", 16), (2, 5, "kn", 8)])
+def test_several_strips_a_warp_share_b_and_store_only_their_rows(strips, m, layout, n):
+    """config.strips: a warp's strips over the same chunk columns, each its own accumulators and epilogue; M
+    not a multiple of the block's rows (the last block decodes the last strip again and stores nothing of it),
+    fewer strips than a block takes, B shared by 16-byte loads (nk) and at the tile (kn), two n-tiles."""
+    rng = np.random.default_rng(m + strips)
+    weight, bias, relu = random_weight_and_epilogue(rng, m, 600, 0.5, m, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, n, "float16", layout, BitmapTcConfig(2, 3, 2, strips=strips), bias=bias,
+                               relu=relu, residual=True)
+    assert plan.grid == (1, -(-plan.format.strips // strips))
+    shape = (600, n) if layout == "kn" else (n, 600)
+    b, residual = rng.standard_normal(shape), rng.standard_normal((m, n) if layout == "kn" else (n, m))
+    want = _reference(weight, b, layout, "float16", bias, False) + _decode(_encode(residual, "float16"), "float16")
+    assert_matches(run_data_kernel(plan, b, residual), np.maximum(want, 0) if relu else want, "float16")
 
 
 @pytest.mark.parametrize("l2_ahead", [1, 3])
@@ -109,10 +131,16 @@ def test_every_config_assembles_without_spills(arch, n, layout, k):
         try:
             plan = make_bitmap_tc_plan(w, n, "float16", layout, config, bias=np.ones(32), relu=True, arch=arch,
                                        residual=True)
-        except ValueError as err:  # the chooser drops these: over sm_80's shared memory or registers
-            assert "on sm_80" in str(err) and arch == 80, err
+        except ValueError as err:  # the chooser drops these: over sm_80's shared memory or registers,
+            why = str(err)  # or several strips below a full n-tile, or more blocks an SM than leave registers
+            assert ("on sm_80" in why and arch == 80) or (config.strips > 1 and n < 8 and "strips=1" in why) \
+                or (config.blocks_per_sm > 1 and "fewer blocks_per_sm" in why), why
             continue
-        _assemble_without_spills_and_link(render(plan), arch)
+        source = render(plan)
+        _assemble_without_spills_and_link(source, arch)
+        used = int(re.search(r"Used (\d+) registers", _assemble(source.modules[0], arch))[1])
+        assert used <= plan.register_cap and (".minnctapersm" in source.modules[0]) == (plan.min_blocks > 1), \
+            (config, used)
         built += 1
     assert built
 
@@ -140,6 +168,17 @@ def test_what_the_plan_refuses():
         BitmapTcConfig(scan_group=3)
     with pytest.raises(ValueError, match="l2_ahead"):
         BitmapTcConfig(l2_ahead=9)
+    with pytest.raises(ValueError, match="strips must be"):
+        BitmapTcConfig(strips=3)
+    with pytest.raises(ValueError, match="scan_group x strips"):
+        BitmapTcConfig(scan_group=4, strips=4)
+    with pytest.raises(ValueError, match="blocks_per_sm must be"):
+        BitmapTcConfig(blocks_per_sm=17)
+    with pytest.raises(ValueError, match="5 blocks of 256 threads an SM leave 48 registers a thread, under the 64"):
+        make_bitmap_tc_plan(w, 16, "float16", "nk", BitmapTcConfig(blocks_per_sm=5))
+    assert ".minnctapersm 5" in render(make_bitmap_tc_plan(w, 8, "float16", "nk", BitmapTcConfig(blocks_per_sm=5))).text
+    with pytest.raises(ValueError, match="takes N >= 8, got N = 4: use strips=1"):
+        make_bitmap_tc_plan(w, 4, "float16", "nk", BitmapTcConfig(scan_group=2, strips=2))
     wide = SparseMatrix.from_dense(np.eye(16, 256, dtype=np.float32))  # B from L2 at N = 16: 154 registers
     with pytest.raises(ValueError, match="registers a thread on sm_80.*use fewer warps_per_block"):
         make_bitmap_tc_plan(wide, 16, "float16", "kn", BitmapTcConfig(warps_per_block=16), arch=80)

@@ -56,6 +56,15 @@ class BitmapTcConfig:
     # none): more of W's bytes in flight from HBM than the buffers in shared memory hold, so the copy into a
     # buffer later waits on L2, not on HBM
     l2_ahead: int = 0
+    # strips (of 16 rows) a warp decodes over the same chunk columns: each B fragment it loads feeds that many
+    # mmas, so X's traffic from L2 and its load latency a tile fall by that factor (at N = 8, 4096 x 4096, 70%,
+    # B's loads were 27% of the kernel's time on the H200); the ring then holds `strips` chunks a stage
+    strips: int = 1
+    # blocks an SM should hold at once (the entry's .minnctapersm, 1: none): ptxas then keeps a thread to 65536 /
+    # (threads x blocks) registers. Left to itself it takes 80-86 at N = 8, which holds an SM to 2 blocks of 8
+    # warps, and the kernel is bound by latency (more warps, more of it hidden); it fits 64 without spilling at
+    # N = 16 and 40 at N <= 8
+    blocks_per_sm: int = 1
 
     def __post_init__(self):
         require_ints(self)
@@ -67,6 +76,13 @@ class BitmapTcConfig:
             raise ValueError(f"scan_group must be 1, 2, 4 or 8, got {self.scan_group}")
         if not 0 <= self.l2_ahead <= 8:
             raise ValueError(f"l2_ahead must be 0 to 8 chunks, got {self.l2_ahead}")
+        if self.strips not in (1, 2, 4):
+            raise ValueError(f"strips must be 1, 2 or 4, got {self.strips}")
+        if not 1 <= self.blocks_per_sm <= 16:
+            raise ValueError(f"blocks_per_sm must be 1 to 16, got {self.blocks_per_sm}")
+        if self.scan_group * self.strips > 8:
+            raise ValueError(f"scan_group x strips must be at most 8 (tiles scanned ahead, three registers each), got "
+                             f"{self.scan_group} x {self.strips}")
 
     @property
     def threads(self) -> int:
@@ -74,7 +90,8 @@ class BitmapTcConfig:
 
     def short(self) -> str:
         return (f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
-                + (f"p{self.l2_ahead}" if self.l2_ahead else ""))
+                + (f"p{self.l2_ahead}" if self.l2_ahead else "") + (f"r{self.strips}" if self.strips > 1 else "")
+                + (f"o{self.blocks_per_sm}" if self.blocks_per_sm > 1 else ""))
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,8 +136,8 @@ class BitmapTcPlan(WeightAsData):
 
     @property
     def grid(self) -> tuple[int, int]:
-        """(column groups: one, strips) of one batch entry."""
-        return 1, self.format.strips
+        """(column groups: one, groups of config.strips strips) of one batch entry."""
+        return 1, -(-self.format.strips // self.config.strips)
 
     @property
     def buffer_units(self) -> int:
@@ -144,9 +161,11 @@ class BitmapTcPlan(WeightAsData):
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The warps' chunk buffers; after the walk the same memory holds their partial sums."""
+        """The warps' chunk buffers (a stage: one chunk of each of the warp's strips); after the walk the same
+        memory holds their partial sums, a strip at a time."""
         c = self.config
-        return max(c.warps_per_block * c.stages * self.stage_bytes, c.warps_per_block * 16 * self.block_columns * 4)
+        return max(c.warps_per_block * c.stages * c.strips * self.stage_bytes,
+                   c.warps_per_block * 16 * self.block_columns * 4)
 
     @property
     def registers(self) -> int:
@@ -159,13 +178,32 @@ class BitmapTcPlan(WeightAsData):
 
     @property
     def unbounded_registers(self) -> int:
-        if self.b_loads == "wide" and self.N > 1:
-            return 86 + 20 * (self.n_tiles - 1)
-        return 118 + 36 * (self.n_tiles - 1)
+        """With several strips a warp, ptxas keeps both strips' loads in flight: 141 (wide) to 222 at 2 strips,
+        218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
+        base = 86 + 20 * (self.n_tiles - 1) if self.b_loads == "wide" and self.N > 1 else 118 + 36 * (self.n_tiles - 1)
+        return min(255, base + (60 if self.config.strips == 2 else 130 if self.config.strips == 4 else 0))
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks an SM should hold at once (the entry's .minnctapersm; 1: no directive): config.blocks_per_sm;
+        else, with several strips a warp, as many as the shared memory takes, down to 128 registers a thread,
+        where ptxas fits those kernels without spilling at N >= 8 (unbounded, 141-247 registers would leave one
+        block of 8 warps an SM)."""
+        c = self.config
+        if c.blocks_per_sm > 1 or c.strips == 1:
+            return c.blocks_per_sm
+        by_shared = shared_bytes_limit(self.arch) // max(self.dynamic_shared_bytes, 1)
+        return max(1, min(by_shared, 65536 // (c.threads * 128)))
+
+    @property
+    def fewest_registers(self) -> int:
+        """The registers under which ptxas 13.0 spills (sm_90): 40 at N <= 8, 64 at 9-16, 128 with several
+        strips a warp."""
+        return 128 if self.config.strips > 1 else 40 if self.n_tiles == 1 else 64
 
     @property
     def register_cap(self) -> int:
-        return 65536 // self.config.threads // 8 * 8
+        return 65536 // (self.config.threads * self.min_blocks) // 8 * 8
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
         f = self.format
@@ -228,6 +266,9 @@ def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> Bitm
         raise ValueError(f"the bitmap-tc mapping needs mma.sync m16n8k16 and cp.async (sm_80 or newer), got sm_{arch}")
     if n > MAX_N:
         raise ValueError(f"the bitmap-tc mapping covers N <= {MAX_N} in one block, got N = {n}: use another mapping")
+    if config is not None and config.strips > 1 and n < N_TILE:
+        # below a full n-tile ptxas spills the several strips' loads under min_blocks' register cap
+        raise ValueError(f"bitmap-tc with {config.strips} strips a warp takes N >= {N_TILE}, got N = {n}: use strips=1")
     return config or BitmapTcConfig()
 
 
@@ -242,9 +283,13 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
                          f"{MAX_CHUNKS_A_WARP} a warp takes: {fix}")
     limit = shared_bytes_limit(plan.arch)
     if plan.dynamic_shared_bytes > limit:
-        raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {plan.stage_bytes} bytes need "
-                         f"{plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has on "
-                         f"sm_{plan.arch}: use fewer warps_per_block or stages")
+        raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {c.strips} x {plan.stage_bytes} bytes "
+                         f"need {plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has on "
+                         f"sm_{plan.arch}: use fewer warps_per_block, stages or strips")
+    if plan.register_cap < plan.fewest_registers:
+        raise ValueError(f"{plan.min_blocks} blocks of {c.threads} threads an SM leave {plan.register_cap} registers "
+                         f"a thread, under the {plan.fewest_registers} this kernel needs at N = {plan.N} without "
+                         "spilling: use fewer blocks_per_sm or warps_per_block")
     if plan.arch < 90 and plan.unbounded_registers > plan.register_cap:
         # ptxas for sm_80 spills under the cap where sm_90's fits (16 warps, N > 8, B from L2)
         raise ValueError(f"{c.warps_per_block} warps at N = {plan.N} need about {plan.unbounded_registers} registers "

@@ -31,30 +31,45 @@ def _mma(plan: BitmapTcPlan) -> str:
     return f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32"
 
 
+def _buffer(plan: BitmapTcPlan, stage: int, strip: int) -> int:
+    """Byte offset, from the warp's buffers, of buffer `stage`'s chunk of the warp's strip `strip`."""
+    return (stage * plan.config.strips + strip) * plan.stage_bytes
+
+
+def _offsets(plan: BitmapTcPlan, strip: int) -> str:
+    """The register whose lane j holds chunk j's first unit (of the warp's range) in the warp's strip `strip`."""
+    return "%offr" if strip == 0 else f"%offr{strip}"
+
+
 def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
-    """Chunk %j of the warp's range (nothing past it) copied into buffer `stage`, 16 bytes a lane and copy; one
-    commit group either way."""
+    """Chunk %j of the warp's range (nothing past it) of each of its strips copied into buffer `stage`, 16 bytes
+    a lane and copy; one commit group either way."""
     e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};"])
-    if plan.config.l2_ahead:
-        _prefetch(e, plan, tag)
-    e.lines(["shfl.sync.idx.b32 %st, %offr, %j, 31, -1;", "add.u32 %t, %j, 1;",
-             "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
-             f"add.u32 %sb, %wb, {stage * plan.stage_bytes};", "mov.u32 %u, %lane;"])
-    e.label(f"COPY{tag}")
-    e.lines(["setp.ge.u32 %pi, %u, %sz;", f"@%pi bra ISSUED{tag};", "add.u32 %t, %st, %u;",
-             f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
-             f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tag};"])
+    for q in range(plan.config.strips):
+        tq = f"{tag}_{q}" if q else tag
+        offr = _offsets(plan, q)
+        if plan.config.l2_ahead:
+            _prefetch(e, plan, tq, offr)
+        e.lines([f"shfl.sync.idx.b32 %st, {offr}, %j, 31, -1;", "add.u32 %t, %j, 1;",
+                 f"shfl.sync.idx.b32 %en, {offr}, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
+                 f"add.u32 %sb, %wb, {_buffer(plan, stage, q)};", "mov.u32 %u, %lane;"])
+        e.label(f"COPY{tq}")
+        e.lines(["setp.ge.u32 %pi, %u, %sz;", f"@%pi bra COPIED{tq};", "add.u32 %t, %st, %u;",
+                 f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
+                 f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tq};"])
+        e.label(f"COPIED{tq}")
     e.label(f"ISSUED{tag}")
     e.line("cp.async.commit_group;")
 
 
-def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str) -> None:
+def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str, offr: str) -> None:
     """config.l2_ahead: chunk %j + l2_ahead of the warp's range (nothing past it) into L2, a 128-byte line a lane
-    (two rounds where a chunk buffer passes 32 lines). Warp-uniform: every lane takes part in the shuffles."""
+    (two rounds where a chunk buffer passes 32 lines), its first units in `offr`. Warp-uniform: every lane takes
+    part in the shuffles."""
     lines = plan.stage_bytes // 128 + 1
     e.lines([f"add.u32 %t, %j, {plan.config.l2_ahead};", "setp.ge.u32 %pi, %t, %cnt;", f"@%pi bra FETCHED{tag};",
-             "shfl.sync.idx.b32 %st, %offr, %t, 31, -1;", "add.u32 %t, %t, 1;",
-             "shfl.sync.idx.b32 %en, %offr, %t, 31, -1;"])
+             f"shfl.sync.idx.b32 %st, {offr}, %t, 31, -1;", "add.u32 %t, %t, 1;",
+             f"shfl.sync.idx.b32 %en, {offr}, %t, 31, -1;"])
     e.line("and.b32 %st, %st, -8;")  # from the line the chunk starts in: its last line is fetched too
     for r in range(-(-(lines + 1) // 32)):
         e.lines([f"mad.lo.u32 %t, %lane, 8, {256 * r};", "add.u32 %t, %t, %st;", "setp.lt.u32 %pk, %t, %en;",
@@ -96,7 +111,8 @@ def _load_b_group(e: Emitter, plan: BitmapTcPlan, group: int, nt: int) -> None:
 
 
 def _load_b(e: Emitter, plan: BitmapTcPlan, t: int, nt: int) -> None:
-    """b_loads "pair" or "scalar": B's two registers of tile t for n-tile nt, zero past K or N."""
+    """b_loads "pair" or "scalar": B's two registers of tile t for n-tile nt, zero past K or N (with several strips
+    a warp, every n-tile's: their tiles t come after)."""
     stride = _column_stride(plan)
     for half in range(2):
         reg, first = f"%bq{nt}_{half}", _b_column(plan, t, half)
@@ -110,50 +126,59 @@ def _load_b(e: Emitter, plan: BitmapTcPlan, t: int, nt: int) -> None:
         e.line(f"mov.b32 {reg}, {{%hb0, %hb1}};")
 
 
-def _scan(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None:
-    """Tile t's lane state into slot `slot`: %mb{slot} the lane's byte (low 8 bits), %p{slot} the chunk's set
-    bits before it (its word's stored start plus the bits below the byte in the word: where its values
-    start)."""
-    word = stage * plan.stage_bytes + t * BITMAP_WORDS * 4
-    start = stage * plan.stage_bytes + BITMAP_BYTES + t * BITMAP_WORDS * 2
+def _scan(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int) -> None:
+    """Tile t of the chunk at byte `buffer` of the warp's buffers, its lane state into slot `slot`: %mb{slot} the
+    lane's byte (low 8 bits), %p{slot} the chunk's set bits before it (its word's stored start plus the bits
+    below the byte in the word: where its values start)."""
+    word = buffer + t * BITMAP_WORDS * 4
+    start = buffer + BITMAP_BYTES + t * BITMAP_WORDS * 2
     e.comment(f"tile {t}: where the lane's values start (its word's start, then the set bits before its byte)")
     e.lines([f"ld.shared.b32 %w{slot}, [%wg+{word}];", f"ld.shared.u16 %p{slot}, [%sg+{start}];",
              f"and.b32 %x, %w{slot}, %lowm;", "popc.b32 %x, %x;", f"add.u32 %p{slot}, %p{slot}, %x;",
              f"shr.b32 %mb{slot}, %w{slot}, %sh;"])
 
 
-def _tile(e: Emitter, plan: BitmapTcPlan, stage: int, t: int, slot: int) -> None:
-    """Tile t, its scan in slot `slot`: the lane's A fragment from its 8 slots' values, the mmas."""
+def _accumulator(strip: int) -> str:
+    """The prefix of the warp's strip `strip`'s accumulators (%c{n-tile}_{0..3} for the first)."""
+    return "%c" if strip == 0 else f"%cs{strip}_"
+
+
+def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip: int) -> None:
+    """Tile t of the warp's strip `strip` (its chunk at byte `buffer`), its scan in slot `slot`: the lane's A
+    fragment from its 8 slots' values, one mma an n-tile with B already in registers (b_loads "wide": loaded
+    for the tile group before its scans; else by _load_b at the tile, before its strips' tiles)."""
     e.comment(f"tile {t}: the lane's 8 slots (a clear one reads the chunk's first start, always 0), then the mma")
-    e.lines([f"mad.lo.u32 %ptr, %p{slot}, 2, %wb;", f"add.u32 %ptr, %ptr, {stage * plan.stage_bytes + HEADER_BYTES};",
-             f"add.u32 %zr, %wb, {stage * plan.stage_bytes + BITMAP_BYTES};"])
+    e.lines([f"mad.lo.u32 %ptr, %p{slot}, 2, %wb;", f"add.u32 %ptr, %ptr, {buffer + HEADER_BYTES};",
+             f"add.u32 %zr, %wb, {buffer + BITMAP_BYTES};"])
     for i in range(8):
         e.lines([f"and.b32 %x, %mb{slot}, {1 << i};", "setp.ne.u32 %ps, %x, 0;", "selp.u32 %ad, %ptr, %zr, %ps;",
                  f"ld.shared.u16 %v{i}, [%ad];"] + (["@%ps add.u32 %ptr, %ptr, 2;"] if i < 7 else []))
     e.lines([f"prmt.b32 %a{r}, %v{2 * r}, %v{2 * r + 1}, 0x5410;" for r in range(4)])
     for nt in range(plan.n_tiles):
-        if plan.b_loads == "wide":  # loaded for the tile group before its scans
+        if plan.b_loads == "wide":
             b = f"%bw{nt}_{t // 4}_{t % 4}, %bw{nt}_{t // 4}_{4 + t % 4}"
         else:
-            _load_b(e, plan, t, nt)
             b = f"%bq{nt}_0, %bq{nt}_1"
-        c = ", ".join(f"%c{nt}_{q}" for q in range(4))
+        c = ", ".join(f"{_accumulator(strip)}{nt}_{q}" for q in range(4))
         e.line(f"{_mma(plan)} {{{c}}}, {{%a0, %a1, %a2, %a3}}, {{{b}}}, {{{c}}};")
 
 
 def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     c, f = plan.config, plan.format
-    per_strip, per_warp, stages = f.chunks_per_strip, plan.chunks_per_warp, c.stages
+    per_strip, per_warp, stages, strips = f.chunks_per_strip, plan.chunks_per_warp, c.stages, c.strips
     buffer, es = plan.stage_bytes, plan.element_bytes
     e = Emitter()
-    e.comment(f"{c.warps_per_block} warps a strip, {per_warp} chunks of {CHUNK_COLUMNS} columns a warp, {stages} "
-              f"buffers of {buffer} bytes a warp, {plan.n_tiles} n-tile(s) of 8 columns")
+    e.comment(f"{c.warps_per_block} warps a block of {strips} strip(s), {per_warp} chunks of {CHUNK_COLUMNS} columns a "
+              f"warp and strip, {stages} buffers of {strips} x {buffer} bytes a warp, {plan.n_tiles} n-tile(s) of 8 "
+              "columns")
     e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
              "shr.u32 %g, %lane, 2;", "and.b32 %tq, %lane, 3;", "mov.u32 %rs, %ctaid.y;", "mov.u32 %rgx, %ctaid.x;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "shl.b32 %sh, %tq, 3;", "mov.u32 %lowm, 1;", "shl.b32 %lowm, %lowm, %sh;", "sub.u32 %lowm, %lowm, 1;",
-             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", "mad.lo.u32 %wg, %g, 4, %wb;",
-             "mad.lo.u32 %sg, %g, 2, %wb;"])
+             "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * strips * buffer}, %wb;",
+             "mad.lo.u32 %wg, %g, 4, %wb;", "mad.lo.u32 %sg, %g, 2, %wb;"])
+    if strips > 1:
+        e.line(f"mul.lo.u32 %rs, %rs, {strips};")  # the block's first strip
     e.comment("the lane's rows of B (n = 8 n-tile + g) and whether they are inside N")
     e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;"])
@@ -161,13 +186,20 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     for nt in range(plan.n_tiles):
         e.lines([f"add.u32 %t, %g, {8 * nt};", f"setp.lt.u32 %pn{nt}, %t, {plan.N};",
                  f"mad.wide.u32 %rdx{nt}, %t, {row_stride}, %rdb;"])
-    e.comment("this warp's chunks [cb, cb + cnt); lane j holds chunk j's first unit (and the end at j = cnt)")
+    e.comment("this warp's chunks [cb, cb + cnt) of each strip; lane j holds chunk j's first unit (and the end at "
+              "j = cnt); a strip past the matrix (the last block's) decodes the last strip again, its rows not stored")
     e.lines([f"mul.lo.u32 %cb, %warp, {per_warp};", f"min.u32 %cb, %cb, {per_strip};", f"add.u32 %t, %cb, {per_warp};",
-             f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;", "min.u32 %t, %lane, %cnt;",
-             f"mad.lo.u32 %t, %rs, {per_strip}, %t;", "add.u32 %t, %t, %cb;",
-             "ld.param.u64 %rdt, [p_offsets];", "cvta.to.global.u64 %rdt, %rdt;", "mad.wide.u32 %rdt, %t, 4, %rdt;",
-             "ld.global.nc.u32 %offr, [%rdt];", "ld.param.u64 %rdd, [p_data];", "cvta.to.global.u64 %rdd, %rdd;"])
-    e.lines([f"mov.f32 %c{nt}_{q}, 0f00000000;" for nt in range(plan.n_tiles) for q in range(4)])
+             f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;", "ld.param.u64 %rdo, [p_offsets];",
+             "cvta.to.global.u64 %rdo, %rdo;"])
+    for q in range(strips):
+        strip = "%rs" if q == 0 else "%o"
+        if q:
+            e.lines([f"add.u32 %o, %rs, {q};", f"min.u32 %o, %o, {f.strips - 1};"])
+        e.lines(["min.u32 %t, %lane, %cnt;", f"mad.lo.u32 %t, {strip}, {per_strip}, %t;", "add.u32 %t, %t, %cb;",
+                 "mad.wide.u32 %rdt, %t, 4, %rdo;", f"ld.global.nc.u32 {_offsets(plan, q)}, [%rdt];"])
+    e.lines(["ld.param.u64 %rdd, [p_data];", "cvta.to.global.u64 %rdd, %rdd;"])
+    e.lines([f"mov.f32 {_accumulator(q)}{nt}_{k}, 0f00000000;" for q in range(strips) for nt in range(plan.n_tiles)
+             for k in range(4)])
     e.comment(f"the first {stages - 1} chunks in flight")
     for s in range(stages - 1):
         e.line(f"mov.u32 %j, {s};")
@@ -189,14 +221,21 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
                 for nt in range(plan.n_tiles):
                     _load_b_group(e, plan, t // 4, nt)
             for t in range(first, first + group):
-                _scan(e, plan, u, t, t - first)
+                for q in range(strips):
+                    _scan(e, plan, _buffer(plan, u, q), t, (t - first) * strips + q)
             for t in range(first, first + group):
-                _tile(e, plan, u, t, t - first)
+                for nt in range(0 if wide else plan.n_tiles):
+                    _load_b(e, plan, t, nt)
+                for q in range(strips):
+                    _tile(e, plan, _buffer(plan, u, q), t, (t - first) * strips + q, q)
         e.lines(["bar.warp.sync -1;", "add.u32 %i, %i, 1;"])
     e.line("bra.uni CHUNKS;")
     e.label("WALKED")
     e.line("cp.async.wait_all;")
-    strip_epilogue(e, plan)
+    for q in range(strips):  # a strip at a time through the shared memory
+        if q:
+            e.line("add.u32 %rs, %rs, 1;")
+        strip_epilogue(e, plan, _accumulator(q), f"S{q}" if q else "")
     e.line("ret;")
     nts = range(plan.n_tiles)
     decl = [".reg .pred %pt, %pi, %ps, %pk, %pq, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
@@ -204,11 +243,13 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
             "%st, %en, %sz, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, "
             + "".join(f"%bw{nt}_{g}_{q}, " for nt in nts for g in range(2) for q in range(8))
             + "".join(f"%v{i}, " for i in range(8))
-            + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group)) + " %t, %o, %ad, %rw, %cl, "
+            + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group * strips))
+            + "".join(f"%offr{q}, " for q in range(1, strips)) + " %t, %o, %ad, %rw, %cl, "
             "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(2)) + ";",
-            ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",
+            ".reg .b32 %acc, %f, " + ", ".join(f"{_accumulator(s)}{nt}_{q}" for s in range(strips) for nt in nts
+                                               for q in range(4)) + ";",
             ".reg .b16 %hb0, %hb1, %hv16;",
-            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, "
+            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, %rdo, "
             + ", ".join(f"%rdx{nt}, %rdy{nt}" for nt in nts) + ";"]
     assert TILE * TILE // 32 == BITMAP_WORDS
     # dynamic: the launch gives plan.dynamic_shared_bytes (over the 48 KB a static declaration may have)
