@@ -230,3 +230,39 @@ def test_a_gated_mlp_runs_gate_and_up_as_one_kernel_in_eager_calls_graphs_and_th
             assert ((got.double() - want).norm() / want.norm()).item() <= tolerance
         y = (x.double() @ g.T) * torch.sigmoid(x.double() @ g.T) * (x.double() @ u.T)
         assert ((op.double() - y).norm() / y.norm()).item() <= tolerance
+
+
+def test_a_gated_mlp_under_reduce_overhead_compiles_once_a_width_and_is_graphed():
+    """torch.compile(mode="reduce-overhead") of a fused GatedDecodeMLP (what transformers' generate does with the
+    static cache): one graph a token count, none of them skipped by CUDA graphs, and no recompile after a gated
+    kernel is dropped (its call then runs the two projections apart inside the op)."""
+    from torch._dynamo.utils import counters
+
+    from sparseforge.nn import GatedDecodeMLP
+
+    dtype = torch.float16
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = (_sparse_linear_on_delta_runs(2048, 1024, s, dtype) for s in (1, 2))
+    mlp.down_proj = torch.nn.Linear(2048, 1024, bias=False).to("cuda", dtype)
+    mlp.act_fn = torch.nn.SiLU()
+    for part in (mlp.gate_proj, mlp.up_proj):
+        part.prepare()
+    fused = GatedDecodeMLP(mlp)
+    assert fused.fuse() == [1, 2]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fused, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    xs = {n: torch.randn(n, 1, 1024, device="cuda", dtype=dtype) for n in (1, 2)}
+    with torch.no_grad():
+        for _ in range(4):
+            for n, x in xs.items():
+                got = compiled(x).clone()
+                want = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+                assert ((got.float() - want.float()).norm() / want.float().norm()).item() <= 5e-3
+        graphs = counters["stats"]["unique_graphs"]
+        del fused._fused[1]  # as when the gate's kernel is rebuilt: the op's body runs the projections apart
+        compiled(xs[1])
+    torch.cuda.synchronize()
+    assert graphs == 2, f"{graphs} graphs compiled for 2 token counts"
+    assert counters["stats"]["unique_graphs"] == graphs, "dropping a gated kernel recompiled the forward"
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])

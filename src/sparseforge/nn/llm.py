@@ -248,11 +248,19 @@ class GatedDecodeMLP(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj, self.act_fn = mlp.gate_proj, mlp.up_proj, mlp.down_proj, \
             mlp.act_fn
         self.layer_id = register(self)
-        self._fused: dict = {}  # width -> (gated kernel, the gate's kernel, the up's kernel) it was built from
+        self._unfuse()
+
+    def _unfuse(self) -> None:
+        # the widths forward branches on: an immutable set, replaced only by fuse() and moves, so a compiled
+        # forward's guard on it never fails at run time (the op's body may drop a kernel: it then runs the two
+        # projections apart); the kernels: width -> (gated kernel, the gate's kernel, the up's kernel it was
+        # built from), read only outside traced code
+        self._fused_widths: frozenset[int] = frozenset()
+        self._fused: dict = {}
 
     @property
     def fused_widths(self) -> list[int]:
-        return sorted(self._fused)
+        return sorted(self._fused_widths)
 
     def extra_repr(self) -> str:
         return f"fused_widths={self.fused_widths}"
@@ -261,7 +269,7 @@ class GatedDecodeMLP(nn.Module):
         """Build the gated kernels (CUDA) at the widths both projections run kernels on; the widths fused."""
         from ..spmm import compile_gated_mlp
 
-        self._fused = {}
+        self._unfuse()
         gate, up = self.gate_proj, self.up_proj
         if not (_is_silu(self.act_fn) and isinstance(gate, DecodeLinear) and isinstance(up, DecodeLinear)
                 and isinstance(gate.inner, SparseLinear) and isinstance(up.inner, SparseLinear)):
@@ -274,6 +282,7 @@ class GatedDecodeMLP(nn.Module):
                 self._fused[n] = (compile_gated_mlp(kg, ku), kg, ku)
             except (TypeError, ValueError):  # another family, configs that differ, an epilogue: kept apart
                 continue
+        self._fused_widths = frozenset(self._fused)
         return self.fused_widths
 
     def _gated(self, n: int):
@@ -296,7 +305,7 @@ class GatedDecodeMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // x.shape[-1] if x.dim() else 0
-        if n in self._fused and x.is_cuda and not self._records_grad(x):
+        if n in self._fused_widths and x.is_cuda and not self._records_grad(x):
             if torch.compiler.is_compiling():  # the op's body checks the kernels (nothing traced reads them)
                 y = torch.ops.sparseforge.gated_mlp(x, self.gate_proj.inner.device_anchor, self.layer_id,
                                                     self.up_proj.out_features)
@@ -321,14 +330,14 @@ class GatedDecodeMLP(nn.Module):
 
     def __getstate__(self):
         # the gated kernels are process- and device-bound (and hold the projections' arrays): copies fuse again
-        return {**self.__dict__, "_fused": {}}
+        return {**self.__dict__, "_fused": {}, "_fused_widths": frozenset()}
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self.layer_id = register(self)  # a copy is a layer of its own for the op
 
     def _apply(self, fn, recurse=True):
-        self._fused = {}  # .to() / .cuda() / .half(): the projections rebuild their kernels; fuse() again
+        self._unfuse()  # .to() / .cuda() / .half(): the projections rebuild their kernels; fuse() again
         return super()._apply(fn, recurse)
 
 
