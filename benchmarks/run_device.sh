@@ -38,8 +38,9 @@
 #   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with the value loads, the stored
 #                 starts or B's loads replaced by register moves (benchmarks/proto/bitmap_tc_probe.py;
 #                 N = 8, X as N x K, fp16, weights rotated; timing only)
-#   gated_mlp     the Llama MLP's gate and up in one delta-runs kernel against the pair apart and dense, 14336 x
-#                 4096 at 50 / 70 / 90%, fp16, N = 1, weights rotated (benchmarks/gated_mlp.py)
+#   gated_mlp     the Llama MLP's gate and up in one kernel against the pair apart and dense, 14336 x 4096 at
+#                 50 / 70 / 90%, fp16, weights rotated: bitmap-tc at N = 8, then delta-runs at N = 1
+#                 (benchmarks/gated_mlp.py)
 #   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
@@ -197,6 +198,7 @@ stage() {
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;
     gated_mlp)
+      run gated_mlp_n8_fp16 python3 benchmarks/gated_mlp.py "$OUT/gated_mlp_n8_fp16.json" --sparsities 0.5 0.7 0.9 --n 8
       run gated_mlp_fp16 python3 benchmarks/gated_mlp.py "$OUT/gated_mlp_fp16.json" --sparsities 0.5 0.7 0.9 ;;
     timing)
       run timing_contention python3 benchmarks/timing_contention.py ;;

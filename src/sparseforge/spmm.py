@@ -324,8 +324,9 @@ def compile_gated_mlp(gate, up):
     silu(G B) * (U B)), from two compiled kernels of one family, problem and config (e.g. both
     compile_spmm(..., config=DeltaRunsConfig())) over their own device arrays: nothing is copied, one launch
     and one pass over X where the model makes two products and two elementwise kernels. Keep `gate` and `up`
-    alive as long as the result (it reads their arrays). Families with the registry's `gated` hook
-    (delta-runs) only; the kernels plain products (no bias, ReLU or residual)."""
+    alive as long as the result (it reads their arrays). Families with the registry's `gated` hook only
+    (delta-runs, for few tokens; bitmap-tc at N >= 8, strips=1); the kernels plain products (no bias, ReLU or
+    residual)."""
     from .mappings.registry import plan_family
     from .runtime.kernel import SpmmKernel
 
@@ -339,7 +340,7 @@ def compile_gated_mlp(gate, up):
     hook = family.hook("gated")
     if hook is None:
         raise ValueError(f"the {family.name} family has no gated kernel: compile gate and up with a delta-runs "
-                         "config (config=DeltaRunsConfig())")
+                         "config (config=DeltaRunsConfig()) or, at N >= 8, a bitmap-tc one (config=BitmapTcConfig())")
     if gate.device_index != up.device_index:
         raise ValueError(f"gate is on cuda:{gate.device_index} and up on cuda:{up.device_index}: one device")
     plan = hook(gate.plan, gate.weight_tensors, up.plan, up.weight_tensors)

@@ -1,7 +1,8 @@
 """The bitmap-tc kernel on the GPU (mappings/bitmap_tc/): both 16-bit dtypes x N in 1..16 x densities {0, one
 nonzero, 10%, 50%, 100%} x tails (M, K not multiples of 16 / 128, odd K), both layouts, batches, bias / ReLU /
 residual, through compile_spmm with a fixed BitmapTcConfig, fresh inputs into NaN-poisoned outputs against
-float64 (fp16 <= 5e-3, bf16 <= 3e-2 relative); the format packed on the GPU; densify; the chooser proposing it."""
+float64 (fp16 <= 5e-3, bf16 <= 3e-2 relative); the gated MLP kernel over two kernels' arrays; the format packed
+on the GPU; densify; the chooser proposing it."""
 import numpy as np
 import pytest
 import torch
@@ -73,6 +74,41 @@ def test_batched_bias_relu_and_residual(layout, dtype, matches_float64):
     kernel = compile_spmm(w, 8, dtype, layout, bias=bias, relu=True, residual=True,
                           config=BitmapTcConfig(4, 2, 2, strips=4), tune_budget=None)
     matches_float64(kernel, w, dtype, layout, batch=(3,), bias=bias, relu=True, residual=True, seed=6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n, layout, m, k", [(8, "nk", 2000, 4104), (9, "nk", 77, 1001), (16, "kn", 130, 3000),
+                                             (8, "kn", 1, 128)])
+@pytest.mark.parametrize("config", [BitmapTcConfig(), BitmapTcConfig(8, 3, 1), BitmapTcConfig(4, 4, 1),
+                                    BitmapTcConfig(8, 3, 4, 2)], ids=lambda c: c.short())
+def test_a_gated_mlp_kernel_shares_the_two_kernels_arrays(dtype, n, layout, m, k, config):
+    """compile_gated_mlp(gate, up) on bitmap-tc kernels (gate packed on the host, up on the GPU, different
+    patterns and densities): silu(G x) * (U x) in one kernel over their own device arrays, nothing copied;
+    batched, fresh inputs into NaN-poisoned outputs against float64."""
+    from sparseforge import compile_gated_mlp
+    from sparseforge.formats.device import DeviceCsr
+
+    name = str(dtype)[6:]
+    gate, up = _weight(m, k, 0.5, seed=m + 1).astype(name), _weight(m, k, 0.3, seed=m + 2).astype(name)
+    device_up = DeviceCsr(torch.from_numpy(up.indptr.astype(np.int64)).cuda(),
+                          torch.from_numpy(up.indices.astype(np.int32)).cuda(),
+                          torch.from_numpy(up.values.astype(np.float32)).cuda().to(dtype), up.shape, name)
+    kg = compile_spmm(gate, n, dtype, layout, config=config, tune_budget=None)
+    ku = compile_spmm(device_up, n, dtype, layout, config=config, tune_budget=None)
+    fused = compile_gated_mlp(kg, ku)
+    assert fused.mapping == "bitmap-tc" and fused.plan.name.endswith("_gated")
+    shared = {t.data_ptr() for t in (*kg.weight_tensors, *ku.weight_tensors) if t is not None}
+    assert {t.data_ptr() for t in fused.weight_tensors if t is not None} <= shared  # nothing copied
+    wg, wu = (torch.from_numpy(w.to_dense().astype(np.float64)).cuda() for w in (gate, up))
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    for batch in ((), (), (3,)):
+        x = torch.randn((*batch, *fused.in_shape), device="cuda", generator=gen).to(dtype)
+        out = torch.full((*batch, *fused.out_shape), float("nan"), device="cuda", dtype=dtype)
+        fused(x, out=out)
+        g, u = (w @ x.double() if layout == "kn" else x.double() @ w.T for w in (wg, wu))
+        ref = g * torch.sigmoid(g) * u
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).norm() / ref.norm()).item() <= {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
 
 
 @pytest.mark.parametrize("grouped", [True, False])

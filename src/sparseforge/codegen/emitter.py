@@ -50,6 +50,13 @@ def widen(e: Emitter, dtype: str, dst: str, half: str) -> None:
         e.line(f"cvt.f32.f16 {dst}, {half};")
 
 
+def silu_times(e: Emitter, gate: str, acc: str) -> None:
+    """acc = silu(gate) * acc = gate / (1 + 2^(-gate log2 e)) * acc, in fp32 (scratch: %f). The gated MLP's
+    epilogue (the Llama MLP's silu(G x) * (U x))."""
+    e.lines([f"mul.f32 %f, {gate}, 0fBFB8AA3B;", "ex2.approx.ftz.f32 %f, %f;", "add.f32 %f, %f, 0f3F800000;",
+             "rcp.approx.ftz.f32 %f, %f;", f"mul.f32 %f, {gate}, %f;", f"mul.f32 {acc}, {acc}, %f;"])
+
+
 def load_operand(e: Emitter, element_bytes: int, elements: int, tag, first: int, guard: str, address: str,
                  space: str = "global.nc") -> None:
     """One (vector) load of `elements` operand values starting at element `first` of slot `tag`, into the

@@ -2,27 +2,31 @@
 each holding mma.m16n8k16 accumulators over its own range of K."""
 from __future__ import annotations
 
-from .emitter import Emitter, widen
+from .emitter import Emitter, silu_times, widen
 
 TILE = 16  # rows of a strip (an mma's M)
 
 
-def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "") -> None:
+def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", gate: str | None = None) -> None:
     """After the walk: the warps' m16n8 accumulators ({accumulators}{n-tile}_{0..3}) meet in shared memory
     (`smem`, free by now), and each thread adds its outputs' partial sums in warp order (deterministic), then
     bias, residual, ReLU (max.NaN), rounding and the store. The kernel has %rtid, %warp, %g, %tq, %rs (strip),
     %rgx (column group) and %rdz (batch entry) set; plan: block_columns, n_tiles, config.warps_per_block. A
-    kernel whose warps hold several strips emits one a strip, each with its own `tag` (its labels')."""
+    kernel whose warps hold several strips emits one a strip, each with its own `tag` (its labels'). `gate`: a
+    gated MLP's gate accumulators (the same strip of G): they meet beside the others (shared memory for both,
+    plan.dynamic_shared_bytes), and the output is silu(G x) * (W x) (register %gacc)."""
     c, es = plan.config, plan.element_bytes
     bc, threads = plan.block_columns, c.threads
+    region = c.warps_per_block * TILE * bc * 4  # one set of the warps' partial sums
     e.comment("the warps' accumulators meet in shared memory (the tile buffers are free now), then each thread "
               "adds its outputs' partial sums in warp order")
     e.lines(["bar.sync 0;", "mov.u32 %t, smem;", f"mad.lo.u32 %o, %warp, {TILE}, %g;",
              f"mul.lo.u32 %o, %o, {bc};", "mad.lo.u32 %o, %tq, 2, %o;", "mad.lo.u32 %ad, %o, 4, %t;"])
-    for nt in range(plan.n_tiles):
-        c0, c1, c2, c3 = (f"{accumulators}{nt}_{q}" for q in range(4))
-        e.lines([f"st.shared.v2.f32 [%ad+{nt * 32}], {{{c0}, {c1}}};",
-                 f"st.shared.v2.f32 [%ad+{nt * 32 + 8 * bc * 4}], {{{c2}, {c3}}};"])
+    for base, prefix in ((0, accumulators),) + (((region, gate),) if gate else ()):
+        for nt in range(plan.n_tiles):
+            c0, c1, c2, c3 = (f"{prefix}{nt}_{q}" for q in range(4))
+            e.lines([f"st.shared.v2.f32 [%ad+{base + nt * 32}], {{{c0}, {c1}}};",
+                     f"st.shared.v2.f32 [%ad+{base + nt * 32 + 8 * bc * 4}], {{{c2}, {c3}}};"])
     e.line("bar.sync 0;")
     e.lines(["ld.param.u64 %rdc, [p_c];", "cvta.to.global.u64 %rdc, %rdc;",
              f"mul.lo.u64 %rdt, %rdz, {plan.M * plan.N * es};", "add.s64 %rdc, %rdc, %rdt;"])
@@ -39,13 +43,18 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "") ->
         if plan.layout == "kn":  # C[m, n]: consecutive threads along n
             e.lines([f"shr.u32 %rw, %o, {shift};", f"and.b32 %cl, %o, {bc - 1};"])
         else:  # Y[n, m]: consecutive threads along m
-            e.lines([f"shr.u32 %cl, %o, 4;", "and.b32 %rw, %o, 15;"])
+            e.lines(["shr.u32 %cl, %o, 4;", "and.b32 %rw, %o, 15;"])
         e.lines([f"mad.lo.u32 %n, %rgx, {bc}, %cl;", f"mad.lo.u32 %m, %rs, {TILE}, %rw;",
                  f"setp.ge.u32 %pt, %n, {plan.N};", f"@%pt bra {done};", f"setp.ge.u32 %pt, %m, {plan.M};",
                  f"@%pt bra {done};", f"mad.lo.u32 %ad, %rw, {bc}, %cl;", "mad.lo.u32 %ad, %ad, 4, %t;",
                  "ld.shared.f32 %acc, [%ad];"])
         for w in range(1, c.warps_per_block):
             e.lines([f"ld.shared.f32 %f, [%ad+{w * TILE * bc * 4}];", "add.f32 %acc, %acc, %f;"])
+        if gate:
+            e.line(f"ld.shared.f32 %gacc, [%ad+{region}];")
+            for w in range(1, c.warps_per_block):
+                e.lines([f"ld.shared.f32 %f, [%ad+{region + w * TILE * bc * 4}];", "add.f32 %gacc, %gacc, %f;"])
+            silu_times(e, "%gacc", "%acc")
         if plan.bias is not None:
             e.lines(["mad.wide.u32 %rdt, %m, 4, %rdbias;", "ld.global.nc.f32 %f, [%rdt];", "add.f32 %acc, %acc, %f;"])
         if plan.layout == "kn":

@@ -131,7 +131,7 @@ FAMILIES: tuple[Family, ...] = (
            _BTC + "plan:make_bitmap_tc_plan", _BTC + "render:render_bitmap_tc", _BTC + "cost:bitmap_tc_estimate",
            _BTC + "space:bitmap_tc_candidates", _BTC + "plan:execute_bitmap_tc", _BTC + "plan:bitmap_tc_traffic",
            residual=True, densify=_BTC + "plan:densify_bitmap_tc", device_plan=_BTC + "plan:make_bitmap_tc_plan_on_device",
-           trials=_BTC + "space:bitmap_tc_trials"),
+           trials=_BTC + "space:bitmap_tc_trials", gated=_BTC + "plan:gated_bitmap_tc_plan"),
     Family("bitmap", SPMM, _BITMAP + "plan:BitmapConfig", _BITMAP + "plan:BitmapPlan", _BITMAP + "plan:make_bitmap_plan",
            _BITMAP + "render:render_bitmap", _BITMAP + "cost:bitmap_estimate", _BITMAP + "space:bitmap_candidates",
            _BITMAP + "plan:execute_bitmap", _BITMAP + "plan:bitmap_traffic", residual=True, proposed=False),

@@ -234,11 +234,11 @@ class DecodeLinear(nn.Module):
 class GatedDecodeMLP(nn.Module):
     """A decoder layer's MLP, down(silu(gate(x)) * up(x)), whose gate and up projections run as one gated kernel
     (sparseforge.compile_gated_mlp: one launch, X read once, silu and the product in its epilogue) at the decode
-    widths where both run kernels of a family that has one (delta-runs) with one config; every other call runs
-    the MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own modules, under their
-    names (the state dict is the MLP's). fuse() builds the gated kernels from the two layers' kernels, sharing
-    their arrays (nothing copied); after a move, a cast or a copy the MLP runs unfused until fuse() is called
-    again (convert and load call it)."""
+    widths where both run kernels of a family that has one (delta-runs; bitmap-tc at N >= 8) with one config;
+    every other call runs the MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own
+    modules, under their names (the state dict is the MLP's). fuse() builds the gated kernels from the two
+    layers' kernels, sharing their arrays (nothing copied); after a move, a cast or a copy the MLP runs unfused
+    until fuse() is called again (convert and load call it)."""
 
     def __init__(self, mlp: nn.Module):
         super().__init__()

@@ -425,6 +425,21 @@ def make_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = DEF
 MAX_GRID_Y = 65535  # CUDA's limit on a launch's second grid dimension (the row blocks)
 
 
+def check_gated_pair(gate, up) -> None:
+    """What every gated kernel's plan (the Llama MLP's silu(G X) * (U X)) asks of its gate's and up's plans: the
+    same problem and config, each a plain product (no bias, ReLU, residual, dense writing or gate of its own)."""
+    same = ("M", "K", "N", "layout", "dtype", "arch", "config")
+    differ = [f for f in same if getattr(gate, f) != getattr(up, f)]
+    if differ:
+        raise ValueError(f"a gated kernel needs the gate and up plans alike; they differ in {', '.join(differ)}: "
+                         "plan both with one config")
+    for name, plan in (("gate", gate), ("up", up)):
+        if plan.bias is not None or plan.relu or plan.residual or getattr(plan, "writes_dense", False) \
+                or plan.gate is not None:
+            raise ValueError(f"the {name} plan of a gated kernel must be a plain product (no bias, ReLU, residual, "
+                             "dense writing or gate of its own): silu(G X) * (U X) is its whole epilogue")
+
+
 def check_launch(grid: tuple[int, int]) -> None:
     """Refuse a plan whose row blocks pass the launch limit (one row per block at M > 65535, say): the
     chooser then drops it, and a fixed config gets this error instead of a launch failure later."""

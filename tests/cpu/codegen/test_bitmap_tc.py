@@ -1,7 +1,8 @@
 """The bitmap-tc kernel (mappings/bitmap_tc/render.py) run by the PTX interpreter (cp.async, shuffles, popc,
 mma) against float64 into NaN-poisoned outputs: strips and chunks with tails, a warp's chunks through every
 buffer of its ring, N across two n-tiles, both layouts (B value by value where it must), both dtypes,
-batches, bias, ReLU, the residual; ptxas for sm_90 and sm_80 without spills; what the plan refuses."""
+batches, bias, ReLU, the residual; the gated MLP's kernel (silu(G x) * (U x)); ptxas for sm_90 and sm_80 without
+spills; what the plan refuses."""
 import re
 
 import numpy as np
@@ -11,7 +12,8 @@ from hypothesis import strategies as st
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig, make_bitmap_tc_plan
+from sparseforge.mappings.bitmap_tc.plan import (BitmapTcConfig, densify_bitmap_tc, execute_bitmap_tc,
+                                                 gated_bitmap_tc_plan, make_bitmap_tc_plan)
 from sparseforge.mappings.bitmap_tc.space import bitmap_tc_candidates, bitmap_tc_trials
 
 from .test_interpreted import _decode, _encode, _reference, assert_matches, random_weight_and_epilogue, run_data_kernel
@@ -86,6 +88,82 @@ def test_several_strips_a_warp_share_b_and_store_only_their_rows(strips, m, layo
     b, residual = rng.standard_normal(shape), rng.standard_normal((m, n) if layout == "kn" else (n, m))
     want = _reference(weight, b, layout, "float16", bias, False) + _decode(_encode(residual, "float16"), "float16")
     assert_matches(run_data_kernel(plan, b, residual), np.maximum(want, 0) if relu else want, "float16")
+
+
+@given(layout=st.sampled_from(["kn", "nk"]), n=st.sampled_from([8, 9, 16]), m=st.sampled_from([5, 16, 33]),
+       k=st.sampled_from([64, 300, 700]), density=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+       dtype=st.sampled_from(["float16", "bfloat16"]), stages=st.sampled_from([2, 3]),
+       scan_group=st.sampled_from([1, 2, 4]), l2_ahead=st.sampled_from([0, 0, 2]), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=12, deadline=None)
+def test_a_gated_kernel_computes_silu_of_the_gate_times_up(layout, n, m, k, density, dtype, stages, scan_group,
+                                                          l2_ahead, seed):
+    """The Llama MLP's gate and up projections in one kernel: a warp decodes the same strip of G and of U, B
+    shared, and the epilogue adds both sets of partial sums and multiplies; G and U of different patterns and
+    buffer sizes (empty tiles in one, dense in the other), tails of M, K and N, batched; the plan's CPU executor
+    alike."""
+    rng = np.random.default_rng(seed)
+    gate, _, _ = random_weight_and_epilogue(rng, m, k, density, seed, dense_row=True)
+    up, _, _ = random_weight_and_epilogue(rng, m, k, min(1.0, density * 2 + 0.01), seed + 1)
+    config = BitmapTcConfig(warps_per_block=2, stages=stages, scan_group=scan_group, l2_ahead=l2_ahead)
+    plans = [make_bitmap_tc_plan(w, n, dtype, layout, config) for w in (gate, up)]
+    plan = gated_bitmap_tc_plan(plans[0], None, plans[1], None)
+    assert plan.name.endswith("_gated") and len(plan.weight_arrays()) == 4 and plan.sources == 2
+    assert plan.bytes_read() == plans[0].bytes_read() + plans[1].bytes_read()
+    b = rng.standard_normal((2, k, n) if layout == "kn" else (2, n, k))
+    g, u = (_reference(w, b, layout, dtype, None, False) for w in (gate, up))
+    want = g / (1 + np.exp(-g)) * u
+    assert_matches(run_data_kernel(plan, b), want, dtype)
+    x = _decode(_encode(b, dtype), dtype)  # the executor: the tiles' rounded values, X as given
+    g, u = (_reference(w, x, layout, dtype, None, False) for w in (gate, up))
+    assert np.allclose(execute_bitmap_tc(plan, x), g / (1 + np.exp(-g)) * u, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("n, layout, k", [(8, "nk", 4096), (16, "nk", 4096), (8, "kn", 4096), (8, "nk", 14336)])
+def test_gated_kernels_assemble_without_spills(arch, n, layout, k):
+    """Every proposed config a gated kernel takes (strips 1, scans of at most 4 tiles): two strips a warp, held
+    to 128 registers a thread by min_blocks where shared memory takes more blocks."""
+    rng = np.random.default_rng(1)
+    dense = (rng.standard_normal((32, k)) * (rng.random((32, k)) < 0.5)).astype(np.float32)
+    w = SparseMatrix.from_dense(dense)
+    built = 0
+    for config in bitmap_tc_candidates(n, layout, 32, k / 2, False, "float16", 132):
+        if config.strips > 1 or config.scan_group > 4:
+            continue
+        plan = make_bitmap_tc_plan(w, n, "float16", layout, config, arch=arch)
+        try:
+            gated = gated_bitmap_tc_plan(plan, None, plan, None)
+        except ValueError as err:  # sm_80: a block's shared memory, or registers where its ptxas would spill
+            assert arch == 80 and "on sm_80" in str(err), str(err)
+            continue
+        source = render(gated)
+        _assemble_without_spills_and_link(source, arch)
+        used = int(re.search(r"Used (\d+) registers", _assemble(source.modules[0], arch))[1])
+        assert used <= gated.register_cap, (config, used)
+        built += 1
+    assert built
+
+
+def test_a_gated_kernel_refuses_plans_that_differ_or_carry_an_epilogue():
+    rng = np.random.default_rng(1)
+    w = SparseMatrix.from_dense(np.where(rng.random((16, 256)) < 0.3, rng.standard_normal((16, 256)), 0).astype(np.float32))
+    plain = make_bitmap_tc_plan(w, 8, "float16", "nk")
+    with pytest.raises(ValueError, match="differ in config"):
+        gated_bitmap_tc_plan(plain, None, make_bitmap_tc_plan(w, 8, "float16", "nk", BitmapTcConfig(stages=3)), None)
+    with pytest.raises(ValueError, match="differ in N"):
+        gated_bitmap_tc_plan(plain, None, make_bitmap_tc_plan(w, 9, "float16", "nk"), None)
+    with pytest.raises(ValueError, match="plain product"):
+        gated_bitmap_tc_plan(plain, None, make_bitmap_tc_plan(w, 8, "float16", "nk", bias=np.ones(16)), None)
+    with pytest.raises(ValueError, match="plan the gate and up with strips=1"):
+        two = make_bitmap_tc_plan(w, 8, "float16", "nk", BitmapTcConfig(scan_group=2, strips=2))
+        gated_bitmap_tc_plan(two, None, two, None)
+    with pytest.raises(ValueError, match="scan_group <= 4"):
+        eight = make_bitmap_tc_plan(w, 8, "float16", "nk", BitmapTcConfig(scan_group=8))
+        gated_bitmap_tc_plan(eight, None, eight, None)
+    with pytest.raises(ValueError, match="takes N >= 8, got N = 4"):
+        four = make_bitmap_tc_plan(w, 4, "float16", "nk")
+        gated_bitmap_tc_plan(four, None, four, None)
+    assert densify_bitmap_tc(gated_bitmap_tc_plan(plain, None, plain, None), (), None) is None  # two weights, not W
 
 
 @pytest.mark.parametrize("l2_ahead", [1, 3])

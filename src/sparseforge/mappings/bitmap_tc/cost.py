@@ -19,19 +19,21 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     streamed from HBM as fast as the chunks in flight allow (stages - 1 a busy warp, times the warps an SM
     holds by shared memory and registers)."""
     c, f, es = plan.config, plan.format, plan.element_bytes
-    chunks = f.strips * f.chunks_per_strip
+    weights = len(plan.formats)  # a gated kernel decodes G's tiles beside W's
+    chunks = f.strips * f.chunks_per_strip * weights
     tiles = chunks * CHUNK_TILES
     base, per_density, per_n_tile = TILE_CYCLES["wide" if plan.b_loads == "wide" else "loaded"]
-    density = plan.nnz / max(plan.M * plan.K, 1)
+    density = plan.nnz / max(plan.M * plan.K * weights, 1)
     cycles = base + per_density * density + per_n_tile * (plan.n_tiles - 1)
-    tiles_per_sm = max(tiles / gpu.sms, f.chunks_per_strip * CHUNK_TILES)
+    tiles_per_sm = max(tiles / gpu.sms, f.chunks_per_strip * CHUNK_TILES * plan.sources)
     decode = batch * tiles_per_sm * cycles / gpu.clock_hz
     blocks_per_sm = max(1, min(gpu.registers // (c.threads * plan.registers),
                                (227 * 1024) // plan.dynamic_shared_bytes, gpu.max_warps // c.warps_per_block))
     busy = min(c.warps_per_block, -(-f.chunks_per_strip // plan.chunks_per_warp))  # warps of a block with chunks
-    resident = min(f.strips * busy, gpu.sms * blocks_per_sm * busy)
-    chunk_bytes = f.units * UNIT / max(chunks, 1)
-    rate = min(gpu.hbm_bytes_per_s, resident * (c.stages - 1) * chunk_bytes / gpu.hbm_latency_s)
+    resident = min(plan.grid[1] * busy, gpu.sms * blocks_per_sm * busy)  # a block: config.strips strips
+    chunk_bytes = sum(x.units for x in plan.formats) * UNIT / max(chunks, 1)
+    in_flight = resident * (c.stages - 1) * plan.sources * chunk_bytes  # a stage holds a chunk of each strip
+    rate = min(gpu.hbm_bytes_per_s, in_flight / gpu.hbm_latency_s)
     streamed = (plan.bytes_read() + plan.M * plan.N * es) * batch / rate
     terms = {"issue": decode * 1e6, "operand": streamed * 1e6, "ifetch": 0.0, "latency": 0.0}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)

@@ -31,7 +31,7 @@ from ...formats import SparseMatrix
 from ...formats.bitmap_tiles import (BitmapTiles, CHUNK_COLUMNS, UNIT, bitmap_tiles, bitmap_tiles_on_device,
                                      decode_dense)
 from ...plan.config import WARP, epilogue_tag, require_ints, shared_bytes_limit
-from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_gated_pair, check_launch, check_problem, fp32_bias
 from ...plan.reference import execute_decoded
 
 N_TILE = 8             # output columns of one mma
@@ -110,6 +110,12 @@ class BitmapTcPlan(WeightAsData):
     arch: int = 90
     digest: str = ""
     residual: bool = False
+    # gated MLP: C = silu(G X) * (W X), G's tiles here (its strip decoded beside W's by the same warp, each B
+    # fragment feeding both mmas)
+    gate: BitmapTiles | None = field(default=None, repr=False)
+    # the chunk offsets as the kernel reads them, (W's, G's), where the plan shares another kernel's device
+    # arrays (a gated kernel over its gate's and up's); empty: uploaded from the formats' host copies
+    device_offsets: tuple = field(default=(), repr=False)
 
     family = "bitmap-tc"
     mapping = "bitmap-tc"
@@ -120,7 +126,18 @@ class BitmapTcPlan(WeightAsData):
         # the buffer size is part of the binary: a density bucket of W, not its pattern
         epi = epilogue_tag(self.bias, self.relu, self.residual)
         return (f"spmm_{self.layout}_{self.dtype}_m{self.M}k{self.K}n{self.N}_{self.config.short()}"
-                f"b{self.buffer_units}{epi}")
+                f"b{self.buffer_units}{epi}" + ("_gated" if self.gate is not None else ""))
+
+    @property
+    def formats(self) -> tuple[BitmapTiles, ...]:
+        """The weights the kernel walks: W's tiles, then a gated kernel's G's."""
+        return (self.format,) if self.gate is None else (self.format, self.gate)
+
+    @property
+    def sources(self) -> int:
+        """Strips a warp decodes over the same chunk columns: config.strips of W, or a gated kernel's strip of G
+        and the same strip of W."""
+        return 2 if self.gate is not None else self.config.strips
 
     @property
     def n_tiles(self) -> int:
@@ -142,7 +159,8 @@ class BitmapTcPlan(WeightAsData):
     @property
     def buffer_units(self) -> int:
         """A chunk buffer, in 16-byte units: the largest chunk rounded up to BUFFER_STEP."""
-        return max(BUFFER_STEP, -(-self.format.max_chunk_units // BUFFER_STEP) * BUFFER_STEP)
+        largest = max(f.max_chunk_units for f in self.formats)
+        return max(BUFFER_STEP, -(-largest // BUFFER_STEP) * BUFFER_STEP)
 
     @property
     def b_loads(self) -> str:
@@ -162,10 +180,10 @@ class BitmapTcPlan(WeightAsData):
     @property
     def dynamic_shared_bytes(self) -> int:
         """The warps' chunk buffers (a stage: one chunk of each of the warp's strips); after the walk the same
-        memory holds their partial sums, a strip at a time."""
+        memory holds their partial sums, a strip at a time (a gated kernel's G and W sums together)."""
         c = self.config
-        return max(c.warps_per_block * c.stages * c.strips * self.stage_bytes,
-                   c.warps_per_block * 16 * self.block_columns * 4)
+        return max(c.warps_per_block * c.stages * self.sources * self.stage_bytes,
+                   c.warps_per_block * 16 * self.block_columns * 4 * len(self.formats))
 
     @property
     def registers(self) -> int:
@@ -178,10 +196,10 @@ class BitmapTcPlan(WeightAsData):
 
     @property
     def unbounded_registers(self) -> int:
-        """With several strips a warp, ptxas keeps both strips' loads in flight: 141 (wide) to 222 at 2 strips,
-        218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
+        """With several strips a warp (or a gated kernel's two), ptxas keeps both strips' loads in flight: 141
+        (wide) to 222 at 2 strips, 218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
         base = 86 + 20 * (self.n_tiles - 1) if self.b_loads == "wide" and self.N > 1 else 118 + 36 * (self.n_tiles - 1)
-        return min(255, base + (60 if self.config.strips == 2 else 130 if self.config.strips == 4 else 0))
+        return min(255, base + (60 if self.sources == 2 else 130 if self.sources == 4 else 0))
 
     @property
     def min_blocks(self) -> int:
@@ -190,7 +208,7 @@ class BitmapTcPlan(WeightAsData):
         where ptxas fits those kernels without spilling at N >= 8 (unbounded, 141-247 registers would leave one
         block of 8 warps an SM)."""
         c = self.config
-        if c.blocks_per_sm > 1 or c.strips == 1:
+        if c.blocks_per_sm > 1 or self.sources == 1:
             return c.blocks_per_sm
         by_shared = shared_bytes_limit(self.arch) // max(self.dynamic_shared_bytes, 1)
         return max(1, min(by_shared, 65536 // (c.threads * 128)))
@@ -199,29 +217,34 @@ class BitmapTcPlan(WeightAsData):
     def fewest_registers(self) -> int:
         """The registers under which ptxas 13.0 spills (sm_90): 40 at N <= 8, 64 at 9-16, 128 with several
         strips a warp."""
-        return 128 if self.config.strips > 1 else 40 if self.n_tiles == 1 else 64
+        return 128 if self.sources > 1 else 40 if self.n_tiles == 1 else 64
 
     @property
     def register_cap(self) -> int:
         return 65536 // (self.config.threads * self.min_blocks) // 8 * 8
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
-        f = self.format
-        data = f.data.view(np.int32) if isinstance(f.data, np.ndarray) else f.data
-        return ((data, "int32"), (f.offsets.view(np.int32), "int32"))
+        """(data, offsets) of W, then of a gated kernel's G (the kernel's parameter order after B and C)."""
+        arrays = []
+        for i, f in enumerate(self.formats):
+            data = f.data.view(np.int32) if isinstance(f.data, np.ndarray) else f.data
+            offsets = self.device_offsets[i] if self.device_offsets else f.offsets.view(np.int32)
+            arrays += [(data, "int32"), (offsets, "int32")]
+        return tuple(arrays)
 
     def bytes_read(self) -> int:
-        return self.format.nbytes
+        return sum(f.nbytes for f in self.formats)
 
     def describe(self) -> str:
-        f, c = self.format, self.config
-        dense = self.M * self.K * self.element_bytes
+        c, stored = self.config, self.bytes_read()
+        dense = self.M * self.K * self.element_bytes * len(self.formats)
+        what = "bitmap tiles" if self.gate is None else "gated MLP, silu(G X) * (W X), G's and W's bitmap tiles"
         return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz}; N {self.N}; layout {self.layout}; dtype "
-                f"{self.dtype}\n  bitmap tiles decoded into mma.m16n8k16 A fragments: {f.nbytes} bytes of W "
-                f"({f.bytes_per_weight():.3f} a weight, {dense / max(f.nbytes, 1):.2f}x fewer than dense); "
-                f"{c.warps_per_block} warps a strip, {self.chunks_per_warp} chunks of {CHUNK_COLUMNS} columns a "
-                f"warp, {c.stages} buffers of {self.stage_bytes} bytes a warp, B by {self.b_loads} loads, "
-                f"{self.n_tiles} n-tile(s); "
+                f"{self.dtype}\n  {what} decoded into mma.m16n8k16 A fragments: {stored} bytes "
+                f"({stored / (dense / self.element_bytes):.3f} a weight, {dense / max(stored, 1):.2f}x fewer than "
+                f"dense); {c.warps_per_block} warps a block of {self.sources} strip(s), {self.chunks_per_warp} chunks "
+                f"of {CHUNK_COLUMNS} columns a warp and strip, {c.stages} buffers of {self.sources} x "
+                f"{self.stage_bytes} bytes a warp, B by {self.b_loads} loads, {self.n_tiles} n-tile(s); "
                 f"grid {self.grid} x batch, {self.threads} threads")
 
 
@@ -299,9 +322,46 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
     return plan
 
 
+def gated_bitmap_tc_plan(gate: BitmapTcPlan, gate_arrays, up: BitmapTcPlan, up_arrays) -> BitmapTcPlan:
+    """The Llama MLP's gate and up projections in one kernel: C = silu(G X) * (U X), from two plans of the same
+    problem and config. A warp decodes the same strip of G and of U over the same chunk columns, each B
+    fragment feeding both mmas (X read once), and the epilogue adds both partial sums and multiplies.
+    gate_arrays / up_arrays: the (data, offsets) their kernels read (device tensors: the gated kernel shares
+    them, nothing copied), or None for each plan's own tiles."""
+    import dataclasses
+
+    check_gated_pair(gate, up)
+    if up.config.strips != 1:
+        raise ValueError("a gated bitmap-tc kernel pairs each strip of G with the same strip of U (two strips a "
+                         f"warp), got strips={up.config.strips}: plan the gate and up with strips=1")
+    if up.N < N_TILE:
+        raise ValueError(f"a gated bitmap-tc kernel (two strips a warp) takes N >= {N_TILE}, got N = {up.N}: at fewer "
+                         "tokens gate and up run apart (or as a gated delta-runs kernel)")
+    if up.config.scan_group * 2 > 8:
+        raise ValueError(f"a gated bitmap-tc kernel scans G's and W's tiles together: scan_group x 2 must be at most 8, "
+                         f"got scan_group={up.config.scan_group}: plan the gate and up with scan_group <= 4")
+    if gate.format.grouped != up.format.grouped:
+        raise ValueError("the gate's and up's bitmap tiles differ in column order: plan both with one layout")
+
+    def over(plan: BitmapTcPlan, arrays) -> tuple[BitmapTiles, object]:
+        f = plan.format
+        if arrays is None:
+            return f, f.offsets.view(np.int32)
+        return BitmapTiles(f.M, f.K, f.nnz, f.dtype, arrays[0], f.offsets, f.grouped), arrays[1]
+
+    (fu, ou), (fg, og) = over(up, up_arrays), over(gate, gate_arrays)
+    return _checked_plan(dataclasses.replace(up, format=fu, gate=fg, device_offsets=(ou, og), nnz=gate.nnz + up.nnz,
+                                             digest=f"{gate.digest}+{up.digest}" if gate.digest or up.digest else ""))
+
+
 def execute_bitmap_tc(plan: BitmapTcPlan, b: np.ndarray) -> np.ndarray:
-    """float64 reference of what the kernel computes, from W decoded out of the plan's own tiles."""
-    return execute_decoded(plan, decode_dense(plan.format), b)
+    """float64 reference of what the kernel computes, from W (and a gated kernel's G) decoded out of the plan's
+    own tiles."""
+    out = execute_decoded(plan, decode_dense(plan.format), b)
+    if plan.gate is None:
+        return out
+    g = execute_decoded(plan, decode_dense(plan.gate), b)  # a gated plan has no bias or ReLU
+    return g / (1 + np.exp(-g)) * out
 
 
 def bitmap_tc_traffic(plan: BitmapTcPlan) -> dict[str, int]:
@@ -322,10 +382,13 @@ def densify_bitmap_tc(plan: BitmapTcPlan, arrays, out):
     runtime.kernel.weight_data) by torch ops there, with no host sync: strips a slice at a time, every
     position of their chunks expanded from its bit, a set bit's value at its rank in the chunk
     (formats/bitmap_tiles.py's layout), then the slice's rows copied out. The chunk starts come from the plan's
-    host copy of the offsets."""
+    host copy of the offsets. None for a gated kernel (two weights, not one W)."""
     import torch
 
     from ...formats.bitmap_tiles import BITMAP_WORDS, CHUNK_TILES, HEADER_BYTES, TILE, chunk_positions
+
+    if plan.gate is not None:  # two weights, not one W: their own kernels densify them
+        return None
 
     f, device = plan.format, out.device
     per_strip = f.chunks_per_strip

@@ -33,7 +33,13 @@ def _mma(plan: BitmapTcPlan) -> str:
 
 def _buffer(plan: BitmapTcPlan, stage: int, strip: int) -> int:
     """Byte offset, from the warp's buffers, of buffer `stage`'s chunk of the warp's strip `strip`."""
-    return (stage * plan.config.strips + strip) * plan.stage_bytes
+    return (stage * plan.sources + strip) * plan.stage_bytes
+
+
+def _data(plan: BitmapTcPlan, strip: int) -> str:
+    """The register holding the chunks' base address of the warp's strip `strip`: W's, or a gated kernel's G's
+    for its strip 0."""
+    return "%rdg" if plan.gate is not None and strip == 0 else "%rdd"
 
 
 def _offsets(plan: BitmapTcPlan, strip: int) -> str:
@@ -45,27 +51,27 @@ def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
     """Chunk %j of the warp's range (nothing past it) of each of its strips copied into buffer `stage`, 16 bytes
     a lane and copy; one commit group either way."""
     e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};"])
-    for q in range(plan.config.strips):
+    for q in range(plan.sources):
         tq = f"{tag}_{q}" if q else tag
         offr = _offsets(plan, q)
         if plan.config.l2_ahead:
-            _prefetch(e, plan, tq, offr)
+            _prefetch(e, plan, tq, offr, _data(plan, q))
         e.lines([f"shfl.sync.idx.b32 %st, {offr}, %j, 31, -1;", "add.u32 %t, %j, 1;",
                  f"shfl.sync.idx.b32 %en, {offr}, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
                  f"add.u32 %sb, %wb, {_buffer(plan, stage, q)};", "mov.u32 %u, %lane;"])
         e.label(f"COPY{tq}")
         e.lines(["setp.ge.u32 %pi, %u, %sz;", f"@%pi bra COPIED{tq};", "add.u32 %t, %st, %u;",
-                 f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
+                 f"mad.wide.u32 %rdt, %t, {UNIT}, {_data(plan, q)};", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
                  f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tq};"])
         e.label(f"COPIED{tq}")
     e.label(f"ISSUED{tag}")
     e.line("cp.async.commit_group;")
 
 
-def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str, offr: str) -> None:
+def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str, offr: str, data: str) -> None:
     """config.l2_ahead: chunk %j + l2_ahead of the warp's range (nothing past it) into L2, a 128-byte line a lane
-    (two rounds where a chunk buffer passes 32 lines), its first units in `offr`. Warp-uniform: every lane takes
-    part in the shuffles."""
+    (two rounds where a chunk buffer passes 32 lines), its first units in `offr`, the chunks' base in `data`.
+    Warp-uniform: every lane takes part in the shuffles."""
     lines = plan.stage_bytes // 128 + 1
     e.lines([f"add.u32 %t, %j, {plan.config.l2_ahead};", "setp.ge.u32 %pi, %t, %cnt;", f"@%pi bra FETCHED{tag};",
              f"shfl.sync.idx.b32 %st, {offr}, %t, 31, -1;", "add.u32 %t, %t, 1;",
@@ -73,7 +79,7 @@ def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str, offr: str) -> None:
     e.line("and.b32 %st, %st, -8;")  # from the line the chunk starts in: its last line is fetched too
     for r in range(-(-(lines + 1) // 32)):
         e.lines([f"mad.lo.u32 %t, %lane, 8, {256 * r};", "add.u32 %t, %t, %st;", "setp.lt.u32 %pk, %t, %en;",
-                 f"mad.wide.u32 %rdt, %t, {UNIT}, %rdd;", "@%pk prefetch.global.L2 [%rdt];"])
+                 f"mad.wide.u32 %rdt, %t, {UNIT}, {data};", "@%pk prefetch.global.L2 [%rdt];"])
     e.label(f"FETCHED{tag}")
 
 
@@ -165,20 +171,21 @@ def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip:
 
 def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     c, f = plan.config, plan.format
-    per_strip, per_warp, stages, strips = f.chunks_per_strip, plan.chunks_per_warp, c.stages, c.strips
+    per_strip, per_warp, stages, strips = f.chunks_per_strip, plan.chunks_per_warp, c.stages, plan.sources
+    gated = plan.gate is not None
     buffer, es = plan.stage_bytes, plan.element_bytes
     e = Emitter()
-    e.comment(f"{c.warps_per_block} warps a block of {strips} strip(s), {per_warp} chunks of {CHUNK_COLUMNS} columns a "
-              f"warp and strip, {stages} buffers of {strips} x {buffer} bytes a warp, {plan.n_tiles} n-tile(s) of 8 "
-              "columns")
+    e.comment(f"{c.warps_per_block} warps a block of {strips} strip(s){' (of G, then of W)' if gated else ''}, "
+              f"{per_warp} chunks of {CHUNK_COLUMNS} columns a warp and strip, {stages} buffers of {strips} x {buffer} "
+              f"bytes a warp, {plan.n_tiles} n-tile(s) of 8 columns")
     e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
              "shr.u32 %g, %lane, 2;", "and.b32 %tq, %lane, 3;", "mov.u32 %rs, %ctaid.y;", "mov.u32 %rgx, %ctaid.x;",
              "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
              "shl.b32 %sh, %tq, 3;", "mov.u32 %lowm, 1;", "shl.b32 %lowm, %lowm, %sh;", "sub.u32 %lowm, %lowm, 1;",
              "mov.u32 %wb, smem;", f"mad.lo.u32 %wb, %warp, {stages * strips * buffer}, %wb;",
              "mad.lo.u32 %wg, %g, 4, %wb;", "mad.lo.u32 %sg, %g, 2, %wb;"])
-    if strips > 1:
-        e.line(f"mul.lo.u32 %rs, %rs, {strips};")  # the block's first strip
+    if c.strips > 1:
+        e.line(f"mul.lo.u32 %rs, %rs, {c.strips};")  # the block's first strip
     e.comment("the lane's rows of B (n = 8 n-tile + g) and whether they are inside N")
     e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;"])
@@ -189,15 +196,20 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     e.comment("this warp's chunks [cb, cb + cnt) of each strip; lane j holds chunk j's first unit (and the end at "
               "j = cnt); a strip past the matrix (the last block's) decodes the last strip again, its rows not stored")
     e.lines([f"mul.lo.u32 %cb, %warp, {per_warp};", f"min.u32 %cb, %cb, {per_strip};", f"add.u32 %t, %cb, {per_warp};",
-             f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;", "ld.param.u64 %rdo, [p_offsets];",
-             "cvta.to.global.u64 %rdo, %rdo;"])
+             f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;"])
     for q in range(strips):
-        strip = "%rs" if q == 0 else "%o"
-        if q:
+        strip = "%rs" if q == 0 or gated else "%o"  # a gated kernel: the same strip of G (q = 0) and of W
+        if q and not gated:
             e.lines([f"add.u32 %o, %rs, {q};", f"min.u32 %o, %o, {f.strips - 1};"])
+        if gated and q == 0:
+            e.lines(["ld.param.u64 %rdt, [p_goffsets];", "cvta.to.global.u64 %rdo, %rdt;"])
+        elif q == (1 if gated else 0):
+            e.lines(["ld.param.u64 %rdt, [p_offsets];", "cvta.to.global.u64 %rdo, %rdt;"])
         e.lines(["min.u32 %t, %lane, %cnt;", f"mad.lo.u32 %t, {strip}, {per_strip}, %t;", "add.u32 %t, %t, %cb;",
                  "mad.wide.u32 %rdt, %t, 4, %rdo;", f"ld.global.nc.u32 {_offsets(plan, q)}, [%rdt];"])
     e.lines(["ld.param.u64 %rdd, [p_data];", "cvta.to.global.u64 %rdd, %rdd;"])
+    if gated:
+        e.lines(["ld.param.u64 %rdg, [p_gdata];", "cvta.to.global.u64 %rdg, %rdg;"])
     e.lines([f"mov.f32 {_accumulator(q)}{nt}_{k}, 0f00000000;" for q in range(strips) for nt in range(plan.n_tiles)
              for k in range(4)])
     e.comment(f"the first {stages - 1} chunks in flight")
@@ -232,7 +244,9 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     e.line("bra.uni CHUNKS;")
     e.label("WALKED")
     e.line("cp.async.wait_all;")
-    for q in range(strips):  # a strip at a time through the shared memory
+    if gated:  # G's sums (strip 0) and W's (strip 1) meet together: silu(G x) * (W x)
+        strip_epilogue(e, plan, _accumulator(1), "", gate=_accumulator(0))
+    for q in range(0 if gated else strips):  # a strip at a time through the shared memory
         if q:
             e.line("add.u32 %rs, %rs, 1;")
         strip_epilogue(e, plan, _accumulator(q), f"S{q}" if q else "")
@@ -246,14 +260,15 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
             + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group * strips))
             + "".join(f"%offr{q}, " for q in range(1, strips)) + " %t, %o, %ad, %rw, %cl, "
             "%n, %m, %a0, %a1, %a2, %a3, " + ", ".join(f"%bq{nt}_{q}" for nt in nts for q in range(2)) + ";",
-            ".reg .b32 %acc, %f, " + ", ".join(f"{_accumulator(s)}{nt}_{q}" for s in range(strips) for nt in nts
+            ".reg .b32 %acc, %gacc, %f, " + ", ".join(f"{_accumulator(s)}{nt}_{q}" for s in range(strips) for nt in nts
                                                for q in range(4)) + ";",
             ".reg .b16 %hb0, %hb1, %hv16;",
-            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, %rdo, "
+            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, %rdg, %rdo, "
             + ", ".join(f"%rdx{nt}, %rdy{nt}" for nt in nts) + ";"]
     assert TILE * TILE // 32 == BITMAP_WORDS
     # dynamic: the launch gives plan.dynamic_shared_bytes (over the 48 KB a static declaration may have)
     shared = ".extern .shared .align 16 .b8 smem[];"
     return data_kernel(plan, "tensor-core SpMM over bitmap tiles decoded into A fragments (W as data)",
-                       ("p_b", "p_c", "p_data", "p_offsets", "p_bias") + (("p_residual",) if plan.residual else ()),
+                       ("p_b", "p_c", "p_data", "p_offsets") + (("p_gdata", "p_goffsets") if gated else ())
+                       + ("p_bias",) + (("p_residual",) if plan.residual else ()),
                        decl, e.text(), 0, shared)

@@ -37,7 +37,7 @@ import numpy as np
 
 from ...formats import SparseMatrix
 from ...plan.config import WARP, require_ints, shared_bytes_limit
-from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_launch, check_problem, fp32_bias
+from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_gated_pair, check_launch, check_problem, fp32_bias
 
 GAP_BITS = (8, 4)   # bits of an entry's gap: 8 (4 entries a slot) or 4 (8 entries a slot, 2.5 bytes a nonzero)
 MAX_K = 65536       # run bases are uint16
@@ -341,15 +341,7 @@ def gated_delta_runs_plan(gate: DeltaRunsPlan, gate_arrays, up: DeltaRunsPlan, u
         values, gaps, rows, bases = arrays[:4]
         return RunsFormat(f.M, f.K, f.nnz, f.fillers, f.gap_bits, gaps, values, rows, bases)
 
-    same = ("M", "K", "N", "layout", "dtype", "arch", "config")
-    differ = [f for f in same if getattr(gate, f) != getattr(up, f)]
-    if differ:
-        raise ValueError(f"a gated kernel needs the gate and up plans alike; they differ in {', '.join(differ)}: "
-                         "plan both with one config")
-    for name, plan in (("gate", gate), ("up", up)):
-        if plan.bias is not None or plan.relu or plan.residual or plan.writes_dense or plan.gate is not None:
-            raise ValueError(f"the {name} plan of a gated kernel must be a plain product (no bias, ReLU, residual, "
-                             "dense writing or gate of its own): silu(G X) * (U X) is its whole epilogue")
+    check_gated_pair(gate, up)
     if up.config.ctas:
         raise ValueError("a gated kernel takes a row a warp (ctas=0): plan the gate and up with ctas=0")
     return _checked_plan(dataclasses.replace(up, format=over(up, up_arrays), gate=over(gate, gate_arrays),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .plan import DeltaRunsPlan
 from ...plan.config import WARP
-from ...codegen.emitter import Emitter, widen
+from ...codegen.emitter import Emitter, silu_times, widen
 from ...codegen.ptx import KernelSource, data_kernel
 
 STAGE_BATCH = 4     # 16-byte pieces of X a thread loads before it stores them
@@ -208,12 +208,6 @@ def _butterfly(e: Emitter, plan: DeltaRunsPlan) -> None:
             offset //= 2
 
 
-def _silu_times(e: Emitter, gate: str, acc: str) -> None:
-    """acc = silu(gate) * acc = gate / (1 + 2^(-gate log2 e)) * acc, in fp32."""
-    e.lines([f"mul.f32 %f, {gate}, 0fBFB8AA3B;", "ex2.approx.ftz.f32 %f, %f;", "add.f32 %f, %f, 0f3F800000;",
-             "rcp.approx.ftz.f32 %f, %f;", f"mul.f32 %f, {gate}, %f;", f"mul.f32 {acc}, {acc}, %f;"])
-
-
 def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
     es, n, m = plan.element_bytes, plan.N, plan.M
     _butterfly(e, plan)
@@ -221,7 +215,7 @@ def _epilogue(e: Emitter, plan: DeltaRunsPlan) -> None:
     e.lines(["setp.ne.u32 %pt, %lane, 0;", f"@%pt bra {'NEXT' if plan.config.ctas else 'DONE'};"])
     if plan.gate is not None:  # the gated MLP's up projection: silu(G x) * (U x)
         for c, acc in enumerate(accs):
-            _silu_times(e, f"%gs{c}", acc)
+            silu_times(e, f"%gs{c}", acc)
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdt, [p_bias];", "cvta.to.global.u64 %rdt, %rdt;",
                  "mad.wide.u32 %rdt, %row, 4, %rdt;", "ld.global.nc.b32 %bias, [%rdt];"])
