@@ -6,6 +6,7 @@ holds each layer's winner.
 
     PYTHONPATH=src python benchmarks/designs.py OUT.json DLMC_ROOT CASE[:N] ... [--dtype float32] [--layout kn]
         [--mappings csr-columns,row-groups]   (only these mappings' candidates: a quick look at one family)
+        [--configs btc_w8s3,btc_w16s2g4o2]   (only the candidates of these labels, config.short())
         [--rotate]   (also the best of each mapping and cuBLAS with W rotated through HBM, bench's protocol)
         [--rotate-all]  (every correct candidate rotated: configs of one mapping that differ in bytes, e.g.
                      delta-runs' gap widths, compare where their bytes matter)
@@ -67,12 +68,14 @@ def weights(root: Path, spec: str, dtype: str):
 
 
 def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: set | None = None,
-        rotate: bool = False, rotate_all: bool = False) -> dict:
+        rotate: bool = False, rotate_all: bool = False, configs: set | None = None) -> dict:
     tdt = getattr(torch, dtype)
     make = lambda cfg, sketch=False: _make_plan(w, n, dtype, layout, cfg, None, False, 90, sketch)  # noqa: E731
     space = search_space(n, layout, w.shape[0], w.nnz / w.shape[0], unmeasured=True, dtype=dtype)
     if mappings:
         space = [c for c in space if FAMILY_MAPPINGS.get(type(c), TILE_MAPPINGS) & mappings]
+    if configs:
+        space = [c for c in space if c.short() in configs]
     plans = _plans(make, space)
     if mappings:
         plans = [p for p in plans if p.mapping in mappings]
@@ -177,6 +180,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--layout", default="kn")
     parser.add_argument("--mappings", default="", help="comma-separated mappings to keep (default: all)")
+    parser.add_argument("--configs", default="", help="comma-separated config labels to keep (default: all)")
     parser.add_argument("--rotate", action="store_true", help="also time with W rotated through HBM")
     parser.add_argument("--rotate-all", action="store_true", help="every correct candidate rotated, not the best of each "
                         "mapping only")
@@ -186,7 +190,7 @@ def main() -> int:
         for name, w, n in weights(args.root, spec, args.dtype):
             try:
                 r = run(name, w, n, args.dtype, args.layout, set(filter(None, args.mappings.split(","))), args.rotate,
-                        args.rotate_all)
+                        args.rotate_all, set(filter(None, args.configs.split(","))))
             except ValueError as exc:  # e.g. --mappings keeps no candidate of this case
                 print(f"{name}: skipped ({exc})", flush=True)
                 continue

@@ -35,9 +35,11 @@
 #                 Llama shapes at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
 #   bitmap_tc     bitmap-tc's configs beside csr-staged and tc-scatter at N = 8 and 16, X as N x K (a Linear's) then
 #                 K x N; Llama shapes at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
-#   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with the value loads, the stored
-#                 starts or B's loads replaced by register moves (benchmarks/proto/bitmap_tc_probe.py;
-#                 N = 8, X as N x K, fp16, weights rotated; timing only)
+#   occupancy     bitmap-tc's proposed configs beside the trials that ask for more blocks an SM (fewer registers a
+#                 thread) or load B a chunk ahead, N = 8 then 16, X as N x K, the same Llama shapes and protocol
+#   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with B's loads replaced by
+#                 register moves or all from one line (L1 hits), the value loads or the stored starts replaced
+#                 (benchmarks/proto/bitmap_tc_probe.py; N = 8, X as N x K, fp16, weights rotated; timing only)
 #   gated_mlp     the Llama MLP's gate and up in one kernel against the pair apart and dense, 14336 x 4096 at
 #                 50 / 70 / 90%, fp16, weights rotated: bitmap-tc at N = 8, then delta-runs at N = 1
 #                 (benchmarks/gated_mlp.py)
@@ -190,8 +192,16 @@ stage() {
           "$D" "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/$n" --dtype float16 --layout $layout \
           --mappings bitmap-tc,csr-staged,tc-scatter --rotate-all
       done; done ;;
+    occupancy)
+      for n in 8 16; do
+        run "designs_bitmap_tc_occupancy_n${n}_nk" python3 benchmarks/designs.py \
+          "$OUT/designs_bitmap_tc_occupancy_n${n}_nk_fp16.json" "$D" \
+          "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/$n" --dtype float16 --layout nk \
+          --mappings bitmap-tc --rotate-all \
+          --configs btc_w8s3,btc_w8s2g4,btc_w4s4,btc_w8s2g4o3,btc_w8s2g4o4,btc_w8s2g4o5,btc_w8s3o3,btc_w8s2g8o4,btc_w4s2g4o8,btc_w4s3g4o6,btc_w16s2g4o2,btc_w8s3a1,btc_w8s2g4a1,btc_w4s4a1,btc_w8s2g4o3a1
+      done ;;
     bitmap_tc_probe)
-      for variant in base nolds nostarts nob nolds_nob nocopy_nolds_nob; do
+      for variant in base nob bl1 nolds nostarts nolds_nob nocopy_nolds_nob; do
         run "bitmap_tc_probe_$variant" python3 benchmarks/proto/bitmap_tc_probe.py $variant
       done ;;
     delta_runs)

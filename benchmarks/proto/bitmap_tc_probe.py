@@ -28,6 +28,8 @@ def patched(plan):
     if "nob" in variant:  # B: constants instead of the 16-byte loads
         text = re.sub(r"@%pq ld\.global\.nc\.v4\.b32 \{([^}]*)\}, \[[^\]]*\];",
                       lambda m: " ".join(f"mov.b32 {r.strip()}, 15360;" for r in m[1].split(",")), text)
+    if "bl1" in variant:  # B from one line of X (an L1 hit after the first): its loads' latency from L2 taken away
+        text = re.sub(r"(@%pq ld\.global\.nc\.v4\.b32 \{[^}]*\}, )\[%rdy(\d+)\+\d+\];", r"\1[%rdx\2];", text)
     if "nocopy" in variant:  # the chunks: a shared store instead of the copy (wrong starts: reads past the buffer)
         text = text.replace("cp.async.cg.shared.global [%ad], [%rdt], 16;", "st.shared.b32 [%ad], %t;")
     return KernelSource(plan.name, (text,), 0)
@@ -36,7 +38,7 @@ def patched(plan):
 R.render_bitmap_tc = patched
 for shape, sparsity in (((14336, 4096), 0.5), ((14336, 4096), 0.9), ((4096, 4096), 0.7)):
     w = magnitude_prune(seeded_weight(*shape, seed=0), sparsity).astype("float16")
-    for config in (BitmapTcConfig(8, 2, 4), BitmapTcConfig(4, 4)):
+    for config in (BitmapTcConfig(8, 2, 4), BitmapTcConfig(4, 4), BitmapTcConfig(8, 2, 4, b_ahead=1)):
         kernel = compile_spmm(w, 8, torch.float16, "nk", config=config, tune_budget=None)
         t = _rotating_times(kernel, w.to_torch("cuda"), "nk", torch.float16, (8, shape[1]), 11)
         print(f"{variant:14s} {shape} {sparsity} {config.short()} sparse {t['sparseforge_rotating_us']:.2f} us "

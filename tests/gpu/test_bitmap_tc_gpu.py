@@ -63,6 +63,20 @@ def test_several_strips_a_warp_match_float64(density, m, k, config, matches_floa
         matches_float64(kernel, w, dtype, layout, seed=n)
 
 
+@pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)
+@pytest.mark.parametrize("m,k", [(16, 128), (33, 72), (130, 1000), (50, 4104), (64, 14336)])
+@pytest.mark.parametrize("config", [BitmapTcConfig(8, 3, 1, b_ahead=1), BitmapTcConfig(8, 2, 4, b_ahead=1),
+                                    BitmapTcConfig(4, 4, 1, b_ahead=1),
+                                    BitmapTcConfig(8, 2, 4, blocks_per_sm=3, b_ahead=1)],
+                         ids=lambda c: c.short())
+def test_b_loaded_a_chunk_ahead_matches_float64(density, m, k, config, matches_float64):
+    """config.b_ahead (X as N x K, K a multiple of 8): the next chunk's B in the other register set, past K zero."""
+    w = _weight(m, k, density, seed=m + k)
+    for n, dtype in ((1, torch.float16), (8, torch.float16), (9, torch.bfloat16), (16, torch.float16)):
+        kernel = compile_spmm(w, n, dtype, "nk", config=config, tune_budget=None)
+        matches_float64(kernel, w, dtype, "nk", seed=n)
+
+
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_batched_bias_relu_and_residual(layout, dtype, matches_float64):

@@ -90,6 +90,27 @@ def test_several_strips_a_warp_share_b_and_store_only_their_rows(strips, m, layo
     assert_matches(run_data_kernel(plan, b, residual), np.maximum(want, 0) if relu else want, "float16")
 
 
+@pytest.mark.parametrize("stages, scan_group, n, k, dtype", [(2, 4, 8, 1800, "float16"), (3, 1, 9, 1800, "bfloat16"),
+                                                            (3, 8, 3, 1000, "float16"), (4, 2, 16, 264, "float16")])
+def test_b_loaded_a_chunk_ahead_matches_float64(stages, scan_group, n, k, dtype):
+    """config.b_ahead: each chunk loads the next one's B into the other register set (an odd ring unrolled twice,
+    so both sets meet every buffer), the last chunk's loads past K zero; warps with 8 chunks and with fewer, K
+    past a chunk, one and two n-tiles; the gated kernel alike."""
+    rng = np.random.default_rng(k + stages)
+    weight, bias, relu = random_weight_and_epilogue(rng, 21, k, 0.5, stages, dense_row=True)
+    config = BitmapTcConfig(warps_per_block=2, stages=stages, scan_group=scan_group, b_ahead=1)
+    plan = make_bitmap_tc_plan(weight, n, dtype, "nk", config, bias=bias, relu=relu)
+    assert plan.b_loads == "wide" and "%bx0_1_7}, [%rdy0+" in render(plan).modules[0]  # set 1 loaded
+    b = rng.standard_normal((2, n, k))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", dtype, bias, relu), dtype)
+    if n >= 8 and scan_group <= 4:
+        up, _, _ = random_weight_and_epilogue(rng, 21, k, 0.3, stages + 1)
+        plans = [make_bitmap_tc_plan(w, n, dtype, "nk", config) for w in (weight, up)]
+        gated = gated_bitmap_tc_plan(plans[0], None, plans[1], None)
+        g, u = (_reference(w, b, "nk", dtype, None, False) for w in (weight, up))
+        assert_matches(run_data_kernel(gated, b), g / (1 + np.exp(-g)) * u, dtype)
+
+
 @given(layout=st.sampled_from(["kn", "nk"]), n=st.sampled_from([8, 9, 16]), m=st.sampled_from([5, 16, 33]),
        k=st.sampled_from([64, 300, 700]), density=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
        dtype=st.sampled_from(["float16", "bfloat16"]), stages=st.sampled_from([2, 3]),
@@ -212,7 +233,8 @@ def test_every_config_assembles_without_spills(arch, n, layout, k):
         except ValueError as err:  # the chooser drops these: over sm_80's shared memory or registers,
             why = str(err)  # or several strips below a full n-tile, or more blocks an SM than leave registers
             assert ("on sm_80" in why and arch == 80) or (config.strips > 1 and n < 8 and "strips=1" in why) \
-                or (config.blocks_per_sm > 1 and "fewer blocks_per_sm" in why), why
+                or (config.blocks_per_sm > 1 and "fewer blocks_per_sm" in why) \
+                or (config.b_ahead and "use b_ahead=0" in why), why
             continue
         source = render(plan)
         _assemble_without_spills_and_link(source, arch)
@@ -250,6 +272,10 @@ def test_what_the_plan_refuses():
         BitmapTcConfig(strips=3)
     with pytest.raises(ValueError, match="scan_group x strips"):
         BitmapTcConfig(scan_group=4, strips=4)
+    with pytest.raises(ValueError, match="b_ahead must be 0 or 1"):
+        BitmapTcConfig(b_ahead=2)
+    with pytest.raises(ValueError, match="B comes by scalar loads .layout 'kn', K = 64.: use b_ahead=0"):
+        make_bitmap_tc_plan(w, 8, "float16", "kn", BitmapTcConfig(b_ahead=1))
     with pytest.raises(ValueError, match="blocks_per_sm must be"):
         BitmapTcConfig(blocks_per_sm=17)
     with pytest.raises(ValueError, match="5 blocks of 256 threads an SM leave 48 registers a thread, under the 64"):

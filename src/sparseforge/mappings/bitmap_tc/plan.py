@@ -65,6 +65,12 @@ class BitmapTcConfig:
     # warps, and the kernel is bound by latency (more warps, more of it hidden); it fits 64 without spilling at
     # N = 16 and 40 at N <= 8
     blocks_per_sm: int = 1
+    # 1: B's fragments of the warp's next chunk loaded while this one is decoded (two register sets, 16 more
+    # registers an n-tile), so an mma never waits on B's L1 / L2 latency; 0: a chunk's first tile group loaded
+    # as its copy lands, the second at its tiles. With B's loads replaced by constants the kernel ran 27% faster
+    # (N = 8, 4096 x 4096, 70%, H200): their latency on the mma's path, or their bytes. X as N x K only (b_loads
+    # "wide")
+    b_ahead: int = 0
 
     def __post_init__(self):
         require_ints(self)
@@ -80,6 +86,8 @@ class BitmapTcConfig:
             raise ValueError(f"strips must be 1, 2 or 4, got {self.strips}")
         if not 1 <= self.blocks_per_sm <= 16:
             raise ValueError(f"blocks_per_sm must be 1 to 16, got {self.blocks_per_sm}")
+        if self.b_ahead not in (0, 1):
+            raise ValueError(f"b_ahead must be 0 or 1, got {self.b_ahead}")
         if self.scan_group * self.strips > 8:
             raise ValueError(f"scan_group x strips must be at most 8 (tiles scanned ahead, three registers each), got "
                              f"{self.scan_group} x {self.strips}")
@@ -91,7 +99,7 @@ class BitmapTcConfig:
     def short(self) -> str:
         return (f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
                 + (f"p{self.l2_ahead}" if self.l2_ahead else "") + (f"r{self.strips}" if self.strips > 1 else "")
-                + (f"o{self.blocks_per_sm}" if self.blocks_per_sm > 1 else ""))
+                + (f"o{self.blocks_per_sm}" if self.blocks_per_sm > 1 else "") + ("a1" if self.b_ahead else ""))
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,25 +207,27 @@ class BitmapTcPlan(WeightAsData):
         """With several strips a warp (or a gated kernel's two), ptxas keeps both strips' loads in flight: 141
         (wide) to 222 at 2 strips, 218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
         base = 86 + 20 * (self.n_tiles - 1) if self.b_loads == "wide" and self.N > 1 else 118 + 36 * (self.n_tiles - 1)
-        return min(255, base + (60 if self.sources == 2 else 130 if self.sources == 4 else 0))
+        ahead = 16 * self.n_tiles if self.config.b_ahead else 0  # the next chunk's B beside this one's
+        return min(255, base + ahead + (60 if self.sources == 2 else 130 if self.sources == 4 else 0))
 
     @property
     def min_blocks(self) -> int:
         """Blocks an SM should hold at once (the entry's .minnctapersm; 1: no directive): config.blocks_per_sm;
-        else, with several strips a warp, as many as the shared memory takes, down to 128 registers a thread,
+        else, with several strips a warp, as many as the shared memory takes, down to fewest_registers a thread
         where ptxas fits those kernels without spilling at N >= 8 (unbounded, 141-247 registers would leave one
         block of 8 warps an SM)."""
         c = self.config
         if c.blocks_per_sm > 1 or self.sources == 1:
             return c.blocks_per_sm
         by_shared = shared_bytes_limit(self.arch) // max(self.dynamic_shared_bytes, 1)
-        return max(1, min(by_shared, 65536 // (c.threads * 128)))
+        return max(1, min(by_shared, 65536 // (c.threads * self.fewest_registers)))
 
     @property
     def fewest_registers(self) -> int:
         """The registers under which ptxas 13.0 spills (sm_90): 40 at N <= 8, 64 at 9-16, 128 with several
-        strips a warp."""
-        return 128 if self.sources > 1 else 40 if self.n_tiles == 1 else 64
+        strips a warp; 16 more an n-tile with B a chunk ahead (at N = 16 it spills at 80)."""
+        ahead = 16 * self.n_tiles if self.config.b_ahead else 0
+        return (128 if self.sources > 1 else 40 if self.n_tiles == 1 else 64) + ahead
 
     @property
     def register_cap(self) -> int:
@@ -304,6 +314,10 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
         raise ValueError(f"K = {plan.K} gives {plan.format.chunks_per_strip} chunks of {CHUNK_COLUMNS} columns a "
                          f"strip, {plan.chunks_per_warp} for each of {c.warps_per_block} warps, over the "
                          f"{MAX_CHUNKS_A_WARP} a warp takes: {fix}")
+    if c.b_ahead and plan.b_loads != "wide":
+        raise ValueError(f"b_ahead loads B a chunk ahead by 16-byte loads, which take X as N x K with K a multiple "
+                         f"of 8; here B comes by {plan.b_loads} loads (layout {plan.layout!r}, K = {plan.K}): use "
+                         "b_ahead=0")
     limit = shared_bytes_limit(plan.arch)
     if plan.dynamic_shared_bytes > limit:
         raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {c.strips} x {plan.stage_bytes} bytes "
@@ -338,8 +352,8 @@ def gated_bitmap_tc_plan(gate: BitmapTcPlan, gate_arrays, up: BitmapTcPlan, up_a
         raise ValueError(f"a gated bitmap-tc kernel (two strips a warp) takes N >= {N_TILE}, got N = {up.N}: at fewer "
                          "tokens gate and up run apart (or as a gated delta-runs kernel)")
     if up.config.scan_group * 2 > 8:
-        raise ValueError(f"a gated bitmap-tc kernel scans G's and W's tiles together: scan_group x 2 must be at most 8, "
-                         f"got scan_group={up.config.scan_group}: plan the gate and up with scan_group <= 4")
+        raise ValueError("a gated bitmap-tc kernel scans G's and W's tiles together: scan_group x 2 must be at most "
+                         f"8, got scan_group={up.config.scan_group}: plan the gate and up with scan_group <= 4")
     if gate.format.grouped != up.format.grouped:
         raise ValueError("the gate's and up's bitmap tiles differ in column order: plan both with one layout")
 

@@ -8,7 +8,8 @@ Per warp (plan.py has the why):
 - lane j loads chunk j's offset of the warp's range (and the end after the last);
 - a chunk's copy: its offsets by shuffle, then 16-byte cp.async a lane into its buffer, one commit group a
   chunk (empty past the range, so `wait_group stages - 1` always means "the chunk to decode has landed");
-- the chunk loop is unrolled `stages` times, so a buffer's address is an immediate;
+- the chunk loop is unrolled `stages` times (twice that where config.b_ahead alternates two register sets of B
+  over an odd ring), so a buffer's address is an immediate;
 - a tile: the lane's bitmap word (tile word g = lane / 4) and that word's stored start, plus the bits below
   its byte in its word: where its values start (those of config.scan_group tiles first, then their values);
   then per slot of its byte a 16-bit shared load (from the chunk's first start, a zero, where the bit is
@@ -104,13 +105,20 @@ def _b_column(plan: BitmapTcPlan, t: int, half: int) -> int:
     return chunk_column(t, 8 * half, plan.format.grouped)
 
 
-def _load_b_group(e: Emitter, plan: BitmapTcPlan, group: int, nt: int) -> None:
-    """b_loads "wide": the lane's 16 columns of tile group `group` for n-tile nt, two 16-byte loads into
-    %bw{nt}_{group}_0..7 (tile t's registers: t % 4 and 4 + t % 4; each group its own, so a scan group of 8
-    tiles has both groups' B live), zero past K or N (K % 8 == 0: a piece is wholly inside K or past it)."""
+def _b_register(nt: int, group: int, q: int, parity: int) -> str:
+    """b_loads "wide": register q of tile group `group`'s B for n-tile nt, in the set of chunks of `parity`
+    (config.b_ahead: the next chunk's B lands in the other set; else every chunk uses set 0)."""
+    return f"%bw{nt}_{group}_{q}" if parity == 0 else f"%bx{nt}_{group}_{q}"
+
+
+def _load_b_group(e: Emitter, plan: BitmapTcPlan, group: int, nt: int, parity: int = 0, ahead: bool = False) -> None:
+    """b_loads "wide": the lane's 16 columns of tile group `group` for n-tile nt (of the warp's next chunk where
+    `ahead`: 128 columns on), two 16-byte loads into set `parity`'s registers (tile t's: t % 4 and 4 + t % 4;
+    each group its own, so a scan group of 8 tiles has both groups' B live), zero past K or N (K % 8 == 0: a
+    piece is wholly inside K or past it)."""
     for piece in range(2):
-        first = _b_column(plan, 4 * group, piece)
-        regs = [f"%bw{nt}_{group}_{4 * piece + q}" for q in range(4)]
+        first = _b_column(plan, 4 * group, piece) + (CHUNK_COLUMNS if ahead else 0)
+        regs = [_b_register(nt, group, 4 * piece + q, parity) for q in range(4)]
         e.lines([f"setp.gt.s32 %pk, %kr, {first};", f"and.pred %pq, %pk, %pn{nt};"]
                 + [f"mov.b32 {r}, 0;" for r in regs]
                 + [f"@%pq ld.global.nc.v4.b32 {{{', '.join(regs)}}}, [%rdy{nt}+{first * plan.element_bytes}];"])
@@ -149,10 +157,11 @@ def _accumulator(strip: int) -> str:
     return "%c" if strip == 0 else f"%cs{strip}_"
 
 
-def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip: int) -> None:
+def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip: int, parity: int = 0) -> None:
     """Tile t of the warp's strip `strip` (its chunk at byte `buffer`), its scan in slot `slot`: the lane's A
     fragment from its 8 slots' values, one mma an n-tile with B already in registers (b_loads "wide": loaded
-    for the tile group before its scans; else by _load_b at the tile, before its strips' tiles)."""
+    for the tile group before its scans, or a chunk ahead into set `parity`; else by _load_b at the tile, before
+    its strips' tiles)."""
     e.comment(f"tile {t}: the lane's 8 slots (a clear one reads the chunk's first start, always 0), then the mma")
     e.lines([f"mad.lo.u32 %ptr, %p{slot}, 2, %wb;", f"add.u32 %ptr, %ptr, {buffer + HEADER_BYTES};",
              f"add.u32 %zr, %wb, {buffer + BITMAP_BYTES};"])
@@ -162,7 +171,7 @@ def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip:
     e.lines([f"prmt.b32 %a{r}, %v{2 * r}, %v{2 * r + 1}, 0x5410;" for r in range(4)])
     for nt in range(plan.n_tiles):
         if plan.b_loads == "wide":
-            b = f"%bw{nt}_{t // 4}_{t % 4}, %bw{nt}_{t // 4}_{4 + t % 4}"
+            b = f"{_b_register(nt, t // 4, t % 4, parity)}, {_b_register(nt, t // 4, 4 + t % 4, parity)}"
         else:
             b = f"%bq{nt}_0, %bq{nt}_1"
         c = ", ".join(f"{_accumulator(strip)}{nt}_{q}" for q in range(4))
@@ -216,30 +225,44 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     for s in range(stages - 1):
         e.line(f"mov.u32 %j, {s};")
         _issue(e, plan, s, f"P{s}")
+    wide, ahead = plan.b_loads == "wide", bool(c.b_ahead)
+    groups = CHUNK_TILES // 4
+    if ahead:  # the first chunk's B (both tile groups) into set 0; each chunk then loads the next one's
+        e.lines([f"mul.lo.u32 %kc, %cb, {CHUNK_COLUMNS};"])
+        _b_pointers(e, plan)
+        for g in range(groups):
+            for nt in range(plan.n_tiles):
+                _load_b_group(e, plan, g, nt)
     e.line("mov.u32 %i, 0;")
     e.label("CHUNKS")
-    for u in range(stages):  # unrolled: buffer u's address is an immediate
+    # unrolled so that a buffer's address (and with b_ahead a chunk's B register set) is fixed in each copy
+    unrolled = stages if not ahead or stages % 2 == 0 else 2 * stages
+    for u in range(unrolled):
+        buffer_index, parity = u % stages, (u % 2 if ahead else 0)
         e.lines(["setp.ge.u32 %pt, %i, %cnt;", "@%pt bra WALKED;", f"add.u32 %j, %i, {stages - 1};"])
         _issue(e, plan, (u + stages - 1) % stages, f"L{u}")
         e.lines(["add.u32 %kc, %cb, %i;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};"])
         _b_pointers(e, plan)
-        wide = plan.b_loads == "wide"
-        for nt in range(plan.n_tiles if wide else 0):  # the first group's B in flight while the chunk lands
+        if ahead:  # the next chunk's B in flight through this chunk's decode (zero past K: the last one's)
+            for g in range(groups):
+                for nt in range(plan.n_tiles):
+                    _load_b_group(e, plan, g, nt, 1 - parity, ahead=True)
+        for nt in range(plan.n_tiles if wide and not ahead else 0):  # the first group's B while the chunk lands
             _load_b_group(e, plan, 0, nt)
         e.lines([f"cp.async.wait_group {stages - 1};", "bar.warp.sync -1;"])
         group = c.scan_group
         for first in range(0, CHUNK_TILES, group):  # a group's B and scans, then its tiles' values and mmas
-            for t in [t for t in range(first, first + group) if t % 4 == 0 and t > 0 and wide]:
+            for t in [t for t in range(first, first + group) if t % 4 == 0 and t > 0 and wide and not ahead]:
                 for nt in range(plan.n_tiles):
                     _load_b_group(e, plan, t // 4, nt)
             for t in range(first, first + group):
                 for q in range(strips):
-                    _scan(e, plan, _buffer(plan, u, q), t, (t - first) * strips + q)
+                    _scan(e, plan, _buffer(plan, buffer_index, q), t, (t - first) * strips + q)
             for t in range(first, first + group):
                 for nt in range(0 if wide else plan.n_tiles):
                     _load_b(e, plan, t, nt)
                 for q in range(strips):
-                    _tile(e, plan, _buffer(plan, u, q), t, (t - first) * strips + q, q)
+                    _tile(e, plan, _buffer(plan, buffer_index, q), t, (t - first) * strips + q, q, parity)
         e.lines(["bar.warp.sync -1;", "add.u32 %i, %i, 1;"])
     e.line("bra.uni CHUNKS;")
     e.label("WALKED")
@@ -255,7 +278,8 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     decl = [".reg .pred %pt, %pi, %ps, %pk, %pq, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
             ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %sh, %lowm, %wb, %wg, %cb, %cnt, %offr, %i, %j, "
             "%st, %en, %sz, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, "
-            + "".join(f"%bw{nt}_{g}_{q}, " for nt in nts for g in range(2) for q in range(8))
+            + "".join(f"{_b_register(nt, g, q, p)}, " for p in range(2 if c.b_ahead else 1) for nt in nts
+                      for g in range(2) for q in range(8))
             + "".join(f"%v{i}, " for i in range(8))
             + "".join(f"%w{g}, %p{g}, %mb{g}, " for g in range(c.scan_group * strips))
             + "".join(f"%offr{q}, " for q in range(1, strips)) + " %t, %o, %ad, %rw, %cl, "
