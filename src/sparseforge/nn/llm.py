@@ -260,7 +260,8 @@ class GatedDecodeMLP(nn.Module):
 
     @property
     def fused_widths(self) -> list[int]:
-        return sorted(self._fused_widths)
+        """The widths whose gated kernel still stands (a kernel dropped since fuse() runs its MLP unfused)."""
+        return sorted(n for n in self._fused_widths if n in self._fused)
 
     def extra_repr(self) -> str:
         return f"fused_widths={self.fused_widths}"
@@ -333,7 +334,7 @@ class GatedDecodeMLP(nn.Module):
         return {**self.__dict__, "_fused": {}, "_fused_widths": frozenset()}
 
     def __setstate__(self, state):
-        super().__setstate__(state)
+        super().__setstate__({"_fused_widths": frozenset(), **state})  # a pickle from before the set: unfused
         self.layer_id = register(self)  # a copy is a layer of its own for the op
 
     def _apply(self, fn, recurse=True):

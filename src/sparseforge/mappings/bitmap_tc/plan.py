@@ -219,7 +219,8 @@ class BitmapTcPlan(WeightAsData):
         c = self.config
         if c.blocks_per_sm > 1 or self.sources == 1:
             return c.blocks_per_sm
-        by_shared = shared_bytes_limit(self.arch) // max(self.dynamic_shared_bytes, 1)
+        # an SM's shared memory is a block's limit and 1 KB more, and each block reserves 1 KB of it
+        by_shared = (shared_bytes_limit(self.arch) + 1024) // (self.dynamic_shared_bytes + 1024)
         return max(1, min(by_shared, 65536 // (c.threads * self.fewest_registers)))
 
     @property
@@ -320,15 +321,16 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
                          "b_ahead=0")
     limit = shared_bytes_limit(plan.arch)
     if plan.dynamic_shared_bytes > limit:
-        raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {c.strips} x {plan.stage_bytes} bytes "
-                         f"need {plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has on "
-                         f"sm_{plan.arch}: use fewer warps_per_block, stages or strips")
+        raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {plan.sources} x {plan.stage_bytes} "
+                         f"bytes need {plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has "
+                         f"on sm_{plan.arch}: use fewer warps_per_block, stages or strips")
     if plan.register_cap < plan.fewest_registers:
         raise ValueError(f"{plan.min_blocks} blocks of {c.threads} threads an SM leave {plan.register_cap} registers "
                          f"a thread, under the {plan.fewest_registers} this kernel needs at N = {plan.N} without "
                          "spilling: use fewer blocks_per_sm or warps_per_block")
-    if plan.arch < 90 and plan.unbounded_registers > plan.register_cap:
-        # ptxas for sm_80 spills under the cap where sm_90's fits (16 warps, N > 8, B from L2)
+    automatic = plan.sources > 1 and c.blocks_per_sm == 1  # min_blocks' own cap: 128 a thread, where sm_80 fits
+    if plan.arch < 90 and not automatic and plan.unbounded_registers > plan.register_cap:
+        # ptxas for sm_80 spills under the cap where sm_90's fits (16 warps, N > 8, B from L2; blocks_per_sm)
         raise ValueError(f"{c.warps_per_block} warps at N = {plan.N} need about {plan.unbounded_registers} registers "
                          f"a thread on sm_{plan.arch}, over the {plan.register_cap} that {c.threads} threads leave "
                          "without spilling: use fewer warps_per_block")
@@ -379,11 +381,11 @@ def execute_bitmap_tc(plan: BitmapTcPlan, b: np.ndarray) -> np.ndarray:
 
 
 def bitmap_tc_traffic(plan: BitmapTcPlan) -> dict[str, int]:
-    """W's tiles streamed once per batch entry, B's columns once per strip (from L2), C written once; and the
+    """W's tiles streamed once per batch entry, B's columns once per block (from L2), C written once; and the
     floor (W, B and C once)."""
     es = plan.element_bytes
     output = plan.M * plan.N * es
-    b_reads = plan.format.strips * plan.K * plan.N * es
+    b_reads = plan.grid[1] * plan.K * plan.N * es  # once a block: its strips (a gated kernel's G too) share it
     return {"fetched_bytes": plan.bytes_read() + b_reads + output,
             "floor_bytes": plan.bytes_read() + plan.K * plan.N * es + output}
 
