@@ -36,7 +36,8 @@
 #   bitmap_tc     bitmap-tc's configs beside csr-staged and tc-scatter at N = 8 and 16, X as N x K (a Linear's) then
 #                 K x N; Llama shapes at 50 / 70 / 90%, fp16, weights rotated (benchmarks/designs.py)
 #   occupancy     bitmap-tc's proposed configs beside the trials that ask for more blocks an SM (fewer registers a
-#                 thread) or load B a chunk ahead, N = 8 then 16, X as N x K, the same Llama shapes and protocol
+#                 thread) or load B a chunk ahead, N = 8 then 16, X as N x K, the same Llama shapes and protocol;
+#                 then K split over blocks on the 1024-row (k / v) and 4096-row shapes at N = 8
 #   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with B's loads replaced by
 #                 register moves or all from one line (L1 hits), the value loads or the stored starts replaced
 #                 (benchmarks/proto/bitmap_tc_probe.py; N = 8, X as N x K, fp16, weights rotated; timing only)
@@ -199,7 +200,10 @@ stage() {
           "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/$n" --dtype float16 --layout nk \
           --mappings bitmap-tc --rotate-all \
           --configs btc_w8s3,btc_w8s2g4,btc_w4s4,btc_w8s2g4o3,btc_w8s2g4o4,btc_w8s2g4o5,btc_w8s3o3,btc_w8s2g8o4,btc_w4s2g4o8,btc_w4s3g4o6,btc_w16s2g4o2,btc_w8s3a1,btc_w8s2g4a1,btc_w4s4a1,btc_w8s2g4o3a1
-      done ;;
+      done
+      run designs_bitmap_tc_k_split_n8_nk python3 benchmarks/designs.py "$OUT/designs_bitmap_tc_k_split_n8_nk_fp16.json" \
+        "$D" "llm:0.5,0.7,0.9:llama_1024x4096,llama_4096x4096/8" --dtype float16 --layout nk --mappings bitmap-tc \
+        --rotate-all --configs btc_w8s3,btc_w8s2g4,btc_w4s4,btc_w8s3k2,btc_w8s2g4k4,btc_w4s4k4,btc_w8s2g4k8 ;;
     bitmap_tc_probe)
       for variant in base nob bl1 nolds nostarts nolds_nob nocopy_nolds_nob; do
         run "bitmap_tc_probe_$variant" python3 benchmarks/proto/bitmap_tc_probe.py $variant

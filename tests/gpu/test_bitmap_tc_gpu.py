@@ -77,6 +77,42 @@ def test_b_loaded_a_chunk_ahead_matches_float64(density, m, k, config, matches_f
         matches_float64(kernel, w, dtype, "nk", seed=n)
 
 
+@pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)
+@pytest.mark.parametrize("m,k", [(16, 128), (33, 70), (130, 1001), (1024, 4096), (64, 14336)])
+@pytest.mark.parametrize("config", [BitmapTcConfig(8, 3, 1, k_split=2), BitmapTcConfig(8, 2, 4, k_split=4),
+                                    BitmapTcConfig(4, 4, 1, k_split=4), BitmapTcConfig(8, 2, 4, k_split=8)],
+                         ids=lambda c: c.short())
+def test_k_split_over_blocks_matches_float64_call_after_call(density, m, k, config):
+    """config.k_split: the strip's blocks meet through the kernel's workspace and counters, which the last block
+    re-arms: eager calls and CUDA-graph replays, one after another, each right against float64 (NaN-poisoned
+    outputs), bias, ReLU and the residual included; a batch refused with the fix."""
+    w = _weight(m, k, density, seed=m + k)
+    bias = np.random.default_rng(2).standard_normal(m)
+    dense = torch.from_numpy(w.to_dense().astype(np.float64)).cuda()
+    for n, layout, dtype in ((8, "nk", torch.float16), (16, "kn", torch.float16), (3, "nk", torch.bfloat16)):
+        kernel = compile_spmm(w, n, dtype, layout, bias=bias, relu=True, residual=True, config=config, tune_budget=None)
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        b = torch.empty(kernel.in_shape, device="cuda", dtype=dtype)
+        r = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
+        out = torch.empty(kernel.out_shape, device="cuda", dtype=dtype)
+        graph = torch.cuda.CUDAGraph()
+        kernel(b.normal_(generator=gen), out=out, residual=r.normal_(generator=gen))  # warm, then captured
+        with torch.cuda.graph(graph):
+            kernel(b, out=out, residual=r)
+        for call in range(6):
+            b.normal_(generator=gen)
+            r.normal_(generator=gen)
+            out.fill_(float("nan"))
+            graph.replay() if call % 2 else kernel(b, out=out, residual=r)
+            ref = dense @ b.double() if layout == "kn" else b.double() @ dense.T
+            bt = torch.as_tensor(bias, dtype=torch.float32, device="cuda").double()
+            ref = (ref + (bt[:, None] if layout == "kn" else bt) + r.double()).clamp_min(0)
+            err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            assert torch.isfinite(out).all() and err <= {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype], (n, call)
+        with pytest.raises(ValueError, match="workspace for 1 batch entry at a time: call it once per entry"):
+            kernel(b.expand(2, *b.shape).contiguous(), residual=r.expand(2, *r.shape).contiguous())
+
+
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_batched_bias_relu_and_residual(layout, dtype, matches_float64):

@@ -14,9 +14,12 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
     %rgx (column group) and %rdz (batch entry) set; plan: block_columns, n_tiles, config.warps_per_block. A
     kernel whose warps hold several strips emits one a strip, each with its own `tag` (its labels'). `gate`: a
     gated MLP's gate accumulators (the same strip of G): they meet beside the others (shared memory for both,
-    plan.dynamic_shared_bytes), and the output is silu(G x) * (W x) (register %gacc)."""
+    plan.dynamic_shared_bytes), and the output is silu(G x) * (W x) (register %gacc). With config.k_split (one
+    strip a block, %rks the block's part of K): each block stores its sums in the workspace (p_partials, fp32,
+    k_split x M x N) and counts itself in (p_arrivals, a counter a strip); the last to arrive adds the parts in
+    block order, finishes the strip and re-arms the counter."""
     c, es = plan.config, plan.element_bytes
-    bc, threads = plan.block_columns, c.threads
+    bc = plan.block_columns
     region = c.warps_per_block * TILE * bc * 4  # one set of the warps' partial sums
     e.comment("the warps' accumulators meet in shared memory (the tile buffers are free now), then each thread "
               "adds its outputs' partial sums in warp order")
@@ -34,11 +37,45 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
         e.lines(["ld.param.u64 %rdr, [p_residual];", "cvta.to.global.u64 %rdr, %rdr;", "add.s64 %rdr, %rdr, %rdt;"])
     if plan.bias is not None:
         e.lines(["ld.param.u64 %rdbias, [p_bias];", "cvta.to.global.u64 %rdbias, %rdbias;"])
-    elements = TILE * bc
-    shift = bc.bit_length() - 1
-    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+    split = getattr(c, "k_split", 1)
+    warp_sum = _warp_sum(plan, gate, region)
+    if split == 1:
+        _each_output(e, plan, f"STORED{tag}", [warp_sum, _finish(plan)])
+        return
+    # config.k_split: this block's sums go to the workspace; the last of the strip's blocks adds them all
+    e.lines(["ld.param.u64 %rdw, [p_partials];", "cvta.to.global.u64 %rdw, %rdw;",
+             "ld.param.u64 %rda, [p_arrivals];", "cvta.to.global.u64 %rda, %rda;"])
+
+    def partial(e: Emitter) -> None:
+        e.lines([f"mad.lo.u32 %o, %rks, {plan.M}, %m;", f"mad.lo.u32 %o, %o, {plan.N}, %n;",
+                 "mad.wide.u32 %rdt, %o, 4, %rdw;", "st.global.f32 [%rdt], %acc;"])
+
+    def total(e: Emitter) -> None:  # the blocks' sums in block order (deterministic), read from L2
+        e.lines([f"mad.lo.u32 %o, %m, {plan.N}, %n;", "mad.wide.u32 %rdt, %o, 4, %rdw;",
+                 "ld.global.cg.f32 %acc, [%rdt];"])
+        for k in range(1, split):
+            e.lines([f"ld.global.cg.f32 %f, [%rdt+{k * plan.M * plan.N * 4}];", "add.f32 %acc, %acc, %f;"])
+
+    _each_output(e, plan, f"PARTIAL{tag}", [warp_sum, partial])
+    e.comment("the strip's blocks meet: the last to arrive (its count) re-arms the counter and finishes the strip")
+    e.lines(["membar.gl;", "bar.sync 0;", "setp.ne.u32 %pt, %rtid, 0;", f"@%pt bra ARRIVED{tag};",
+             "mul.wide.u32 %rdt, %rs, 4;", "add.s64 %rdt, %rdt, %rda;", "atom.global.add.u32 %o, [%rdt], 1;",
+             f"setp.eq.u32 %pt, %o, {split - 1};", "selp.u32 %o, 1, 0, %pt;", "st.shared.u32 [%t], %o;",
+             "@%pt st.global.u32 [%rdt], 0;"])
+    e.label(f"ARRIVED{tag}")
+    e.lines(["bar.sync 0;", "ld.shared.u32 %o, [%t];", "setp.eq.u32 %pt, %o, 0;", f"@%pt bra FINISHED{tag};",
+             "membar.gl;"])
+    _each_output(e, plan, f"STORED{tag}", [total, _finish(plan)])
+    e.label(f"FINISHED{tag}")
+
+
+def _each_output(e: Emitter, plan, label: str, parts) -> None:
+    """Each of the block's outputs a thread at a time (%m, %n; %rw, %cl its place in the strip's tile, past M or
+    N skipped), `parts` emitted in turn for it."""
+    bc, threads = plan.block_columns, plan.config.threads
+    elements, shift = TILE * bc, bc.bit_length() - 1
     for i in range(-(-elements // threads)):
-        done = f"STORED{tag}{i}"
+        done = f"{label}{i}"
         e.lines([f"add.u32 %o, %rtid, {i * threads};", f"setp.ge.u32 %pt, %o, {elements};", f"@%pt bra {done};"])
         if plan.layout == "kn":  # C[m, n]: consecutive threads along n
             e.lines([f"shr.u32 %rw, %o, {shift};", f"and.b32 %cl, %o, {bc - 1};"])
@@ -46,8 +83,18 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
             e.lines(["shr.u32 %cl, %o, 4;", "and.b32 %rw, %o, 15;"])
         e.lines([f"mad.lo.u32 %n, %rgx, {bc}, %cl;", f"mad.lo.u32 %m, %rs, {TILE}, %rw;",
                  f"setp.ge.u32 %pt, %n, {plan.N};", f"@%pt bra {done};", f"setp.ge.u32 %pt, %m, {plan.M};",
-                 f"@%pt bra {done};", f"mad.lo.u32 %ad, %rw, {bc}, %cl;", "mad.lo.u32 %ad, %ad, 4, %t;",
-                 "ld.shared.f32 %acc, [%ad];"])
+                 f"@%pt bra {done};"])
+        for part in parts:
+            part(e)
+        e.label(done)
+
+
+def _warp_sum(plan, gate: str | None, region: int):
+    """%acc: the warps' partial sums of the thread's output in warp order (and silu(G x) times it, gated)."""
+    c, bc = plan.config, plan.block_columns
+
+    def emit(e: Emitter) -> None:
+        e.lines([f"mad.lo.u32 %ad, %rw, {bc}, %cl;", "mad.lo.u32 %ad, %ad, 4, %t;", "ld.shared.f32 %acc, [%ad];"])
         for w in range(1, c.warps_per_block):
             e.lines([f"ld.shared.f32 %f, [%ad+{w * TILE * bc * 4}];", "add.f32 %acc, %acc, %f;"])
         if gate:
@@ -55,6 +102,14 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
             for w in range(1, c.warps_per_block):
                 e.lines([f"ld.shared.f32 %f, [%ad+{region + w * TILE * bc * 4}];", "add.f32 %gacc, %gacc, %f;"])
             silu_times(e, "%gacc", "%acc")
+    return emit
+
+
+def _finish(plan):
+    """The output from %acc: bias, residual, ReLU (max.NaN), rounding and the store."""
+    cvt = "cvt.rn.bf16.f32" if plan.dtype == "bfloat16" else "cvt.rn.f16.f32"
+
+    def emit(e: Emitter) -> None:
         if plan.bias is not None:
             e.lines(["mad.wide.u32 %rdt, %m, 4, %rdbias;", "ld.global.nc.f32 %f, [%rdt];", "add.f32 %acc, %acc, %f;"])
         if plan.layout == "kn":
@@ -68,4 +123,4 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
         if plan.relu:
             e.line("max.NaN.f32 %acc, %acc, 0f00000000;")
         e.lines([f"{cvt} %hv16, %acc;", "mad.wide.u32 %rdt, %o, 2, %rdc;", "st.global.b16 [%rdt], %hv16;"])
-        e.label(done)
+    return emit

@@ -295,7 +295,14 @@ class SpmmKernel(LoadedPlanKernel):
         p = self._launch
         if getattr(p, "residual", False):
             return None
-        return torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape, p.transposes_input
+        return (torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape, p.transposes_input,
+                self.max_batch)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest batch one launch takes: the grid's z dimension (65535), or a plan's own limit (a
+        workspace sized for one batch entry: bitmap-tc with k_split)."""
+        return min(65535, getattr(self._launch, "max_batch", 65535))
 
     def __call__(self, b, out=None, residual=None):
         # The common call, k(b) with b as compiled, costs attribute reads, one allocation and one launch: the
@@ -306,7 +313,7 @@ class SpmmKernel(LoadedPlanKernel):
         if lean and out is None and residual is None and isinstance(b, lean[0]) and b.dtype == lean[1] and \
                 b.device == lean[2] and b.shape[-2:] == lean[3] and b.is_contiguous() and b.data_ptr() % 16 == 0:
             dim = b.dim()
-            if dim == 2 or (dim == 3 and 0 < b.shape[0] <= 65535):
+            if dim == 2 or (dim == 3 and 0 < b.shape[0] <= lean[6]):
                 import torch
 
                 out = torch.empty((*b.shape[:-2], *lean[4]), dtype=lean[1], device=lean[2])
@@ -353,6 +360,10 @@ class SpmmKernel(LoadedPlanKernel):
         if batch > 65535:  # the batch is the launch grid's z dimension, which CUDA caps at 65535
             raise ValueError(f"{what} has a batch of {batch}; one launch takes at most 65535 (the grid's z "
                              "dimension): split the batch into pieces of at most 65535")
+        if batch > self.max_batch:
+            raise ValueError(f"{what} has a batch of {batch}; this kernel ({self._launch.name}) keeps a workspace for "
+                             f"{self.max_batch} batch entry at a time: call it once per entry, or compile it with a "
+                             "config that splits no work across blocks")
         shape = (*b.shape[:-2], *self.out_shape)
         if out is None:
             out = torch.empty(shape, dtype=self._dtype, device=self._device)

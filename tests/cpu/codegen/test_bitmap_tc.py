@@ -16,7 +16,9 @@ from sparseforge.mappings.bitmap_tc.plan import (BitmapTcConfig, densify_bitmap_
                                                  gated_bitmap_tc_plan, make_bitmap_tc_plan)
 from sparseforge.mappings.bitmap_tc.space import bitmap_tc_candidates, bitmap_tc_trials
 
-from .test_interpreted import _decode, _encode, _reference, assert_matches, random_weight_and_epilogue, run_data_kernel
+from .ptx_interp import launch
+from .test_interpreted import (_decode, _encode, _poisoned, _reference, assert_matches, random_weight_and_epilogue,
+                               run_data_kernel)
 from .test_ptx import _assemble, _assemble_without_spills_and_link
 
 
@@ -109,6 +111,30 @@ def test_b_loaded_a_chunk_ahead_matches_float64(stages, scan_group, n, k, dtype)
         gated = gated_bitmap_tc_plan(plans[0], None, plans[1], None)
         g, u = (_reference(w, b, "nk", dtype, None, False) for w in (weight, up))
         assert_matches(run_data_kernel(gated, b), g / (1 + np.exp(-g)) * u, dtype)
+
+
+@pytest.mark.parametrize("k_split, layout, n, k, b_ahead", [(4, "nk", 8, 1800, 0), (2, "kn", 3, 701, 0),
+                                                             (8, "nk", 9, 1000, 1), (4, "kn", 16, 300, 0)])
+def test_k_split_over_blocks_matches_float64_and_rearms_its_counters(k_split, layout, n, k, b_ahead):
+    """config.k_split: a strip's chunks over k_split blocks (more blocks than chunks too: K = 300 has 3), each
+    storing its partial sums, the last to arrive adding them in block order with bias, residual and ReLU; its
+    counters back at zero after each launch, so a second launch on the same workspace is right again."""
+    rng = np.random.default_rng(k + k_split)
+    weight, bias, relu = random_weight_and_epilogue(rng, 37, k, 0.5, k_split, dense_row=True)
+    config = BitmapTcConfig(warps_per_block=2, stages=2, scan_group=2, b_ahead=b_ahead, k_split=k_split)
+    plan = make_bitmap_tc_plan(weight, n, "float16", layout, config, bias=bias, relu=relu, residual=True)
+    assert plan.grid == (k_split, 3) and plan.max_batch == 1 and plan.name.count(f"k{k_split}") == 1
+    arrays = [a for a, _ in plan.weight_arrays()]
+    text, out_shape = render(plan).text, (37, n) if layout == "kn" else (n, 37)
+    for seed in (1, 2):
+        b = np.random.default_rng(seed).standard_normal((k, n) if layout == "kn" else (n, k))
+        residual = np.random.default_rng(seed + 9).standard_normal(out_shape)
+        out = _poisoned(out_shape, "float16")
+        launch(text, plan.name, (*plan.grid, 1), plan.threads, _encode(b, "float16"), out, *arrays,
+               np.asarray(plan.bias, np.float32), _encode(residual, "float16"), shared_bytes=plan.dynamic_shared_bytes)
+        want = _reference(weight, b, layout, "float16", bias, False) + _decode(_encode(residual, "float16"), "float16")
+        assert_matches(_decode(out, "float16"), np.maximum(want, 0) if relu else want, "float16")
+        assert not arrays[-1].any()  # every strip's counter re-armed
 
 
 @given(layout=st.sampled_from(["kn", "nk"]), n=st.sampled_from([8, 9, 16]), m=st.sampled_from([5, 16, 33]),
@@ -276,6 +302,13 @@ def test_what_the_plan_refuses():
         BitmapTcConfig(b_ahead=2)
     with pytest.raises(ValueError, match="B comes by scalar loads .layout 'kn', K = 64.: use b_ahead=0"):
         make_bitmap_tc_plan(w, 8, "float16", "kn", BitmapTcConfig(b_ahead=1))
+    with pytest.raises(ValueError, match="k_split must be"):
+        BitmapTcConfig(k_split=3)
+    with pytest.raises(ValueError, match="takes one strip a warp"):
+        BitmapTcConfig(k_split=2, strips=2)
+    with pytest.raises(ValueError, match="plan the gate and up with k_split=1"):
+        split = make_bitmap_tc_plan(w, 8, "float16", "nk", BitmapTcConfig(k_split=2))
+        gated_bitmap_tc_plan(split, None, split, None)
     with pytest.raises(ValueError, match="blocks_per_sm must be"):
         BitmapTcConfig(blocks_per_sm=17)
     with pytest.raises(ValueError, match="5 blocks of 256 threads an SM leave 48 registers a thread, under the 64"):

@@ -25,12 +25,13 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     base, per_density, per_n_tile = TILE_CYCLES["wide" if plan.b_loads == "wide" else "loaded"]
     density = plan.nnz / max(plan.M * plan.K * weights, 1)
     cycles = base + per_density * density + per_n_tile * (plan.n_tiles - 1)
-    tiles_per_sm = max(tiles / gpu.sms, f.chunks_per_strip * CHUNK_TILES * plan.sources)
+    tiles_per_sm = max(tiles / gpu.sms, plan.chunks_per_block * CHUNK_TILES * plan.sources)  # at least a block's
     decode = batch * tiles_per_sm * cycles / gpu.clock_hz
     blocks_per_sm = max(1, min(gpu.registers // (c.threads * plan.registers),
                                (227 * 1024) // plan.dynamic_shared_bytes, gpu.max_warps // c.warps_per_block))
-    busy = min(c.warps_per_block, -(-f.chunks_per_strip // plan.chunks_per_warp))  # warps of a block with chunks
-    resident = min(plan.grid[1] * busy, gpu.sms * blocks_per_sm * busy)  # a block: config.strips strips
+    busy = min(c.warps_per_block, -(-plan.chunks_per_block // plan.chunks_per_warp))  # warps of a block with chunks
+    blocks = plan.grid[0] * plan.grid[1]  # a block: config.strips strips, or its part of k_split
+    resident = min(blocks * busy, gpu.sms * blocks_per_sm * busy)
     chunk_bytes = sum(x.units for x in plan.formats) * UNIT / max(chunks, 1)
     in_flight = resident * (c.stages - 1) * plan.sources * chunk_bytes  # a stage holds a chunk of each strip
     rate = min(gpu.hbm_bytes_per_s, in_flight / gpu.hbm_latency_s)

@@ -16,7 +16,8 @@ shuffle. B (X) comes from global memory (L1 / L2) straight into the fragments: w
 format's column order, two 16-byte loads a lane cover 4 tiles (b_loads). On the H200 copying X's rows into
 shared memory beside the weights cost 20% over B loaded at the tile (X as K x N) at N = 8. At the end the
 warps' accumulators meet in shared memory and are added in warp order (deterministic), with bias, residual
-and ReLU (codegen/mma_epilogue).
+and ReLU (codegen/mma_epilogue). With config.k_split a strip's chunks are split over that many blocks (grid.x),
+which meet through a workspace the kernel owns (their partial sums, added in block order by the last to arrive).
 
 Non-finite inputs: the tensor cores multiply every 16 x 16 tile densely, empty ones too, so a NaN or inf in
 X[n, k] reaches every output of token n, as in the dense product W @ X (the masked dense model).
@@ -71,6 +72,12 @@ class BitmapTcConfig:
     # (N = 8, 4096 x 4096, 70%, H200): their latency on the mma's path, or their bytes. X as N x K only (b_loads
     # "wide")
     b_ahead: int = 0
+    # blocks a strip's chunks are split over (grid.x), for layers of few strips (Llama's k / v projections, 1024
+    # rows: 64 strips of 8 warps leave an H200's SMs 4 warps each). Each block stores its partial sums (fp32) in
+    # a workspace the kernel owns; the last of a strip's blocks to arrive adds them in block order
+    # (deterministic), then bias, residual, ReLU and the store, and re-arms its counter. So one kernel's launches
+    # must not overlap (one stream at a time, as CUDA graphs and the nn modules run them)
+    k_split: int = 1
 
     def __post_init__(self):
         require_ints(self)
@@ -88,6 +95,11 @@ class BitmapTcConfig:
             raise ValueError(f"blocks_per_sm must be 1 to 16, got {self.blocks_per_sm}")
         if self.b_ahead not in (0, 1):
             raise ValueError(f"b_ahead must be 0 or 1, got {self.b_ahead}")
+        if self.k_split not in (1, 2, 4, 8):
+            raise ValueError(f"k_split must be 1, 2, 4 or 8, got {self.k_split}")
+        if self.k_split > 1 and self.strips > 1:
+            raise ValueError(f"k_split={self.k_split} takes one strip a warp, got strips={self.strips}: use one of "
+                             "them")
         if self.scan_group * self.strips > 8:
             raise ValueError(f"scan_group x strips must be at most 8 (tiles scanned ahead, three registers each), got "
                              f"{self.scan_group} x {self.strips}")
@@ -99,7 +111,8 @@ class BitmapTcConfig:
     def short(self) -> str:
         return (f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
                 + (f"p{self.l2_ahead}" if self.l2_ahead else "") + (f"r{self.strips}" if self.strips > 1 else "")
-                + (f"o{self.blocks_per_sm}" if self.blocks_per_sm > 1 else "") + ("a1" if self.b_ahead else ""))
+                + (f"o{self.blocks_per_sm}" if self.blocks_per_sm > 1 else "") + ("a1" if self.b_ahead else "")
+                + (f"k{self.k_split}" if self.k_split > 1 else ""))
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,13 +169,23 @@ class BitmapTcPlan(WeightAsData):
         return N_TILE * self.n_tiles
 
     @property
+    def chunks_per_block(self) -> int:
+        """A block's chunks of each of its strips: the strip's, or its share of config.k_split blocks."""
+        return -(-self.format.chunks_per_strip // self.config.k_split)
+
+    @property
     def chunks_per_warp(self) -> int:
-        return -(-self.format.chunks_per_strip // self.config.warps_per_block)
+        return -(-self.chunks_per_block // self.config.warps_per_block)
 
     @property
     def grid(self) -> tuple[int, int]:
-        """(column groups: one, groups of config.strips strips) of one batch entry."""
-        return 1, -(-self.format.strips // self.config.strips)
+        """(the blocks a strip's chunks are split over, groups of config.strips strips) of one batch entry."""
+        return self.config.k_split, -(-self.format.strips // self.config.strips)
+
+    @property
+    def max_batch(self) -> int:
+        """Batch entries one launch takes: 1 with config.k_split (its workspace holds one entry's partial sums)."""
+        return 1 if self.config.k_split > 1 else 65535
 
     @property
     def buffer_units(self) -> int:
@@ -235,12 +258,17 @@ class BitmapTcPlan(WeightAsData):
         return 65536 // (self.config.threads * self.min_blocks) // 8 * 8
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
-        """(data, offsets) of W, then of a gated kernel's G (the kernel's parameter order after B and C)."""
+        """(data, offsets) of W, then of a gated kernel's G, then with config.k_split the kernel's workspace: the
+        blocks' partial sums (fp32 bits, k_split x M x N of a batch entry) and a counter a block row, zeros (the
+        kernel's parameter order after B and C)."""
         arrays = []
         for i, f in enumerate(self.formats):
             data = f.data.view(np.int32) if isinstance(f.data, np.ndarray) else f.data
             offsets = self.device_offsets[i] if self.device_offsets else f.offsets.view(np.int32)
             arrays += [(data, "int32"), (offsets, "int32")]
+        if self.config.k_split > 1:
+            arrays += [(np.zeros(self.config.k_split * self.M * self.N, np.int32), "int32"),
+                       (np.zeros(self.grid[1], np.int32), "int32")]
         return tuple(arrays)
 
     def bytes_read(self) -> int:
@@ -347,6 +375,9 @@ def gated_bitmap_tc_plan(gate: BitmapTcPlan, gate_arrays, up: BitmapTcPlan, up_a
     import dataclasses
 
     check_gated_pair(gate, up)
+    if up.config.k_split > 1:
+        raise ValueError(f"a gated bitmap-tc kernel finishes each strip in one block, got k_split={up.config.k_split}: "
+                         "plan the gate and up with k_split=1")
     if up.config.strips != 1:
         raise ValueError("a gated bitmap-tc kernel pairs each strip of G with the same strip of U (two strips a "
                          f"warp), got strips={up.config.strips}: plan the gate and up with strips=1")
@@ -386,7 +417,8 @@ def bitmap_tc_traffic(plan: BitmapTcPlan) -> dict[str, int]:
     es = plan.element_bytes
     output = plan.M * plan.N * es
     b_reads = plan.grid[1] * plan.K * plan.N * es  # once a block: its strips (a gated kernel's G too) share it
-    return {"fetched_bytes": plan.bytes_read() + b_reads + output,
+    partials = 2 * plan.config.k_split * plan.M * plan.N * 4 if plan.config.k_split > 1 else 0  # written, read
+    return {"fetched_bytes": plan.bytes_read() + b_reads + output + partials,
             "floor_bytes": plan.bytes_read() + plan.K * plan.N * es + output}
 
 

@@ -195,6 +195,8 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
              "mad.lo.u32 %wg, %g, 4, %wb;", "mad.lo.u32 %sg, %g, 2, %wb;"])
     if c.strips > 1:
         e.line(f"mul.lo.u32 %rs, %rs, {c.strips};")  # the block's first strip
+    if c.k_split > 1:  # grid.x: the block's part of the strip's chunks; one column group
+        e.lines(["mov.u32 %rks, %ctaid.x;", "mov.u32 %rgx, 0;"])
     e.comment("the lane's rows of B (n = 8 n-tile + g) and whether they are inside N")
     e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
              f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;"])
@@ -204,8 +206,15 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
                  f"mad.wide.u32 %rdx{nt}, %t, {row_stride}, %rdb;"])
     e.comment("this warp's chunks [cb, cb + cnt) of each strip; lane j holds chunk j's first unit (and the end at "
               "j = cnt); a strip past the matrix (the last block's) decodes the last strip again, its rows not stored")
-    e.lines([f"mul.lo.u32 %cb, %warp, {per_warp};", f"min.u32 %cb, %cb, {per_strip};", f"add.u32 %t, %cb, {per_warp};",
-             f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;"])
+    if c.k_split > 1:  # the block's chunks [kb, ke) of the strip, then the warp's share of them
+        per_block = plan.chunks_per_block
+        e.lines([f"mul.lo.u32 %kb, %rks, {per_block};", f"add.u32 %ke, %kb, {per_block};",
+                 f"min.u32 %ke, %ke, {per_strip};", f"mad.lo.u32 %cb, %warp, {per_warp}, %kb;",
+                 "min.u32 %cb, %cb, %ke;", f"add.u32 %t, %cb, {per_warp};", "min.u32 %t, %t, %ke;",
+                 "sub.u32 %cnt, %t, %cb;"])
+    else:
+        e.lines([f"mul.lo.u32 %cb, %warp, {per_warp};", f"min.u32 %cb, %cb, {per_strip};",
+                 f"add.u32 %t, %cb, {per_warp};", f"min.u32 %t, %t, {per_strip};", "sub.u32 %cnt, %t, %cb;"])
     for q in range(strips):
         strip = "%rs" if q == 0 or gated else "%o"  # a gated kernel: the same strip of G (q = 0) and of W
         if q and not gated:
@@ -277,7 +286,7 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     nts = range(plan.n_tiles)
     decl = [".reg .pred %pt, %pi, %ps, %pk, %pq, " + ", ".join(f"%pn{nt}" for nt in nts) + ";",
             ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rgx, %sh, %lowm, %wb, %wg, %cb, %cnt, %offr, %i, %j, "
-            "%st, %en, %sz, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, "
+            "%st, %en, %sz, %sb, %u, %kc, %kr, %x, %ptr, %sg, %zr, %rks, %kb, %ke, "
             + "".join(f"{_b_register(nt, g, q, p)}, " for p in range(2 if c.b_ahead else 1) for nt in nts
                       for g in range(2) for q in range(8))
             + "".join(f"%v{i}, " for i in range(8))
@@ -287,12 +296,13 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
             ".reg .b32 %acc, %gacc, %f, " + ", ".join(f"{_accumulator(s)}{nt}_{q}" for s in range(strips) for nt in nts
                                                for q in range(4)) + ";",
             ".reg .b16 %hb0, %hb1, %hv16;",
-            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, %rdg, %rdo, "
+            ".reg .b64 %rdz, %rdt, %rdb, %rdc, %rdr, %rdbias, %rdd, %rdg, %rdo, %rdw, %rda, "
             + ", ".join(f"%rdx{nt}, %rdy{nt}" for nt in nts) + ";"]
     assert TILE * TILE // 32 == BITMAP_WORDS
     # dynamic: the launch gives plan.dynamic_shared_bytes (over the 48 KB a static declaration may have)
     shared = ".extern .shared .align 16 .b8 smem[];"
     return data_kernel(plan, "tensor-core SpMM over bitmap tiles decoded into A fragments (W as data)",
                        ("p_b", "p_c", "p_data", "p_offsets") + (("p_gdata", "p_goffsets") if gated else ())
+                       + (("p_partials", "p_arrivals") if c.k_split > 1 else ())
                        + ("p_bias",) + (("p_residual",) if plan.residual else ()),
                        decl, e.text(), 0, shared)

@@ -3,32 +3,43 @@ from __future__ import annotations
 
 from .plan import MAX_N, N_TILE, BitmapTcConfig, grouped_columns
 
-# (warps, stages[, scan group[, l2_ahead[, strips[, blocks an SM[, b_ahead]]]]]), scan group 1, l2_ahead 0, 1
-# strip, no .minnctapersm and B loaded within its chunk where left out. Measured on the H200 (benchmarks/designs.py
-# --rotate-all, Llama shapes at 50 / 70 / 90%, fp16, weights rotated): X as N x K at N = 8, 3 buffers won 3 of 9
-# cases and came within 6% of the best in all; scans of 4 tiles ahead won most at N = 16 and within 9% everywhere;
-# 4 warps with 4 buffers won 14336 x 4096 at 70 / 90%. 16 warps won none (12-36% behind), nor 2 buffers without
-# scan groups (within 2-10%). At N = 1 delta-runs is 1.3-3.5x faster: not proposed there.
+# (warps, stages[, scan group[, l2_ahead]]) or a config: scan group 1 and l2_ahead 0 where left out. Measured on the
+# H200 (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 / 90%, fp16, weights rotated): X as N x K at
+# N = 8, 3 buffers won 3 of 9 cases and came within 6% of the best in all; scans of 4 tiles ahead won most at
+# N = 16 and within 9% everywhere; 4 warps with 4 buffers won 14336 x 4096 at 70 / 90%. 16 warps won none (12-36%
+# behind), nor 2 buffers without scan groups (within 2-10%). At N = 1 delta-runs is 1.3-3.5x faster: not proposed
+# there.
 CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
 # compiled, checked, kept for other GPUs and shapes (benchmarks/designs.py times them). More chunks in flight lost
 # on the H200 (N = 8, X as N x K, rotated): 4 and 6 buffers and the L2 prefetch ahead (fourth field) were 0-9%
 # behind 3 buffers. With B's loads replaced by constants the kernel ran 27% faster (4096 x 4096, 70%), but warps over
-# 2 strips (fifth field: each B fragment feeds 2 mmas) gained only where strips are many (14336 x 4096: 2-10% at
-# N = 16, even at N = 8) and lost up to 33% elsewhere (half the blocks); 4 strips lost everywhere. Registers, not
-# bytes, hold an SM to 16-20 warps (80-86 a thread): blocks an SM (sixth field) asks ptxas for fewer registers; B a
-# chunk ahead (seventh) takes its load latency off the mma's path. Neither timed yet
+# 2 strips (each B fragment feeds 2 mmas) gained only where strips are many (14336 x 4096: 2-10% at N = 16, even at
+# N = 8) and lost up to 33% elsewhere (half the blocks); 4 strips lost everywhere. Not yet timed: registers, not
+# bytes, hold an SM to 16-20 warps (80-86 a thread), so blocks_per_sm asks ptxas for fewer; b_ahead takes B's load
+# latency off the mma's path; k_split spreads layers of few strips (1024 rows) over more blocks.
+
+
+def _trial(warps: int, stages: int, scan_group: int, **more) -> BitmapTcConfig:
+    return BitmapTcConfig(warps_per_block=warps, stages=stages, scan_group=scan_group, **more)
+
+
 TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8), (8, 4, 4), (4, 6, 4), (8, 2, 4, 2), (8, 3, 4, 2),
-          (8, 2, 4, 4), (8, 2, 4, 0, 2), (4, 2, 4, 0, 2), (4, 3, 2, 0, 2), (8, 2, 4, 0, 1, 3), (8, 2, 4, 0, 1, 4),
-          (8, 2, 4, 0, 1, 5), (8, 3, 1, 0, 1, 3), (8, 2, 8, 0, 1, 4), (4, 2, 4, 0, 1, 8), (4, 3, 4, 0, 1, 6),
-          (16, 2, 4, 0, 1, 2), (8, 3, 1, 0, 1, 1, 1), (8, 2, 4, 0, 1, 1, 1), (4, 4, 1, 0, 1, 1, 1),
-          (8, 2, 4, 0, 1, 3, 1))
+          (8, 2, 4, 4),
+          _trial(8, 2, 4, strips=2), _trial(4, 2, 4, strips=2), _trial(4, 3, 2, strips=2),
+          _trial(8, 2, 4, blocks_per_sm=3), _trial(8, 2, 4, blocks_per_sm=4), _trial(8, 2, 4, blocks_per_sm=5),
+          _trial(8, 3, 1, blocks_per_sm=3), _trial(8, 2, 8, blocks_per_sm=4), _trial(4, 2, 4, blocks_per_sm=8),
+          _trial(4, 3, 4, blocks_per_sm=6), _trial(16, 2, 4, blocks_per_sm=2),
+          _trial(8, 3, 1, b_ahead=1), _trial(8, 2, 4, b_ahead=1), _trial(4, 4, 1, b_ahead=1),
+          _trial(8, 2, 4, blocks_per_sm=3, b_ahead=1),
+          _trial(8, 3, 1, k_split=2), _trial(8, 2, 4, k_split=4), _trial(4, 4, 1, k_split=4),
+          _trial(8, 2, 4, k_split=8))
 
 
 def _configs(table) -> list[BitmapTcConfig]:
-    return [BitmapTcConfig(warps_per_block=w, stages=s, scan_group=rest[0] if rest else 1,
-                           l2_ahead=rest[1] if len(rest) > 1 else 0, strips=rest[2] if len(rest) > 2 else 1,
-                           blocks_per_sm=rest[3] if len(rest) > 3 else 1, b_ahead=rest[4] if len(rest) > 4 else 0)
-            for w, s, *rest in table]
+    return [entry if isinstance(entry, BitmapTcConfig) else
+            BitmapTcConfig(warps_per_block=entry[0], stages=entry[1], scan_group=entry[2] if len(entry) > 2 else 1,
+                           l2_ahead=entry[3] if len(entry) > 3 else 0)
+            for entry in table]
 
 
 def bitmap_tc_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
