@@ -231,8 +231,9 @@ def decode_dense(f: BitmapTiles) -> np.ndarray:
     f = f.on_host()
     words = np.asarray(f.data).view(np.uint32)
     halves = words.view(np.uint16)
-    values = halves.view(np.float16).astype(np.float64) if f.dtype == "float16" else \
-        (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # every half widened, headers too (their bits may read as NaNs)
+        values = halves.view(np.float16).astype(np.float64) if f.dtype == "float16" else \
+            (halves.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     per_strip = f.chunks_per_strip
     dense = np.zeros((f.strips * TILE, per_strip * CHUNK_COLUMNS))
     slots = np.arange(256)
