@@ -16,8 +16,8 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
     gated MLP's gate accumulators (the same strip of G): they meet beside the others (shared memory for both,
     plan.dynamic_shared_bytes), and the output is silu(G x) * (W x) (register %gacc). With config.k_split (one
     strip a block, %rks the block's part of K): each block stores its sums in the workspace (p_partials, fp32,
-    k_split x M x N) and counts itself in (p_arrivals, a counter a strip); the last to arrive adds the parts in
-    block order, finishes the strip and re-arms the counter."""
+    k_split x M x N) and counts itself in (p_arrivals, a counter a strip, atom.inc: the last arrival wraps it to
+    0); the last to arrive adds the parts in block order and finishes the strip."""
     c, es = plan.config, plan.element_bytes
     bc = plan.block_columns
     region = c.warps_per_block * TILE * bc * 4  # one set of the warps' partial sums
@@ -57,11 +57,11 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
             e.lines([f"ld.global.cg.f32 %f, [%rdt+{k * plan.M * plan.N * 4}];", "add.f32 %acc, %acc, %f;"])
 
     _each_output(e, plan, f"PARTIAL{tag}", [warp_sum, partial])
-    e.comment("the strip's blocks meet: the last to arrive (its count) re-arms the counter and finishes the strip")
+    e.comment("the strip's blocks meet: the last to arrive (its count wraps the counter to 0) finishes the strip")
     e.lines(["membar.gl;", "bar.sync 0;", "setp.ne.u32 %pt, %rtid, 0;", f"@%pt bra ARRIVED{tag};",
-             "mul.wide.u32 %rdt, %rs, 4;", "add.s64 %rdt, %rdt, %rda;", "atom.global.add.u32 %o, [%rdt], 1;",
-             f"setp.eq.u32 %pt, %o, {split - 1};", "selp.u32 %o, 1, 0, %pt;", "st.shared.u32 [%t], %o;",
-             "@%pt st.global.u32 [%rdt], 0;"])
+             "mul.wide.u32 %rdt, %rs, 4;", "add.s64 %rdt, %rdt, %rda;",
+             f"atom.global.inc.u32 %o, [%rdt], {split - 1};",  # the last arrival wraps it to 0: re-armed atomically
+             f"setp.eq.u32 %pt, %o, {split - 1};", "selp.u32 %o, 1, 0, %pt;", "st.shared.u32 [%t], %o;"])
     e.label(f"ARRIVED{tag}")
     e.lines(["bar.sync 0;", "ld.shared.u32 %o, [%t];", "setp.eq.u32 %pt, %o, 0;", f"@%pt bra FINISHED{tag};",
              "membar.gl;"])

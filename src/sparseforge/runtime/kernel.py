@@ -26,6 +26,7 @@ class LoadedPlanKernel:
     long as the kernel: a CUDA graph that replays it reads them)."""
 
     _packed = None  # the launch's parameter block (runtime/launch.py PackedLaunch), built at the first launch
+    _max_batch = 65535  # batch entries a launch takes (the grid's z dimension, or the plan's workspace)
 
     def __init__(self, plan, built: "Built", device_index: int):
         import torch
@@ -42,7 +43,7 @@ class LoadedPlanKernel:
         self.choice = None  # the chooser's record (tune/choose.py) when the kernel was picked by timing
         self._dtype = getattr(torch, plan.dtype)
         self._device = torch.device("cuda", device_index)
-        self._weight_tensors, self._data = weight_data(plan, self._device)
+        self._weight_tensors, self._data, self._workspace = weight_data(plan, self._device)
         # made now, not at the first call, which may be inside a CUDA graph capture (no host copies there)
         partial = getattr(plan, "partial_rows", ())
         self._partial = torch.tensor(partial, dtype=torch.long, device=self._device) if partial else None
@@ -71,7 +72,7 @@ class LoadedPlanKernel:
         can be megabytes); release() unloads it once no graph replays it."""
         twin = copy.copy(self)
         launch_plan = self._launch if hasattr(self, "_launch") else self.plan
-        twin._weight_tensors, twin._data = weight_data(launch_plan, self._device, fresh=True)
+        twin._weight_tensors, twin._data, twin._workspace = weight_data(launch_plan, self._device, fresh=True)
         if self.code_bytes:
             if cubin is None:
                 raise ValueError("this kernel's W is its code: a copy is a second load of its cubin; pass "
@@ -232,6 +233,7 @@ class SpmmKernel(LoadedPlanKernel):
     def plan(self, plan) -> None:
         """What the launch reads; the whole plan too unless it is a sketch."""
         self._launch = plan
+        self._max_batch = min(65535, getattr(plan, "max_batch", 65535))
         self._lean = None  # the fast call's signature (__call__), made again for this plan
         self._full = None if getattr(plan, "sketch", False) else plan
 
@@ -302,7 +304,7 @@ class SpmmKernel(LoadedPlanKernel):
     def max_batch(self) -> int:
         """The largest batch one launch takes: the grid's z dimension (65535), or a plan's own limit (a
         workspace sized for one batch entry: bitmap-tc with k_split)."""
-        return min(65535, getattr(self._launch, "max_batch", 65535))
+        return self._max_batch
 
     def __call__(self, b, out=None, residual=None):
         # The common call, k(b) with b as compiled, costs attribute reads, one allocation and one launch: the
@@ -408,6 +410,9 @@ class SpmmKernel(LoadedPlanKernel):
         Where the plan splits rows (plan.partial_rows), the caller zeroes those output rows first; with
         config.transpose_x, b_ptr points at X transposed ([batch,] K x N, contiguous); residual_ptr: the
         residual's pointer for a plan compiled with one."""
+        if batch > self._max_batch:  # a workspace for fewer entries: their blocks would meet in it
+            raise ValueError(f"a launch of {batch} batch entries; {self._launch.name} takes {self._max_batch} at a "
+                             "time (its workspace): launch once per entry")
         tiles, blocks = self._launch.grid
         self._launch_plan((tiles, blocks, batch), self._launch.threads, stream, b_ptr, c_ptr, *residual_ptr)
 
@@ -444,12 +449,15 @@ def release_copies(copies) -> None:
             release()
 
 
-def weight_data(plan, device, fresh: bool = False) -> tuple[tuple, tuple | None]:
-    """(device tensors, their pointers) of a plan that reads W as data (plan.weight_arrays(), then the bias;
-    a null pointer for no bias), else ((), None). Host arrays are uploaded; arrays a plan packed on the device
-    (registry: device_plan) are taken as they are, unless `fresh` (a copy of its own: with_own_weights)."""
+def weight_data(plan, device, fresh: bool = False) -> tuple[tuple, tuple | None, tuple]:
+    """(device tensors, the kernel's array pointers, its workspace) of a plan that reads W as data: the tensors
+    of plan.weight_arrays() and the bias (None: a null pointer); the pointers of those arrays, then of the
+    workspace a plan may ask for (plan.workspace_sizes(): int32 element counts, zeroed, the kernel's own: not W,
+    so not in the tensors or their bytes), then of the bias; else ((), None, ()). Host arrays are uploaded;
+    arrays a plan packed on the device (registry: device_plan) are taken as they are, unless `fresh` (a copy of
+    its own: with_own_weights)."""
     if not hasattr(plan, "weight_arrays"):
-        return (), None
+        return (), None, ()
     import torch
 
     owners = []
@@ -465,8 +473,11 @@ def weight_data(plan, device, fresh: bool = False) -> tuple[tuple, tuple | None]
             owners.append(torch.from_numpy(array.view(kind[1:])).to(device))
         else:
             owners.append(torch.from_numpy(array).to(device=device, dtype=dtype))
-    owners.append(None if plan.bias is None else torch.tensor(plan.bias, dtype=torch.float32, device=device))
-    return tuple(owners), tuple(0 if t is None else t.data_ptr() for t in owners)
+    workspace = tuple(torch.zeros(size, dtype=torch.int32, device=device)
+                      for size in getattr(plan, "workspace_sizes", tuple)())
+    bias = None if plan.bias is None else torch.tensor(plan.bias, dtype=torch.float32, device=device)
+    pointers = tuple(0 if t is None else t.data_ptr() for t in (*owners, *workspace, bias))
+    return (*owners, bias), pointers, workspace
 
 
 @lru_cache(maxsize=1)

@@ -357,6 +357,11 @@ class Thread:
             return
         if op == "membar.gl":  # threads run one at a time here: every store is already visible
             return
+        if head == "atom" and parts[-2] == "inc":  # atom.global.inc.u32: d = old; old >= b wraps to 0, else old + 1
+            address = self._address(args[1])
+            old = r[args[0]] = self.memory.read(address, 4)
+            self.memory.write(address, 4, 0 if old >= (v(args[2]) & _MASK[32]) else old + 1)
+            return
         if head == "atom" and parts[-2] == "add":  # atom.global.add.{u32,f32}: d = the old value
             address = self._address(args[1])
             r[args[0]] = self.memory.read(address, 4)

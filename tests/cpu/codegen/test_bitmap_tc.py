@@ -124,7 +124,7 @@ def test_k_split_over_blocks_matches_float64_and_rearms_its_counters(k_split, la
     config = BitmapTcConfig(warps_per_block=2, stages=2, scan_group=2, b_ahead=b_ahead, k_split=k_split)
     plan = make_bitmap_tc_plan(weight, n, "float16", layout, config, bias=bias, relu=relu, residual=True)
     assert plan.grid == (k_split, 3) and plan.max_batch == 1 and plan.name.count(f"k{k_split}") == 1
-    arrays = [a for a, _ in plan.weight_arrays()]
+    arrays = [a for a, _ in plan.weight_arrays()] + [np.zeros(size, np.int32) for size in plan.workspace_sizes()]
     text, out_shape = render(plan).text, (37, n) if layout == "kn" else (n, 37)
     for seed in (1, 2):
         b = np.random.default_rng(seed).standard_normal((k, n) if layout == "kn" else (n, k))

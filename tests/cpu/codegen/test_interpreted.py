@@ -233,6 +233,7 @@ def run_data_kernel(plan, b: np.ndarray, residual: np.ndarray | None = None) -> 
     batch = b.shape[:-2]
     out = _poisoned((*batch, *((plan.M, plan.N) if plan.layout == "kn" else (plan.N, plan.M))), plan.dtype)
     arrays = [_encode(a.astype(np.float64), plan.dtype) if kind == "values" else a for a, kind in plan.weight_arrays()]
+    arrays += [np.zeros(size, np.int32) for size in getattr(plan, "workspace_sizes", tuple)()]  # the kernel's own
     bias = None if plan.bias is None else np.asarray(plan.bias, np.float32)
     extra = [_encode(residual, plan.dtype)] if plan.residual else []
     launch(render(plan).text, plan.name, (*plan.grid, int(np.prod(batch, dtype=int))), plan.threads,

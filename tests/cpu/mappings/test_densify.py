@@ -36,7 +36,7 @@ def test_csr_arrays_give_w_back(m, k, density, config, layout, dtype):
     w = _matrix(m, k, density, seed=m + k, empty_rows=(0, m - 1))
     n = 8 if layout == "nk" else 16
     plan = make_csr_plan(w, n, dtype, layout, config)
-    arrays, _ = weight_data(plan, "cpu")
+    arrays, _, _ = weight_data(plan, "cpu")
     out = torch.full((m, k), float("nan"), dtype=getattr(torch, dtype))
     assert plan_family(plan).hook("densify")(plan, arrays, out) is out
     want = torch.from_numpy(w.astype(dtype).to_dense().astype(np.float32)).to(out.dtype)
@@ -70,7 +70,7 @@ def test_16_bit_decode_arrays_give_w_back(m, k, density, dtype, built, family):
         csr = DeviceCsr(torch.from_numpy(w.indptr.copy()), torch.from_numpy(w.indices.copy()),
                         torch.from_numpy(w.values.astype(np.float32)).to(getattr(torch, dtype)), w.shape, dtype)
         plan = device(csr, 1 if family != "bitmap-tc" else n, dtype, layout, config)
-    arrays, _ = weight_data(plan, "cpu")
+    arrays, _, _ = weight_data(plan, "cpu")
     out = torch.full((m, k), float("nan"), dtype=getattr(torch, dtype))
     assert plan_family(plan).hook("densify")(plan, arrays, out) is out
     assert torch.equal(out, torch.from_numpy(w.to_dense().astype(np.float32)).to(out.dtype))

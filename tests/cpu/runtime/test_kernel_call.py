@@ -189,6 +189,25 @@ def test_batch_beyond_the_grid_limit_is_refused():
     assert kernel.launches[0][2] == 65535
 
 
+def test_a_kernel_whose_workspace_holds_one_batch_entry_refuses_a_batch():
+    """bitmap-tc with k_split: its blocks meet in a workspace of one batch entry, so a batch is refused with the
+    fix, by the checked call and by the raw launch alike; one entry goes through."""
+    from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig, make_bitmap_tc_plan
+
+    kernel = cpu_kernel()
+    kernel.plan = make_bitmap_tc_plan(weight(), N, "float16", "kn", BitmapTcConfig(k_split=2))
+    kernel._dtype = torch.float16
+    assert kernel.max_batch == 1
+    with pytest.raises(ValueError, match="workspace for 1 batch entry at a time: call it once per entry"):
+        kernel(torch.ones(2, K, N, dtype=torch.float16))
+    assert kernel.launches == []
+    kernel(torch.ones(1, K, N, dtype=torch.float16))
+    assert kernel.launches[0][2] == 1
+    del kernel.launch  # the raw launch (graph capture, ops) checks it too, before anything reaches the driver
+    with pytest.raises(ValueError, match="a launch of 3 batch entries; .* takes 1 at a time"):
+        kernel.launch(0, 0, 3, 0)
+
+
 def test_a_valid_call_launches_once_over_the_batch():
     kernel = cpu_kernel()
     b = torch.ones(3, K, N)

@@ -35,6 +35,7 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     chunk_bytes = sum(x.units for x in plan.formats) * UNIT / max(chunks, 1)
     in_flight = resident * (c.stages - 1) * plan.sources * chunk_bytes  # a stage holds a chunk of each strip
     rate = min(gpu.hbm_bytes_per_s, in_flight / gpu.hbm_latency_s)
-    streamed = (plan.bytes_read() + plan.M * plan.N * es) * batch / rate
+    partials = 2 * c.k_split * plan.M * plan.N * 4 if c.k_split > 1 else 0  # k_split's workspace, written and read
+    streamed = (plan.bytes_read() + plan.M * plan.N * es + partials) * batch / rate
     terms = {"issue": decode * 1e6, "operand": streamed * 1e6, "ifetch": 0.0, "latency": 0.0}
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)

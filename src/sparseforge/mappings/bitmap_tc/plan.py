@@ -66,7 +66,7 @@ class BitmapTcConfig:
     # warps, and the kernel is bound by latency (more warps, more of it hidden); it fits 64 without spilling at
     # N = 16 and 40 at N <= 8
     blocks_per_sm: int = 1
-    # 1: B's fragments of the warp's next chunk loaded while this one is decoded (two register sets, 16 more
+    # 1: B's fragments of the warp's next chunk loaded while this one is decoded (two register sets, about 22 more
     # registers an n-tile), so an mma never waits on B's L1 / L2 latency; 0: a chunk's first tile group loaded
     # as its copy lands, the second at its tiles. With B's loads replaced by constants the kernel ran 27% faster
     # (N = 8, 4096 x 4096, 70%, H200): their latency on the mma's path, or their bytes. X as N x K only (b_loads
@@ -230,7 +230,7 @@ class BitmapTcPlan(WeightAsData):
         """With several strips a warp (or a gated kernel's two), ptxas keeps both strips' loads in flight: 141
         (wide) to 222 at 2 strips, 218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
         base = 86 + 20 * (self.n_tiles - 1) if self.b_loads == "wide" and self.N > 1 else 118 + 36 * (self.n_tiles - 1)
-        ahead = 16 * self.n_tiles if self.config.b_ahead else 0  # the next chunk's B beside this one's
+        ahead = 22 * self.n_tiles if self.config.b_ahead else 0  # the next chunk's B beside this one's: 107 / 128
         return min(255, base + ahead + (60 if self.sources == 2 else 130 if self.sources == 4 else 0))
 
     @property
@@ -258,18 +258,20 @@ class BitmapTcPlan(WeightAsData):
         return 65536 // (self.config.threads * self.min_blocks) // 8 * 8
 
     def weight_arrays(self) -> tuple[tuple[np.ndarray, str], ...]:
-        """(data, offsets) of W, then of a gated kernel's G, then with config.k_split the kernel's workspace: the
-        blocks' partial sums (fp32 bits, k_split x M x N of a batch entry) and a counter a block row, zeros (the
-        kernel's parameter order after B and C)."""
+        """(data, offsets) of W, then of a gated kernel's G (the kernel's parameter order after B and C)."""
         arrays = []
         for i, f in enumerate(self.formats):
             data = f.data.view(np.int32) if isinstance(f.data, np.ndarray) else f.data
             offsets = self.device_offsets[i] if self.device_offsets else f.offsets.view(np.int32)
             arrays += [(data, "int32"), (offsets, "int32")]
-        if self.config.k_split > 1:
-            arrays += [(np.zeros(self.config.k_split * self.M * self.N, np.int32), "int32"),
-                       (np.zeros(self.grid[1], np.int32), "int32")]
         return tuple(arrays)
+
+    def workspace_sizes(self) -> tuple[int, ...]:
+        """The kernel's own zeroed arrays after W's (int32 elements), with config.k_split: the blocks' partial
+        sums (fp32 bits, k_split x M x N of a batch entry) and a counter a block row."""
+        if self.config.k_split == 1:
+            return ()
+        return self.config.k_split * self.M * self.N, self.grid[1]
 
     def bytes_read(self) -> int:
         return sum(f.nbytes for f in self.formats)

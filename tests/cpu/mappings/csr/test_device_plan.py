@@ -77,10 +77,10 @@ def test_refusals_are_the_host_plans():
 def test_weight_data_takes_device_arrays_as_they_are():
     w = _matrix(6, 60_000, 0.002, seed=2)
     plan = make_csr_plan_on_device(_device_csr(w), 4, "float16", "nk", CsrConfig())
-    arrays, pointers = weight_data(plan, "cpu")
+    arrays, pointers, _ = weight_data(plan, "cpu")
     assert arrays[0] is plan.values and arrays[1] is plan.cols  # no second copy of W
     assert arrays[1].dtype == torch.int16 and torch.equal(arrays[2], torch.from_numpy(plan.rows))
-    fresh, _ = weight_data(plan, "cpu", fresh=True)  # a timing copy streams its own bytes
+    fresh, _, _ = weight_data(plan, "cpu", fresh=True)  # a timing copy streams its own bytes
     assert fresh[0].data_ptr() != plan.values.data_ptr() and torch.equal(fresh[0], plan.values)
     assert fresh[1].data_ptr() != plan.cols.data_ptr() and torch.equal(fresh[1], plan.cols)
     host = make_csr_plan(w, 4, "float16", "nk", CsrConfig())

@@ -66,7 +66,7 @@ def test_widths_share_one_format_and_the_kernel_reads_it_in_place():
     one = make_tc_scatter_plan_on_device(w, 1, "float16", "nk")
     eight = make_tc_scatter_plan_on_device(w, 8, "float16", "nk", TcScatterConfig(warps_per_block=4))
     assert one.format is eight.format
-    arrays, _ = weight_data(one, "cpu")
+    arrays, _, _ = weight_data(one, "cpu")
     assert arrays[0] is one.format.values and arrays[1] is one.format.pos and arrays[2] is one.format.records
 
 
