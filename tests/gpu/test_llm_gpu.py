@@ -183,6 +183,12 @@ def test_a_layers_widths_share_one_device_packing_of_w():
 
 def _sparse_linear_on_delta_runs(out_features: int, in_features: int, seed: int, dtype):
     from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+
+    return _pinned_decode_linear(out_features, in_features, seed, dtype, {1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
+
+
+def _pinned_decode_linear(out_features: int, in_features: int, seed: int, dtype, pinned: dict):
+    """A DecodeLinear over a 70%-pruned seeded Linear whose widths run the configs `pinned` names."""
     from sparseforge.nn import SparseLinear
 
     torch.manual_seed(seed)
@@ -190,8 +196,8 @@ def _sparse_linear_on_delta_runs(out_features: int, in_features: int, seed: int,
     with torch.no_grad():
         dense.weight.mul_(torch.rand_like(dense.weight) > 0.7)  # 70% pruned
     layer = SparseLinear.from_dense(dense.to("cuda", dtype), policy="sparse", tune_budget=None)
-    layer.pin({1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
-    return DecodeLinear(layer, (1, 2))
+    layer.pin(pinned)
+    return DecodeLinear(layer, tuple(pinned))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -266,3 +272,38 @@ def test_a_gated_mlp_under_reduce_overhead_compiles_once_a_width_and_is_graphed(
     assert graphs == 2, f"{graphs} graphs compiled for 2 token counts"
     assert counters["stats"]["unique_graphs"] == graphs, "dropping a gated kernel recompiled the forward"
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+def test_a_gated_mlp_at_eight_tokens_runs_the_bitmap_tc_gated_kernel():
+    """GatedDecodeMLP over gate / up layers pinned to delta-runs at 1 token and bitmap-tc at 8: fuse() builds a
+    gated kernel of each family; at 8 tokens (and at 5, padded to 8) the bitmap-tc one, eager and graph-captured,
+    gives the float64 MLP."""
+    from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+    from sparseforge.nn import GatedDecodeMLP
+
+    dtype, pinned = torch.float16, {1: DeltaRunsConfig(), 8: BitmapTcConfig()}
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = (_pinned_decode_linear(2048, 1024, s, dtype, pinned) for s in (3, 4))
+    mlp.down_proj = torch.nn.Linear(2048, 1024, bias=False).to("cuda", dtype)
+    mlp.act_fn = torch.nn.SiLU()
+    for part in (mlp.gate_proj, mlp.up_proj):
+        part.prepare()
+    fused = GatedDecodeMLP(mlp)
+    assert fused.fuse() == [1, 8]
+    assert fused._gated(8).mapping == "bitmap-tc" and fused._gated(1).mapping == "delta-runs"
+    g, u = (p.inner.to_dense().weight.double() for p in (mlp.gate_proj, mlp.up_proj))
+    for n in (8, 5):
+        x = torch.randn(n, 1, 1024, device="cuda").to(dtype)
+        with torch.no_grad():
+            want = ((x.double() @ g.T) * torch.sigmoid(x.double() @ g.T) * (x.double() @ u.T)) \
+                @ mlp.down_proj.weight.double().T
+            eager = fused(x)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = fused(x)
+            graph.replay()
+            torch.cuda.synchronize()
+        for got in (eager, captured):
+            assert torch.isfinite(got).all()
+            assert ((got.double() - want).norm() / want.norm()).item() <= 5e-3, n

@@ -234,8 +234,9 @@ class DecodeLinear(nn.Module):
 class GatedDecodeMLP(nn.Module):
     """A decoder layer's MLP, down(silu(gate(x)) * up(x)), whose gate and up projections run as one gated kernel
     (sparseforge.compile_gated_mlp: one launch, X read once, silu and the product in its epilogue) at the decode
-    widths where both run kernels of a family that has one (delta-runs; bitmap-tc at N >= 8) with one config;
-    every other call runs the MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own
+    widths where both run kernels of a family that has one (delta-runs; bitmap-tc at N >= 8) with one config
+    (a width between them on the next wider one's kernel, its rows padded with zeros); every other call runs the
+    MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own
     modules, under their names (the state dict is the MLP's). fuse() builds the gated kernels from the two
     layers' kernels, sharing their arrays (nothing copied); after a move, a cast or a copy the MLP runs unfused
     until fuse() is called again (convert and load call it)."""
@@ -306,14 +307,20 @@ class GatedDecodeMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // x.shape[-1] if x.dim() else 0
-        if n in self._fused_widths and x.is_cuda and not self._records_grad(x):
+        # a width between fused ones runs the next wider gated kernel on zero rows beyond the tokens, as the
+        # projections' DecodeLinear would run their kernels (rows are independent)
+        width = n if n in self._fused_widths else min((w for w in self._fused_widths if w > n), default=None)
+        if width is not None and n and x.is_cuda and not self._records_grad(x):
+            rows = x.reshape(n, x.shape[-1])
+            if width > n:
+                rows = F.pad(rows, (0, 0, 0, width - n))
             if torch.compiler.is_compiling():  # the op's body checks the kernels (nothing traced reads them)
-                y = torch.ops.sparseforge.gated_mlp(x, self.gate_proj.inner.device_anchor, self.layer_id,
+                y = torch.ops.sparseforge.gated_mlp(rows, self.gate_proj.inner.device_anchor, self.layer_id,
                                                     self.up_proj.out_features)
-                return self.down_proj(y)
-            kernel = self._gated(n)
+                return self.down_proj(y[:n].view(*x.shape[:-1], self.up_proj.out_features))
+            kernel = self._gated(width)
             if kernel is not None:
-                return self.down_proj(self._run(kernel, x))
+                return self.down_proj(self._run(kernel, rows)[:n].view(*x.shape[:-1], self.up_proj.out_features))
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
     def gated_forward(self, x: torch.Tensor) -> torch.Tensor:
