@@ -181,12 +181,6 @@ def test_a_layers_widths_share_one_device_packing_of_w():
     assert sorted(d.n for d in inner.decisions) == [1, 8]
 
 
-def _sparse_linear_on_delta_runs(out_features: int, in_features: int, seed: int, dtype):
-    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
-
-    return _pinned_decode_linear(out_features, in_features, seed, dtype, {1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
-
-
 def _pinned_decode_linear(out_features: int, in_features: int, seed: int, dtype, pinned: dict):
     """A DecodeLinear over a 70%-pruned seeded Linear whose widths run the configs `pinned` names."""
     from sparseforge.nn import SparseLinear
@@ -200,21 +194,30 @@ def _pinned_decode_linear(out_features: int, in_features: int, seed: int, dtype,
     return DecodeLinear(layer, tuple(pinned))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_gated_mlp_runs_gate_and_up_as_one_kernel_in_eager_calls_graphs_and_the_op(dtype):
-    """GatedDecodeMLP over delta-runs gate / up layers: fuse() builds the gated kernels at both widths; eager,
-    graph-captured and torch.library-op calls give the unfused MLP's result (float64 reference of silu(G x) *
-    (U x) through the same down projection)."""
+def _fused_mlp(dtype, pinned: dict, seeds=(1, 2)):
+    """(the Llama-layout MLP, its GatedDecodeMLP, fuse()'s widths): gate / up 2048 x 1024 DecodeLinears running the
+    configs `pinned` names at its widths, their kernels built, a dense down projection."""
     from sparseforge.nn import GatedDecodeMLP
 
     mlp = torch.nn.Module()
-    mlp.gate_proj, mlp.up_proj = (_sparse_linear_on_delta_runs(2048, 1024, s, dtype) for s in (1, 2))
+    mlp.gate_proj, mlp.up_proj = (_pinned_decode_linear(2048, 1024, s, dtype, pinned) for s in seeds)
     mlp.down_proj = torch.nn.Linear(2048, 1024, bias=False).to("cuda", dtype)
     mlp.act_fn = torch.nn.SiLU()
     for part in (mlp.gate_proj, mlp.up_proj):
         part.prepare()
     fused = GatedDecodeMLP(mlp)
-    assert fused.fuse() == [1, 2]
+    return mlp, fused, fused.fuse()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_gated_mlp_runs_gate_and_up_as_one_kernel_in_eager_calls_graphs_and_the_op(dtype):
+    """GatedDecodeMLP over delta-runs gate / up layers: fuse() builds the gated kernels at both widths; eager,
+    graph-captured and torch.library-op calls give the unfused MLP's result (float64 reference of silu(G x) *
+    (U x) through the same down projection)."""
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+
+    mlp, fused, widths = _fused_mlp(dtype, {1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
+    assert widths == [1, 2]
     g, u = (p.inner.to_dense().weight.double() for p in (mlp.gate_proj, mlp.up_proj))
     tolerance = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
     for n in (1, 2):
@@ -244,17 +247,11 @@ def test_a_gated_mlp_under_reduce_overhead_compiles_once_a_width_and_is_graphed(
     kernel is dropped (its call then runs the two projections apart inside the op)."""
     from torch._dynamo.utils import counters
 
-    from sparseforge.nn import GatedDecodeMLP
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
 
     dtype = torch.float16
-    mlp = torch.nn.Module()
-    mlp.gate_proj, mlp.up_proj = (_sparse_linear_on_delta_runs(2048, 1024, s, dtype) for s in (1, 2))
-    mlp.down_proj = torch.nn.Linear(2048, 1024, bias=False).to("cuda", dtype)
-    mlp.act_fn = torch.nn.SiLU()
-    for part in (mlp.gate_proj, mlp.up_proj):
-        part.prepare()
-    fused = GatedDecodeMLP(mlp)
-    assert fused.fuse() == [1, 2]
+    mlp, fused, widths = _fused_mlp(dtype, {1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
+    assert widths == [1, 2]
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(fused, mode="reduce-overhead", fullgraph=True, dynamic=False)
@@ -280,17 +277,10 @@ def test_a_gated_mlp_at_eight_tokens_runs_the_bitmap_tc_gated_kernel():
     gives the float64 MLP."""
     from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig
     from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
-    from sparseforge.nn import GatedDecodeMLP
 
-    dtype, pinned = torch.float16, {1: DeltaRunsConfig(), 8: BitmapTcConfig()}
-    mlp = torch.nn.Module()
-    mlp.gate_proj, mlp.up_proj = (_pinned_decode_linear(2048, 1024, s, dtype, pinned) for s in (3, 4))
-    mlp.down_proj = torch.nn.Linear(2048, 1024, bias=False).to("cuda", dtype)
-    mlp.act_fn = torch.nn.SiLU()
-    for part in (mlp.gate_proj, mlp.up_proj):
-        part.prepare()
-    fused = GatedDecodeMLP(mlp)
-    assert fused.fuse() == [1, 8]
+    dtype = torch.float16
+    mlp, fused, widths = _fused_mlp(dtype, {1: DeltaRunsConfig(), 8: BitmapTcConfig()}, seeds=(3, 4))
+    assert widths == [1, 8]
     assert fused._gated(8).mapping == "bitmap-tc" and fused._gated(1).mapping == "delta-runs"
     g, u = (p.inner.to_dense().weight.double() for p in (mlp.gate_proj, mlp.up_proj))
     for n in (8, 5):
