@@ -38,6 +38,9 @@
 #   occupancy     bitmap-tc's proposed configs beside the trials that ask for more blocks an SM (fewer registers a
 #                 thread) or load B a chunk ahead, N = 8 then 16, X as N x K, the same Llama shapes and protocol;
 #                 then K split over blocks on the 1024-row (k / v) and 4096-row shapes at N = 8
+#   b_shared      bitmap-tc with B's chunk staged once a block (b_shared) beside tc-scatter, csr-staged and dense at
+#                 N = 64, 32, then 16 beside the proposed bitmap-tc configs; X as N x K, the same Llama shapes and
+#                 protocol (benchmarks/designs.py)
 #   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with B's loads replaced by
 #                 register moves or all from one line (L1 hits), the value loads or the stored starts replaced
 #                 (benchmarks/proto/bitmap_tc_probe.py; N = 8, X as N x K, fp16, weights rotated; timing only)
@@ -204,6 +207,17 @@ stage() {
       run designs_bitmap_tc_k_split_n8_nk python3 benchmarks/designs.py "$OUT/designs_bitmap_tc_k_split_n8_nk_fp16.json" \
         "$D" "llm:0.5,0.7,0.9:llama_1024x4096,llama_4096x4096/8" --dtype float16 --layout nk --mappings bitmap-tc \
         --rotate-all --configs btc_w8s3,btc_w8s2g4,btc_w4s4,btc_w8s3k2,btc_w8s2g4k4,btc_w4s4k4,btc_w8s2g4k8 ;;
+    b_shared)
+      shared=btc_w8s2g4x,btc_w8s3g4x,btc_w4s3g4x,btc_w4s4g2x,btc_w8s2g4k2x,btc_w8s2g4k4x,btc_w4s3g4k4x
+      for n in 64 32; do
+        run "designs_bitmap_tc_b_shared_n${n}_nk" python3 benchmarks/designs.py \
+          "$OUT/designs_bitmap_tc_b_shared_n${n}_nk_fp16.json" "$D" \
+          "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/$n" --dtype float16 --layout nk \
+          --mappings bitmap-tc,tc-scatter,csr-staged --rotate-all
+      done
+      run designs_bitmap_tc_b_shared_n16_nk python3 benchmarks/designs.py "$OUT/designs_bitmap_tc_b_shared_n16_nk_fp16.json" \
+        "$D" "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/16" --dtype float16 --layout nk \
+        --mappings bitmap-tc --rotate-all --configs "btc_w8s3,btc_w8s2g4,btc_w4s4,$shared" ;;
     bitmap_tc_probe)
       for variant in base nob bl1 nolds nostarts nolds_nob nocopy_nolds_nob; do
         run "bitmap_tc_probe_$variant" python3 benchmarks/proto/bitmap_tc_probe.py $variant

@@ -1,4 +1,5 @@
-"""The bitmap-tc kernel on the GPU (mappings/bitmap_tc/): both 16-bit dtypes x N in 1..16 x densities {0, one
+"""The bitmap-tc kernel on the GPU (mappings/bitmap_tc/): both 16-bit dtypes x N in 1..16 (to 64 with B staged a
+block) x densities {0, one
 nonzero, 10%, 50%, 100%} x tails (M, K not multiples of 16 / 128, odd K), both layouts, batches, bias / ReLU /
 residual, through compile_spmm with a fixed BitmapTcConfig, fresh inputs into NaN-poisoned outputs against
 float64 (fp16 <= 5e-3, bf16 <= 3e-2 relative); the gated MLP kernel over two kernels' arrays; the format packed
@@ -80,6 +81,24 @@ def test_b_loaded_a_chunk_ahead_matches_float64(density, m, k, config, matches_f
             continue
         kernel = compile_spmm(w, n, dtype, "nk", config=config, tune_budget=None)
         matches_float64(kernel, w, dtype, "nk", seed=n)
+
+
+@pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)
+@pytest.mark.parametrize("m,k", [(16, 128), (33, 72), (130, 1000), (50, 4104), (1030, 4096), (64, 14336)])
+@pytest.mark.parametrize("config", [BitmapTcConfig(8, 2, 4, b_shared=1), BitmapTcConfig(8, 3, 4, b_shared=1),
+                                    BitmapTcConfig(4, 3, 4, b_shared=1), BitmapTcConfig(4, 4, 2, b_shared=1),
+                                    BitmapTcConfig(8, 2, 4, b_shared=1, k_split=4),
+                                    BitmapTcConfig(4, 3, 1, b_shared=1, k_split=2)],
+                         ids=lambda c: c.short())
+def test_b_staged_a_block_matches_float64(density, m, k, config, matches_float64):
+    """config.b_shared (X as N x K, K a multiple of 8): a strip a warp, B's chunk staged once a block, N up to
+    64 (8 n-tiles), spare warps past the last strip, K split over blocks (a batch entry a launch)."""
+    w = _weight(m, k, density, seed=m + k)
+    for n, dtype in ((8, torch.float16), (24, torch.bfloat16), (40, torch.float16), (64, torch.float16),
+                     (64, torch.bfloat16), (17, torch.float16)):
+        kernel = compile_spmm(w, n, dtype, "nk", config=config, tune_budget=None)
+        assert kernel.mapping == "bitmap-tc"
+        matches_float64(kernel, w, dtype, "nk", batch=() if config.k_split > 1 else (2,), seed=n)
 
 
 @pytest.mark.parametrize("density", ["zero", "one", 0.1, 0.5, 1.0], ids=str)

@@ -2,7 +2,7 @@
 tails, densities from 0 to 1, fp16 and bf16, both layouts, bias, a residual where the family adds one, ReLU, the
 gated MLP's silu(G x) * (U x) where the family has a gated kernel), each config drawn from the whole design space
 of its problem (the default space and the trial configs: csr, csr-staged, csr-columns, tc-scatter, delta-runs
-with 8- and 4-bit gaps, bitmap-tc, bitmap, the generated kernels), each run on 5 fresh inputs (plain and batched)
+with 8- and 4-bit gaps, bitmap-tc with B from L2 or staged a block, bitmap, the generated kernels), each run on 5 fresh inputs (plain and batched)
 into NaN-poisoned outputs against float64: 1,000 cases, 0 wrong. Kernels compile side by side (ptxas in threads),
 then load and run."""
 from concurrent.futures import ThreadPoolExecutor
@@ -69,7 +69,8 @@ def _problem(seed: int):
 
 def _kind(config) -> str:
     gap = getattr(config, "gap_bits", None)
-    return family_of(config).name + (f" g{gap}" if gap is not None else "")
+    return (family_of(config).name + (f" g{gap}" if gap is not None else "")
+            + (" b shared" if getattr(config, "b_shared", 0) else ""))
 
 
 def test_decode_families_on_random_problems_match_float64():
@@ -109,5 +110,5 @@ def test_decode_families_on_random_problems_match_float64():
                 wrong.append((plan.name, i, finite, err))
     assert cases >= 1000
     assert mappings >= {"csr", "tc-scatter", "delta-runs g8", "delta-runs g4", "bitmap-tc", "delta-runs g8" + GATED,
-                        "bitmap-tc" + GATED}, mappings
+                        "bitmap-tc" + GATED, "bitmap-tc b shared"}, mappings
     assert not wrong, f"{len(wrong)} of {cases} cases wrong, e.g. {wrong[:5]}"

@@ -17,7 +17,9 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
     plan.dynamic_shared_bytes), and the output is silu(G x) * (W x) (register %gacc). With config.k_split (one
     strip a block, %rks the block's part of K): each block stores its sums in the workspace (p_partials, fp32,
     k_split x M x N) and counts itself in (p_arrivals, a counter a strip, atom.inc: the last arrival wraps it to
-    0); the last to arrive adds the parts in block order and finishes the strip."""
+    0); the last to arrive adds the parts in block order and finishes the strip. A plan whose warps each hold
+    their own strip (plan.warp_strips: strip %rs + warp, %rby the block row; X as N x K) stores each warp's sums
+    as its strip's, nothing added across warps."""
     c, es = plan.config, plan.element_bytes
     bc = plan.block_columns
     region = c.warps_per_block * TILE * bc * 4  # one set of the warps' partial sums
@@ -59,7 +61,7 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
     _each_output(e, plan, f"PARTIAL{tag}", [warp_sum, partial])
     e.comment("the strip's blocks meet: the last to arrive (its count wraps the counter to 0) finishes the strip")
     e.lines(["membar.gl;", "bar.sync 0;", "setp.ne.u32 %pt, %rtid, 0;", f"@%pt bra ARRIVED{tag};",
-             "mul.wide.u32 %rdt, %rs, 4;", "add.s64 %rdt, %rdt, %rda;",
+             f"mul.wide.u32 %rdt, {'%rby' if _warp_strips(plan) else '%rs'}, 4;", "add.s64 %rdt, %rdt, %rda;",
              f"atom.global.inc.u32 %o, [%rdt], {split - 1};",  # the last arrival wraps it to 0: re-armed atomically
              f"setp.eq.u32 %pt, %o, {split - 1};", "selp.u32 %o, 1, 0, %pt;", "st.shared.u32 [%t], %o;"])
     e.label(f"ARRIVED{tag}")
@@ -72,8 +74,9 @@ def strip_epilogue(e: Emitter, plan, accumulators: str = "%c", tag: str = "", ga
 def _each_output(e: Emitter, plan, label: str, parts) -> None:
     """Each of the block's outputs a thread at a time (%m, %n; %rw, %cl its place in the strip's tile, past M or
     N skipped), `parts` emitted in turn for it."""
-    bc, threads = plan.block_columns, plan.config.threads
-    elements, shift = TILE * bc, bc.bit_length() - 1
+    bc, threads, own = plan.block_columns, plan.config.threads, _warp_strips(plan)
+    elements, shift = TILE * bc * (plan.config.warps_per_block if own else 1), bc.bit_length() - 1
+    assert not own or plan.layout == "nk", "warps on their own strips store Y as N x M"
     for i in range(-(-elements // threads)):
         done = f"{label}{i}"
         e.lines([f"add.u32 %o, %rtid, {i * threads};", f"setp.ge.u32 %pt, %o, {elements};", f"@%pt bra {done};"])
@@ -81,9 +84,12 @@ def _each_output(e: Emitter, plan, label: str, parts) -> None:
             e.lines([f"shr.u32 %rw, %o, {shift};", f"and.b32 %cl, %o, {bc - 1};"])
         else:  # Y[n, m]: consecutive threads along m
             e.lines(["shr.u32 %cl, %o, 4;", "and.b32 %rw, %o, 15;"])
-        e.lines([f"mad.lo.u32 %n, %rgx, {bc}, %cl;", f"mad.lo.u32 %m, %rs, {TILE}, %rw;",
-                 f"setp.ge.u32 %pt, %n, {plan.N};", f"@%pt bra {done};", f"setp.ge.u32 %pt, %m, {plan.M};",
-                 f"@%pt bra {done};"])
+        if own:  # %ws: the warp whose strip the output is in
+            e.lines([f"div.u32 %ws, %cl, {bc};", f"mul.lo.u32 %ad, %ws, {bc};", "sub.u32 %cl, %cl, %ad;"])
+        e.lines([f"mad.lo.u32 %n, %rgx, {bc}, %cl;", f"mad.lo.u32 %m, %rs, {TILE}, %rw;"]
+                + ([f"mad.lo.u32 %m, %ws, {TILE}, %m;"] if own else [])
+                + [f"setp.ge.u32 %pt, %n, {plan.N};", f"@%pt bra {done};", f"setp.ge.u32 %pt, %m, {plan.M};",
+                   f"@%pt bra {done};"])
         for part in parts:
             part(e)
         e.label(done)
@@ -94,6 +100,10 @@ def _warp_sum(plan, gate: str | None, region: int):
     c, bc = plan.config, plan.block_columns
 
     def emit(e: Emitter) -> None:
+        if _warp_strips(plan):  # the output's own warp's sum, nothing to add
+            e.lines([f"mad.lo.u32 %ad, %ws, {TILE}, %rw;", f"mad.lo.u32 %ad, %ad, {bc}, %cl;",
+                     "mad.lo.u32 %ad, %ad, 4, %t;", "ld.shared.f32 %acc, [%ad];"])
+            return
         e.lines([f"mad.lo.u32 %ad, %rw, {bc}, %cl;", "mad.lo.u32 %ad, %ad, 4, %t;", "ld.shared.f32 %acc, [%ad];"])
         for w in range(1, c.warps_per_block):
             e.lines([f"ld.shared.f32 %f, [%ad+{w * TILE * bc * 4}];", "add.f32 %acc, %acc, %f;"])
@@ -103,6 +113,10 @@ def _warp_sum(plan, gate: str | None, region: int):
                 e.lines([f"ld.shared.f32 %f, [%ad+{region + w * TILE * bc * 4}];", "add.f32 %gacc, %gacc, %f;"])
             silu_times(e, "%gacc", "%acc")
     return emit
+
+
+def _warp_strips(plan) -> bool:
+    return bool(getattr(plan, "warp_strips", False))
 
 
 def _finish(plan):

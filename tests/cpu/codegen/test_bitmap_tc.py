@@ -241,15 +241,69 @@ def test_the_residual_is_added_before_relu(layout):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 2e-2
 
 
+@pytest.mark.parametrize("m, k, n, config, dtype, batch", [
+    (33, 264, 24, BitmapTcConfig(2, 2, 4, b_shared=1), "float16", 1),     # a spare warp in the last block
+    (17, 1800, 64, BitmapTcConfig(2, 3, 1, b_shared=1), "bfloat16", 1),   # 8 n-tiles, 15 chunks through a ring of 3
+    (70, 264, 40, BitmapTcConfig(2, 4, 4, b_shared=1, k_split=4), "float16", 1),  # blocks past the last chunk
+    (5, 8, 33, BitmapTcConfig(2, 2, 2, b_shared=1), "bfloat16", 2),      # one column of tiles, B's rows past N
+    (33, 520, 9, BitmapTcConfig(4, 3, 4, b_shared=1, k_split=8), "float16", 1)])
+def test_b_staged_a_block_matches_float64(m, k, n, config, dtype, batch):
+    """config.b_shared: each warp its own strip, B's chunk copied once a block (odd rows' pieces swapped, zeros
+    past K), the warps' offset tables, the epilogue storing each warp's strip; with K split over blocks, blocks
+    with no chunk still meet their strip's others."""
+    rng = np.random.default_rng(m + k + n)
+    weight, bias, relu = random_weight_and_epilogue(rng, m, k, 0.5, n, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, n, dtype, "nk", config, bias=bias, relu=relu)
+    assert plan.warp_strips and plan.chunks_per_warp == plan.chunks_per_block
+    b = rng.standard_normal((batch, n, k) if batch > 1 else (n, k))
+    assert_matches(run_data_kernel(plan, b), _reference(weight, b, "nk", dtype, bias, relu), dtype)
+
+
+def test_b_staged_a_block_adds_the_residual_and_refuses_what_it_cannot_take():
+    rng = np.random.default_rng(3)
+    weight, bias, _ = random_weight_and_epilogue(rng, 20, 136, 0.4, 3, dense_row=True)
+    plan = make_bitmap_tc_plan(weight, 20, "float16", "nk", BitmapTcConfig(2, 2, 4, b_shared=1), bias=bias,
+                               residual=True)
+    b, residual = rng.standard_normal((20, 136)), rng.standard_normal((20, 20))
+    rounded = _decode(_encode(residual, "float16"), "float16")
+    assert_matches(run_data_kernel(plan, b, residual), _reference(weight, b, "nk", "float16", bias, False) + rounded,
+                   "float16")
+    with pytest.raises(ValueError, match="K a multiple of 8; here layout 'kn'"):
+        make_bitmap_tc_plan(weight, 20, "float16", "kn", BitmapTcConfig(b_shared=1))
+    odd = SparseMatrix.from_dense(np.eye(16, 300, dtype=np.float32))
+    with pytest.raises(ValueError, match="K = 300: use b_shared=0"):
+        make_bitmap_tc_plan(odd, 20, "float16", "nk", BitmapTcConfig(b_shared=1))
+    with pytest.raises(ValueError, match="N <= 64 in one block with b_shared=1, got N = 65"):
+        make_bitmap_tc_plan(weight, 65, "float16", "nk", BitmapTcConfig(b_shared=1))
+    with pytest.raises(ValueError, match="got N = 17: use b_shared=1"):
+        make_bitmap_tc_plan(weight, 17, "float16", "nk")
+    with pytest.raises(ValueError, match="strips=2, b_ahead=1 does not fit"):
+        BitmapTcConfig(scan_group=2, strips=2, b_ahead=1, b_shared=1)
+    with pytest.raises(ValueError, match="l2_ahead=1 does not fit"):
+        BitmapTcConfig(l2_ahead=1, b_shared=1)
+    with pytest.raises(ValueError, match="scan_group must be 1, 2 or 4"):
+        BitmapTcConfig(scan_group=8, b_shared=1)
+    with pytest.raises(ValueError, match="b_shared must be 0 or 1"):
+        BitmapTcConfig(b_shared=2)
+    with pytest.raises(ValueError, match="plan the gate and up with b_shared=0"):
+        shared = make_bitmap_tc_plan(weight, 8, "float16", "nk", BitmapTcConfig(b_shared=1))
+        gated_bitmap_tc_plan(shared, None, shared, None)
+    long = SparseMatrix.from_dense(np.eye(16, 128 * 70, dtype=np.float32))  # 70 chunks for one warp: its table
+    assert make_bitmap_tc_plan(long, 8, "float16", "nk", BitmapTcConfig(2, 2, b_shared=1)).table_bytes == 288
+
+
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("n, layout, k", [(1, "nk", 4096), (8, "nk", 4096), (16, "nk", 14336), (8, "kn", 4096),
-                                          (16, "kn", 4096), (5, "nk", 4095)])
+                                          (16, "kn", 4096), (5, "nk", 4095), (40, "nk", 4096), (64, "nk", 14336)])
 def test_every_config_assembles_without_spills(arch, n, layout, k):
     rng = np.random.default_rng(0)
     dense = (rng.standard_normal((32, k)) * (rng.random((32, k)) < 0.5)).astype(np.float32)
     w = SparseMatrix.from_dense(dense)
     configs = {*bitmap_tc_candidates(n, layout, 32, k / 2, False, "float16", 132),
                *bitmap_tc_trials(n, layout, 32, k / 2, False, "float16", 132)}
+    # B staged a block: its registers grow with the n-tiles, so N = 8 stands for 2-16 (CI's time) and 40 / 64
+    # are the widths that could spill
+    configs = {c for c in configs if not c.b_shared or n > 16 or (n, layout, k) == (8, "nk", 4096)}
     assert configs
     built = 0
     for config in configs:
@@ -275,7 +329,7 @@ def test_what_the_plan_refuses():
     w = SparseMatrix.from_dense(np.eye(16, 64, dtype=np.float32))
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         make_bitmap_tc_plan(w, 8, "float32", "nk")
-    with pytest.raises(ValueError, match="N <= 16"):
+    with pytest.raises(ValueError, match="N <= 16 in one block with b_shared=0"):
         make_bitmap_tc_plan(w, 17, "float16", "nk")
     with pytest.raises(ValueError, match="sm_80"):
         make_bitmap_tc_plan(w, 8, "float16", "nk", arch=75)

@@ -11,6 +11,13 @@ from .plan import BitmapTcPlan
 # loads. (base, per unit of density, per n-tile past the first); B by 16-byte loads (X as N x K, N = 8 and 16) or
 # loaded at the tile (X as K x N, N = 8; its n-tile term from an earlier kernel at N = 16).
 TILE_CYCLES = {"loaded": (19.7, 19.9, 20.6), "wide": (17.9, 25.4, 6.0)}
+# config.b_shared (B read from the block's copy in shared memory): not yet fitted. The decode is the same; an n-tile
+# past the first costs a tile half a 16-byte shared load (2 of the SM's 128-byte wavefronts) and an mma (about 1.5
+# cycles an SM for mma.sync on Hopper), so 3 cycles, not the 6 of B loaded from L1 / L2
+SHARED_B_N_TILE_CYCLES = 3.0
+# ...and a warp walks all its strip's chunks of the block alone: a tile's dependent chain (scan, value loads, mma)
+# is not hidden by other warps of its strip. A prior, not fitted: scans of 4 tiles overlap, about 80 cycles a tile
+WARP_TILE_CYCLES = 80.0
 
 
 def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
@@ -24,12 +31,18 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     tiles = chunks * CHUNK_TILES
     base, per_density, per_n_tile = TILE_CYCLES["wide" if plan.b_loads == "wide" else "loaded"]
     density = plan.nnz / max(plan.M * plan.K * weights, 1)
+    if plan.warp_strips:
+        per_n_tile = SHARED_B_N_TILE_CYCLES
     cycles = base + per_density * density + per_n_tile * (plan.n_tiles - 1)
-    tiles_per_sm = max(tiles / gpu.sms, plan.chunks_per_block * CHUNK_TILES * plan.sources)  # at least a block's
+    block_tiles = plan.chunks_per_block * CHUNK_TILES * (plan.strips_per_block if plan.warp_strips else plan.sources)
+    tiles_per_sm = max(tiles / gpu.sms, block_tiles)  # at least a block's
     decode = batch * tiles_per_sm * cycles / gpu.clock_hz
+    if plan.warp_strips:  # one warp's chunks in a row
+        decode = max(decode, batch * plan.chunks_per_warp * CHUNK_TILES * WARP_TILE_CYCLES / gpu.clock_hz)
     blocks_per_sm = max(1, min(gpu.registers // (c.threads * plan.registers),
                                (227 * 1024) // plan.dynamic_shared_bytes, gpu.max_warps // c.warps_per_block))
-    busy = min(c.warps_per_block, -(-plan.chunks_per_block // plan.chunks_per_warp))  # warps of a block with chunks
+    busy = c.warps_per_block if plan.warp_strips else \
+        min(c.warps_per_block, -(-plan.chunks_per_block // plan.chunks_per_warp))  # warps of a block with chunks
     blocks = plan.grid[0] * plan.grid[1]  # a block: config.strips strips, or its part of k_split
     resident = min(blocks * busy, gpu.sms * blocks_per_sm * busy)
     chunk_bytes = sum(x.units for x in plan.formats) * UNIT / max(chunks, 1)

@@ -36,8 +36,10 @@ from ...plan.plan import DEFAULT_LAYOUT, WeightAsData, check_gated_pair, check_l
 from ...plan.reference import execute_decoded
 
 N_TILE = 8             # output columns of one mma
-MAX_N = 16             # N a block covers: B comes from L2 a tile and n-tile, so wider N re-reads more of it
-# than W's bytes (at N = 64 on the H200: 0.21x of cuBLAS); wider N wants B staged in shared memory
+MAX_N = 16             # N a block covers with B from L2 a warp and tile: wider N re-reads more of it than W's
+# bytes (at N = 64 on the H200: 0.21x of cuBLAS)
+MAX_N_SHARED_B = 64    # N a block covers with config.b_shared (B's chunk staged once a block): 8 n-tiles, 32
+# accumulators a lane
 BUFFER_STEP = 32       # a chunk buffer's size is rounded up to this many units (512 bytes): a density bucket
 MAX_CHUNKS_A_WARP = 31  # a warp's chunk offsets sit one a lane (31 chunks and the end)
 
@@ -78,6 +80,13 @@ class BitmapTcConfig:
     # (deterministic), then bias, residual, ReLU and the store, and re-arms its counter. So one kernel's launches
     # must not overlap (one stream at a time, as CUDA graphs and the nn modules run them)
     k_split: int = 1
+    # 1: the block's warps each decode their own strip over the same chunks, and B's rows for a chunk (N x 128
+    # columns) are copied into shared memory once a block beside the warps' weights (cp.async, in the ring) and
+    # read from there; 0: each warp loads B from L1 / L2 for its own strip's tiles. B then leaves L2 once for
+    # warps_per_block strips, not once a strip: at N = 64 a chunk's B is 16 KB against W's 0.6-4.5 KB, and with
+    # B from L2 a tile the kernel ran 0.21x of cuBLAS (H200). Takes N up to MAX_N_SHARED_B, X as N x K with K a
+    # multiple of 8 (16-byte copies); a warp walks all its block's chunks (k_split shares them over blocks)
+    b_shared: int = 0
 
     def __post_init__(self):
         require_ints(self)
@@ -100,6 +109,18 @@ class BitmapTcConfig:
         if self.k_split > 1 and self.strips > 1:
             raise ValueError(f"k_split={self.k_split} takes one strip a warp, got strips={self.strips}: use one of "
                              "them")
+        if self.b_shared not in (0, 1):
+            raise ValueError(f"b_shared must be 0 or 1, got {self.b_shared}")
+        if self.b_shared:
+            clashes = [f"{name}={value}" for name, value, plain in (("strips", self.strips, 1),
+                       ("b_ahead", self.b_ahead, 0), ("l2_ahead", self.l2_ahead, 0)) if value != plain]
+            if clashes:
+                raise ValueError(f"b_shared=1 gives each warp one strip and reads B from the block's shared copy, "
+                                 f"which {', '.join(clashes)} does not fit: leave them at strips=1, b_ahead=0, "
+                                 "l2_ahead=0")
+            if self.scan_group > 4:
+                raise ValueError(f"b_shared=1 decodes a group of 4 tiles before its B: scan_group must be 1, 2 or 4, "
+                                 f"got {self.scan_group}")
         if self.scan_group * self.strips > 8:
             raise ValueError(f"scan_group x strips must be at most 8 (tiles scanned ahead, three registers each), got "
                              f"{self.scan_group} x {self.strips}")
@@ -112,7 +133,7 @@ class BitmapTcConfig:
         return (f"btc_w{self.warps_per_block}s{self.stages}" + (f"g{self.scan_group}" if self.scan_group > 1 else "")
                 + (f"p{self.l2_ahead}" if self.l2_ahead else "") + (f"r{self.strips}" if self.strips > 1 else "")
                 + (f"o{self.blocks_per_sm}" if self.blocks_per_sm > 1 else "") + ("a1" if self.b_ahead else "")
-                + (f"k{self.k_split}" if self.k_split > 1 else ""))
+                + (f"k{self.k_split}" if self.k_split > 1 else "") + ("x" if self.b_shared else ""))
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,6 +182,11 @@ class BitmapTcPlan(WeightAsData):
         return 2 if self.gate is not None else self.config.strips
 
     @property
+    def warp_strips(self) -> bool:
+        """Each warp of a block on its own strip (config.b_shared), not all on one strip's chunks."""
+        return bool(self.config.b_shared)
+
+    @property
     def n_tiles(self) -> int:
         return -(-self.N // N_TILE)
 
@@ -175,12 +201,20 @@ class BitmapTcPlan(WeightAsData):
 
     @property
     def chunks_per_warp(self) -> int:
+        """A warp's chunks of each of its strips: all the block's with config.b_shared, else its share of them."""
+        if self.warp_strips:
+            return self.chunks_per_block
         return -(-self.chunks_per_block // self.config.warps_per_block)
 
     @property
+    def strips_per_block(self) -> int:
+        """Strips a block covers: one a warp (config.b_shared), or config.strips for all its warps."""
+        return self.config.warps_per_block if self.warp_strips else self.config.strips
+
+    @property
     def grid(self) -> tuple[int, int]:
-        """(the blocks a strip's chunks are split over, groups of config.strips strips) of one batch entry."""
-        return self.config.k_split, -(-self.format.strips // self.config.strips)
+        """(the blocks a strip's chunks are split over, groups of strips_per_block strips) of one batch entry."""
+        return self.config.k_split, -(-self.format.strips // self.strips_per_block)
 
     @property
     def max_batch(self) -> int:
@@ -209,11 +243,29 @@ class BitmapTcPlan(WeightAsData):
         return self.buffer_units * UNIT
 
     @property
-    def dynamic_shared_bytes(self) -> int:
-        """The warps' chunk buffers (a stage: one chunk of each of the warp's strips); after the walk the same
-        memory holds their partial sums, a strip at a time (a gated kernel's G and W sums together)."""
+    def b_stage_bytes(self) -> int:
+        """config.b_shared: one chunk's B in shared memory, 8 rows an n-tile of CHUNK_COLUMNS values (0 without)."""
+        return self.block_columns * CHUNK_COLUMNS * self.element_bytes if self.warp_strips else 0
+
+    @property
+    def table_bytes(self) -> int:
+        """config.b_shared: a warp's chunk offsets in shared memory (its strip's chunks of the block and the end,
+        16-byte rounded); 0 without (lane j holds chunk j's)."""
+        return -(-(self.chunks_per_block + 1) * 4 // 16) * 16 if self.warp_strips else 0
+
+    @property
+    def ring_bytes(self) -> int:
+        """The staged chunks: B's (config.b_shared) then each warp's buffers (a stage: a chunk of each of the
+        warp's strips)."""
         c = self.config
-        return max(c.warps_per_block * c.stages * self.sources * self.stage_bytes,
+        return c.stages * self.b_stage_bytes + c.warps_per_block * c.stages * self.sources * self.stage_bytes
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The ring and (config.b_shared) the warps' offset tables; after the walk the same memory holds the
+        warps' partial sums, a strip at a time (a gated kernel's G and W sums together)."""
+        c = self.config
+        return max(self.ring_bytes + c.warps_per_block * self.table_bytes,
                    c.warps_per_block * 16 * self.block_columns * 4 * len(self.formats))
 
     @property
@@ -229,6 +281,8 @@ class BitmapTcPlan(WeightAsData):
     def unbounded_registers(self) -> int:
         """With several strips a warp (or a gated kernel's two), ptxas keeps both strips' loads in flight: 141
         (wide) to 222 at 2 strips, 218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
+        if self.warp_strips:  # config.b_shared: 96-105 at N = 8, 111-115 at 16, 133-139 at 32, 168-178 at 64
+            return min(255, 102 + 11 * (self.n_tiles - 1))
         base = 86 + 20 * (self.n_tiles - 1) if self.b_loads == "wide" and self.N > 1 else 118 + 36 * (self.n_tiles - 1)
         ahead = 22 * self.n_tiles if self.config.b_ahead else 0  # the next chunk's B beside this one's: 107 / 128
         return min(255, base + ahead + (60 if self.sources == 2 else 130 if self.sources == 4 else 0))
@@ -249,7 +303,11 @@ class BitmapTcPlan(WeightAsData):
     @property
     def fewest_registers(self) -> int:
         """The registers under which ptxas 13.0 spills (sm_90): 40 at N <= 8, 64 at 9-16, 128 with several
-        strips a warp; 16 more an n-tile with B a chunk ahead (at N = 16 it spills at 80)."""
+        strips a warp; 16 more an n-tile with B a chunk ahead (at N = 16 it spills at 80); with config.b_shared
+        64 at N <= 16, 128 to N = 32, 136 to 48 and 168 past (8 n-tiles: 32 accumulators and the B of a tile
+        group's every n-tile in flight)."""
+        if self.warp_strips:  # config.b_shared: spills at 96 from N = 17 on, at 128 with 7-8 n-tiles
+            return 64 if self.n_tiles <= 2 else 128 if self.n_tiles <= 4 else 136 if self.n_tiles <= 6 else 168
         ahead = 16 * self.n_tiles if self.config.b_ahead else 0
         return (128 if self.sources > 1 else 40 if self.n_tiles == 1 else 64) + ahead
 
@@ -271,7 +329,7 @@ class BitmapTcPlan(WeightAsData):
         sums (fp32 bits, k_split x M x N of a batch entry) and a counter a block row."""
         if self.config.k_split == 1:
             return ()
-        return self.config.k_split * self.M * self.N, self.grid[1]
+        return self.config.k_split * self.M * self.N, self.grid[1]  # a counter a block row
 
     def bytes_read(self) -> int:
         return sum(f.nbytes for f in self.formats)
@@ -283,9 +341,11 @@ class BitmapTcPlan(WeightAsData):
         return (f"Plan {self.name}\n  W {self.M}x{self.K}, nnz {self.nnz}; N {self.N}; layout {self.layout}; dtype "
                 f"{self.dtype}\n  {what} decoded into mma.m16n8k16 A fragments: {stored} bytes "
                 f"({stored / (dense / self.element_bytes):.3f} a weight, {dense / max(stored, 1):.2f}x fewer than "
-                f"dense); {c.warps_per_block} warps a block of {self.sources} strip(s), {self.chunks_per_warp} chunks "
-                f"of {CHUNK_COLUMNS} columns a warp and strip, {c.stages} buffers of {self.sources} x "
-                f"{self.stage_bytes} bytes a warp, B by {self.b_loads} loads, {self.n_tiles} n-tile(s); "
+                f"dense); {c.warps_per_block} warps a block of {self.strips_per_block} strip(s), {self.chunks_per_warp} "
+                f"chunks of {CHUNK_COLUMNS} columns a warp and strip, {c.stages} buffers of {self.sources} x "
+                f"{self.stage_bytes} bytes a warp, "
+                + (f"B's chunk staged a block ({self.b_stage_bytes} bytes a stage)" if self.warp_strips else
+                   f"B by {self.b_loads} loads") + f", {self.n_tiles} n-tile(s); "
                 f"grid {self.grid} x batch, {self.threads} threads")
 
 
@@ -328,8 +388,11 @@ def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> Bitm
                          "use another mapping (compile_spmm without a config chooses one)")
     if arch < 80:
         raise ValueError(f"the bitmap-tc mapping needs mma.sync m16n8k16 and cp.async (sm_80 or newer), got sm_{arch}")
-    if n > MAX_N:
-        raise ValueError(f"the bitmap-tc mapping covers N <= {MAX_N} in one block, got N = {n}: use another mapping")
+    widest = MAX_N_SHARED_B if config is not None and config.b_shared else MAX_N
+    if n > widest:
+        fix = f"use b_shared=1 (N <= {MAX_N_SHARED_B}) or another mapping" if widest == MAX_N else "use another mapping"
+        raise ValueError(f"the bitmap-tc mapping covers N <= {widest} in one block with b_shared="
+                         f"{int(widest > MAX_N)}, got N = {n}: {fix}")
     if config is not None and config.strips > 1 and n < N_TILE:
         # below a full n-tile ptxas spills the several strips' loads under min_blocks' register cap
         raise ValueError(f"bitmap-tc with {config.strips} strips a warp takes N >= {N_TILE}, got N = {n}: use strips=1")
@@ -338,7 +401,10 @@ def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> Bitm
 
 def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
     c = plan.config
-    if plan.chunks_per_warp > MAX_CHUNKS_A_WARP:
+    if c.b_shared and plan.b_loads != "wide":
+        raise ValueError(f"b_shared copies X's rows into shared memory in 16-byte pieces, which takes X as N x K "
+                         f"with K a multiple of 8; here layout {plan.layout!r}, K = {plan.K}: use b_shared=0")
+    if not c.b_shared and plan.chunks_per_warp > MAX_CHUNKS_A_WARP:
         most = MAX_CHUNKS_A_WARP * 16 * CHUNK_COLUMNS
         fix = "use more warps_per_block" if c.warps_per_block < 16 else \
             f"the bitmap-tc mapping takes K <= {most}: use another mapping"
@@ -380,6 +446,9 @@ def gated_bitmap_tc_plan(gate: BitmapTcPlan, gate_arrays, up: BitmapTcPlan, up_a
     if up.config.k_split > 1:
         raise ValueError(f"a gated bitmap-tc kernel finishes each strip in one block, got k_split={up.config.k_split}: "
                          "plan the gate and up with k_split=1")
+    if up.config.b_shared:
+        raise ValueError("a gated bitmap-tc kernel decodes G's and U's strips by one warp over its own chunks, got "
+                         "b_shared=1: plan the gate and up with b_shared=0")
     if up.config.strips != 1:
         raise ValueError("a gated bitmap-tc kernel pairs each strip of G with the same strip of U (two strips a "
                          f"warp), got strips={up.config.strips}: plan the gate and up with strips=1")

@@ -24,7 +24,7 @@ from ...codegen.mma_epilogue import strip_epilogue
 from ...codegen.ptx import KernelSource, data_kernel
 from ...formats.bitmap_tiles import (BITMAP_BYTES, BITMAP_WORDS, CHUNK_COLUMNS, CHUNK_TILES, HEADER_BYTES, TILE, UNIT,
                                      chunk_column)
-from .plan import BitmapTcPlan
+from .plan import N_TILE, BitmapTcPlan
 
 
 def _mma(plan: BitmapTcPlan) -> str:
@@ -58,15 +58,21 @@ def _issue(e: Emitter, plan: BitmapTcPlan, stage: int, tag: str) -> None:
         if plan.config.l2_ahead:
             _prefetch(e, plan, tq, offr, _data(plan, q))
         e.lines([f"shfl.sync.idx.b32 %st, {offr}, %j, 31, -1;", "add.u32 %t, %j, 1;",
-                 f"shfl.sync.idx.b32 %en, {offr}, %t, 31, -1;", "sub.u32 %sz, %en, %st;",
-                 f"add.u32 %sb, %wb, {_buffer(plan, stage, q)};", "mov.u32 %u, %lane;"])
-        e.label(f"COPY{tq}")
-        e.lines(["setp.ge.u32 %pi, %u, %sz;", f"@%pi bra COPIED{tq};", "add.u32 %t, %st, %u;",
-                 f"mad.wide.u32 %rdt, %t, {UNIT}, {_data(plan, q)};", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
-                 f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tq};"])
-        e.label(f"COPIED{tq}")
+                 f"shfl.sync.idx.b32 %en, {offr}, %t, 31, -1;"])
+        _copy_chunk(e, _buffer(plan, stage, q), _data(plan, q), tq)
     e.label(f"ISSUED{tag}")
     e.line("cp.async.commit_group;")
+
+
+def _copy_chunk(e: Emitter, buffer: int, data: str, tag: str) -> None:
+    """The chunk of units [%st, %en) of the chunks at `data` into the warp's buffer at byte `buffer`, 16 bytes a
+    lane and cp.async (no commit)."""
+    e.lines(["sub.u32 %sz, %en, %st;", f"add.u32 %sb, %wb, {buffer};", "mov.u32 %u, %lane;"])
+    e.label(f"COPY{tag}")
+    e.lines(["setp.ge.u32 %pi, %u, %sz;", f"@%pi bra COPIED{tag};", "add.u32 %t, %st, %u;",
+             f"mad.wide.u32 %rdt, %t, {UNIT}, {data};", f"mad.lo.u32 %ad, %u, {UNIT}, %sb;",
+             f"cp.async.cg.shared.global [%ad], [%rdt], {UNIT};", "add.u32 %u, %u, 32;", f"bra.uni COPY{tag};"])
+    e.label(f"COPIED{tag}")
 
 
 def _prefetch(e: Emitter, plan: BitmapTcPlan, tag: str, offr: str, data: str) -> None:
@@ -163,12 +169,7 @@ def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip:
     for the tile group before its scans, or a chunk ahead into set `parity`; else by _load_b at the tile, before
     its strips' tiles)."""
     e.comment(f"tile {t}: the lane's 8 slots (a clear one reads the chunk's first start, always 0), then the mma")
-    e.lines([f"mad.lo.u32 %ptr, %p{slot}, 2, %wb;", f"add.u32 %ptr, %ptr, {buffer + HEADER_BYTES};",
-             f"add.u32 %zr, %wb, {buffer + BITMAP_BYTES};"])
-    for i in range(8):
-        e.lines([f"and.b32 %x, %mb{slot}, {1 << i};", "setp.ne.u32 %ps, %x, 0;", "selp.u32 %ad, %ptr, %zr, %ps;",
-                 f"ld.shared.u16 %v{i}, [%ad];"] + (["@%ps add.u32 %ptr, %ptr, 2;"] if i < 7 else []))
-    e.lines([f"prmt.b32 %a{r}, %v{2 * r}, %v{2 * r + 1}, 0x5410;" for r in range(4)])
+    _fragment(e, buffer, slot, "%a")
     for nt in range(plan.n_tiles):
         if plan.b_loads == "wide":
             b = f"{_b_register(nt, t // 4, t % 4, parity)}, {_b_register(nt, t // 4, 4 + t % 4, parity)}"
@@ -178,7 +179,21 @@ def _tile(e: Emitter, plan: BitmapTcPlan, buffer: int, t: int, slot: int, strip:
         e.line(f"{_mma(plan)} {{{c}}}, {{%a0, %a1, %a2, %a3}}, {{{b}}}, {{{c}}};")
 
 
+def _fragment(e: Emitter, buffer: int, slot: int, a: str) -> None:
+    """The A fragment ({a}0..{a}3) of the tile scanned into slot `slot`, from the chunk at byte `buffer` of the
+    warp's buffers: per slot of the lane's byte a 16-bit shared load (a clear slot reads the chunk's first
+    start, always 0: no zeroing move) and a predicated step of the pointer, then the 8 halves packed."""
+    e.lines([f"mad.lo.u32 %ptr, %p{slot}, 2, %wb;", f"add.u32 %ptr, %ptr, {buffer + HEADER_BYTES};",
+             f"add.u32 %zr, %wb, {buffer + BITMAP_BYTES};"])
+    for i in range(8):
+        e.lines([f"and.b32 %x, %mb{slot}, {1 << i};", "setp.ne.u32 %ps, %x, 0;", "selp.u32 %ad, %ptr, %zr, %ps;",
+                 f"ld.shared.u16 %v{i}, [%ad];"] + (["@%ps add.u32 %ptr, %ptr, 2;"] if i < 7 else []))
+    e.lines([f"prmt.b32 {a}{r}, %v{2 * r}, %v{2 * r + 1}, 0x5410;" for r in range(4)])
+
+
 def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
+    if plan.warp_strips:
+        return _render_shared_b(plan)
     c, f = plan.config, plan.format
     per_strip, per_warp, stages, strips = f.chunks_per_strip, plan.chunks_per_warp, c.stages, plan.sources
     gated = plan.gate is not None
@@ -303,6 +318,139 @@ def render_bitmap_tc(plan: BitmapTcPlan) -> KernelSource:
     shared = ".extern .shared .align 16 .b8 smem[];"
     return data_kernel(plan, "tensor-core SpMM over bitmap tiles decoded into A fragments (W as data)",
                        ("p_b", "p_c", "p_data", "p_offsets") + (("p_gdata", "p_goffsets") if gated else ())
+                       + (("p_partials", "p_arrivals") if c.k_split > 1 else ())
+                       + ("p_bias",) + (("p_residual",) if plan.residual else ()),
+                       decl, e.text(), 0, shared)
+
+
+def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
+    """config.b_shared: warp w of a block decodes strip (block row x warps_per_block + w) over the block's chunks;
+    each chunk's B (X's N rows of its 128 columns) is copied once a block into the ring beside the warps' W
+    chunks, one commit group a chunk for both, and a chunk's turn starts with `wait_group stages - 2` and a
+    block barrier (every thread's copies of it landed, every warp done with the buffer the next copy
+    overwrites). B's rows sit 256 bytes apart with the 16-byte pieces of odd rows swapped by halves (piece p
+    at p ^ 4), so the lanes' 16-byte reads of a tile group (rows g, pieces tq and 4 + tq) meet no bank twice.
+    A warp's chunk offsets come from a table in shared memory (its strip's chunks of the block and the end),
+    so a warp walks any number of chunks. Per group of 4 tiles: their scans and A fragments, then per n-tile
+    two 16-byte shared loads of B and 4 mmas."""
+    c, f = plan.config, plan.format
+    per_strip, per_block, stages, warps = f.chunks_per_strip, plan.chunks_per_block, c.stages, c.warps_per_block
+    buffer, es, n_tiles = plan.stage_bytes, plan.element_bytes, plan.n_tiles
+    b_stage, row_bytes = plan.b_stage_bytes, CHUNK_COLUMNS * es
+    pieces = row_bytes // UNIT  # 16-byte pieces of a row of B's chunk (16)
+    rows_step = c.threads // pieces  # B's rows a round of the block's copies covers
+    rounds = -(-plan.N // rows_step)
+    e = Emitter()
+    e.comment(f"{warps} warps a block, a strip each, {per_block} chunks of {CHUNK_COLUMNS} columns a warp; B's chunk "
+              f"({plan.N} rows) staged a block, {stages} stages of {b_stage} bytes of B and {buffer} a warp; "
+              f"{n_tiles} n-tile(s) of 8 columns")
+    e.lines(["mov.u32 %rtid, %tid.x;", "and.b32 %lane, %rtid, 31;", "shr.u32 %warp, %rtid, 5;",
+             "shr.u32 %g, %lane, 2;", "and.b32 %tq, %lane, 3;", "mov.u32 %rby, %ctaid.y;",
+             f"mul.lo.u32 %rs, %rby, {warps};", "mov.u32 %rgx, 0;", "mov.u32 %t, %ctaid.z;", "cvt.u64.u32 %rdz, %t;",
+             "shl.b32 %sh, %tq, 3;", "mov.u32 %lowm, 1;", "shl.b32 %lowm, %lowm, %sh;", "sub.u32 %lowm, %lowm, 1;",
+             "mov.u32 %bb, smem;", f"add.u32 %wb, %bb, {stages * b_stage};",
+             f"mad.lo.u32 %wb, %warp, {stages * buffer}, %wb;", f"add.u32 %tb, %bb, {plan.ring_bytes};",
+             f"mad.lo.u32 %tb, %warp, {plan.table_bytes}, %tb;", "mad.lo.u32 %wg, %g, 4, %wb;",
+             "mad.lo.u32 %sg, %g, 2, %wb;"])
+    e.comment("the block's chunks [kb, kb + cnt) of every strip (config.k_split: its part of them)")
+    if c.k_split > 1:
+        e.lines(["mov.u32 %rks, %ctaid.x;", f"mul.lo.u32 %kb, %rks, {per_block};", f"min.u32 %kb, %kb, {per_strip};",
+                 f"add.u32 %ke, %kb, {per_block};", f"min.u32 %ke, %ke, {per_strip};", "sub.u32 %cnt, %ke, %kb;"])
+    else:
+        e.lines(["mov.u32 %kb, 0;", f"mov.u32 %cnt, {per_strip};"])
+    e.comment("the warp's strip (past the matrix, the last block's spare warps decode the last strip again, its "
+              "rows not stored) and its chunk offsets into the table: entry j is chunk kb + j's first unit")
+    e.lines(["add.u32 %o, %rs, %warp;", f"min.u32 %o, %o, {f.strips - 1};",
+             "ld.param.u64 %rdt, [p_offsets];", "cvta.to.global.u64 %rdo, %rdt;",
+             f"mad.lo.u32 %o, %o, {per_strip}, %kb;", "mov.u32 %u, %lane;"])
+    e.label("TABLE")
+    e.lines(["setp.gt.u32 %pi, %u, %cnt;", "@%pi bra TABLED;", "add.u32 %t, %o, %u;", "mad.wide.u32 %rdt, %t, 4, %rdo;",
+             "ld.global.nc.u32 %t, [%rdt];", "mad.lo.u32 %ad, %u, 4, %tb;", "st.shared.u32 [%ad], %t;",
+             "add.u32 %u, %u, 32;", "bra TABLE;"])
+    e.label("TABLED")
+    e.lines(["bar.warp.sync -1;", "ld.param.u64 %rdd, [p_data];", "cvta.to.global.u64 %rdd, %rdd;"])
+    e.comment(f"the thread's part of B's copies: piece rtid % {pieces} of rows rtid / {pieces} + {rows_step} r, "
+              "its place in a stage (odd rows' pieces swapped by halves) and X's element, both the same offset "
+              "from one round to the next")
+    e.lines(["ld.param.u64 %rdb, [p_b];", "cvta.to.global.u64 %rdb, %rdb;",
+             f"mul.lo.u64 %rdt, %rdz, {plan.K * plan.N * es};", "add.s64 %rdb, %rdb, %rdt;",
+             f"and.b32 %bpc, %rtid, {pieces - 1};", f"shr.u32 %o, %rtid, {pieces.bit_length() - 1};",
+             "and.b32 %t, %o, 1;", "shl.b32 %t, %t, 2;", "xor.b32 %t, %t, %bpc;", f"mul.lo.u32 %t, %t, {UNIT};",
+             f"mad.lo.u32 %bdst, %o, {row_bytes}, %t;", "shl.b32 %bpc, %bpc, 3;",
+             f"mad.lo.u32 %t, %o, {plan.K}, %bpc;", f"mad.wide.u32 %rdbs, %t, {es}, %rdb;"])
+    for r in range(rounds):  # whether round r's row is inside N (the last round may pass it)
+        e.lines([f"add.u32 %t, %o, {r * rows_step};", f"setp.lt.u32 %pb{r}, %t, {plan.N};"])
+    e.comment("the lane's B reads: row g of an n-tile, pieces tq and 4 + tq of a tile group, as stored")
+    e.lines(["and.b32 %t, %g, 1;", "shl.b32 %t, %t, 2;", "or.b32 %t, %t, %tq;", f"mul.lo.u32 %t, %t, {UNIT};",
+             f"mad.lo.u32 %bl, %g, {row_bytes}, %t;", f"xor.b32 %bl2, %bl, {4 * UNIT};", "add.u32 %bl, %bl, %bb;",
+             "add.u32 %bl2, %bl2, %bb;"])
+    e.lines([f"mov.f32 %c{nt}_{k}, 0f00000000;" for nt in range(n_tiles) for k in range(4)])
+
+    def issue(stage: int, tag: str) -> None:
+        """Chunk %j of the block (nothing past it): the warp's strip's chunk into its buffer `stage` and the
+        block's share of B's chunk into B's; one commit group either way (block-uniform)."""
+        e.lines(["setp.ge.u32 %pi, %j, %cnt;", f"@%pi bra ISSUED{tag};", "mad.lo.u32 %ad, %j, 4, %tb;",
+                 "ld.shared.u32 %st, [%ad];", "ld.shared.u32 %en, [%ad+4];"])
+        _copy_chunk(e, stage * buffer, "%rdd", tag)
+        e.comment("B's chunk: X's columns kc .. kc + 127 of each row, zeros past K (a piece is inside K or past it)")
+        e.lines(["add.u32 %kc, %kb, %j;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};", "add.u32 %t, %kc, %bpc;",
+                 f"setp.lt.u32 %pk, %t, {plan.K};", f"selp.u32 %sz, {UNIT}, 0, %pk;", "selp.u32 %t, %kc, 0, %pk;",
+                 f"mad.wide.u32 %rdt, %t, {es}, %rdbs;", f"add.u32 %sb, %bdst, {stage * b_stage};",
+                 "add.u32 %sb, %sb, %bb;"])
+        for r in range(rounds):
+            e.line(f"@%pb{r} cp.async.cg.shared.global [%sb+{r * rows_step * row_bytes}], "
+                   f"[%rdt+{r * rows_step * plan.K * es}], {UNIT}, %sz;")
+        e.label(f"ISSUED{tag}")
+        e.line("cp.async.commit_group;")
+
+    e.comment(f"the first {stages - 1} chunks in flight")
+    for s in range(stages - 1):
+        e.line(f"mov.u32 %j, {s};")
+        issue(s, f"P{s}")
+    e.line("mov.u32 %i, 0;")
+    e.label("CHUNKS")
+    for u in range(stages):  # unrolled: a stage's buffers at immediates
+        stage = u % stages
+        e.lines(["setp.ge.u32 %pt, %i, %cnt;", "@%pt bra WALKED;", f"cp.async.wait_group {stages - 2};", "bar.sync 0;",
+                 f"add.u32 %j, %i, {stages - 1};"])
+        issue((u + stages - 1) % stages, f"L{u}")
+        for group in range(CHUNK_TILES // 4):
+            tiles = range(4 * group, 4 * group + 4)
+            for first in tiles[::c.scan_group]:  # scans of a scan group, then its tiles' fragments
+                for t in range(first, first + c.scan_group):
+                    _scan(e, plan, stage * buffer, t, t - first)
+                for t in range(first, first + c.scan_group):
+                    e.comment(f"tile {t}: the lane's 8 slots into its A fragment")
+                    _fragment(e, stage * buffer, t - first, f"%a{t % 4}_")
+            for nt in range(n_tiles):
+                at = stage * b_stage + nt * N_TILE * row_bytes + group * 8 * UNIT
+                regs = [f"%bv{q}" for q in range(8)]
+                e.lines([f"ld.shared.v4.b32 {{{', '.join(regs[:4])}}}, [%bl+{at}];",
+                         f"ld.shared.v4.b32 {{{', '.join(regs[4:])}}}, [%bl2+{at}];"])
+                for q in range(4):
+                    acc = ", ".join(f"%c{nt}_{k}" for k in range(4))
+                    e.line(f"{_mma(plan)} {{{acc}}}, {{%a{q}_0, %a{q}_1, %a{q}_2, %a{q}_3}}, {{%bv{q}, %bv{4 + q}}}, "
+                           f"{{{acc}}};")
+        e.line("add.u32 %i, %i, 1;")
+    e.line("bra.uni CHUNKS;")
+    e.label("WALKED")
+    e.line("cp.async.wait_all;")
+    strip_epilogue(e, plan)
+    e.line("ret;")
+    nts = range(n_tiles)
+    decl = [".reg .pred %pt, %pi, %ps, %pk, " + ", ".join(f"%pb{r}" for r in range(rounds)) + ";",
+            ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rby, %rgx, %sh, %lowm, %bb, %wb, %tb, %wg, %sg, %kb, %ke, "
+            "%rks, %cnt, %i, %j, %st, %en, %sz, %sb, %u, %kc, %x, %ptr, %zr, %t, %o, %ad, %rw, %cl, %ws, %n, %m, "
+            "%bpc, %bdst, %bl, %bl2, "
+            + "".join(f"%v{i}, " for i in range(8)) + "".join(f"%bv{q}, " for q in range(8))
+            + "".join(f"%w{s}, %p{s}, %mb{s}, " for s in range(c.scan_group))
+            + ", ".join(f"%a{t}_{r}" for t in range(4) for r in range(4)) + ";",
+            ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",
+            ".reg .b16 %hv16;",
+            ".reg .b64 %rdz, %rdt, %rdb, %rdbs, %rdc, %rdr, %rdbias, %rdd, %rdo, %rdw, %rda;"]
+    shared = ".extern .shared .align 16 .b8 smem[];"
+    return data_kernel(plan, "tensor-core SpMM over bitmap tiles decoded into A fragments, B staged a block (W as "
+                       "data)", ("p_b", "p_c", "p_data", "p_offsets")
                        + (("p_partials", "p_arrivals") if c.k_split > 1 else ())
                        + ("p_bias",) + (("p_residual",) if plan.residual else ()),
                        decl, e.text(), 0, shared)

@@ -1,7 +1,7 @@
 """The bitmap-tc family's part of the design space (tune/space.py gathers every family's)."""
 from __future__ import annotations
 
-from .plan import MAX_N, N_TILE, BitmapTcConfig, grouped_columns
+from .plan import MAX_N, MAX_N_SHARED_B, N_TILE, BitmapTcConfig, grouped_columns
 
 # (warps, stages[, scan group[, l2_ahead]]) or a config: scan group 1 and l2_ahead 0 where left out. Measured on the
 # H200 (benchmarks/designs.py --rotate-all, Llama shapes at 50 / 70 / 90%, fp16, weights rotated): X as N x K at
@@ -16,7 +16,9 @@ CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
 # 2 strips (each B fragment feeds 2 mmas) gained only where strips are many (14336 x 4096: 2-10% at N = 16, even at
 # N = 8) and lost up to 33% elsewhere (half the blocks); 4 strips lost everywhere. Not yet timed: registers, not
 # bytes, hold an SM to 16-20 warps (80-86 a thread), so blocks_per_sm asks ptxas for fewer; b_ahead takes B's load
-# latency off the mma's path; k_split spreads layers of few strips (1024 rows) over more blocks.
+# latency off the mma's path; k_split spreads layers of few strips (1024 rows) over more blocks; b_shared stages B's
+# chunk once a block for its warps' strips, the kernel for N = 17-64 (B from L2 a strip ran 0.21x of cuBLAS at 64)
+# and a try at 8-16.
 
 
 def _trial(warps: int, stages: int, scan_group: int, **more) -> BitmapTcConfig:
@@ -32,7 +34,10 @@ TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8), (8, 4, 4), (4, 6, 4
           _trial(8, 3, 1, b_ahead=1), _trial(8, 2, 4, b_ahead=1), _trial(4, 4, 1, b_ahead=1),
           _trial(8, 2, 4, blocks_per_sm=3, b_ahead=1),
           _trial(8, 3, 1, k_split=2), _trial(8, 2, 4, k_split=4), _trial(4, 4, 1, k_split=4),
-          _trial(8, 2, 4, k_split=8))
+          _trial(8, 2, 4, k_split=8),
+          _trial(8, 2, 4, b_shared=1), _trial(8, 3, 4, b_shared=1), _trial(4, 3, 4, b_shared=1),
+          _trial(4, 4, 2, b_shared=1), _trial(8, 2, 4, b_shared=1, k_split=2), _trial(8, 2, 4, b_shared=1, k_split=4),
+          _trial(4, 3, 4, b_shared=1, k_split=4))
 
 
 def _configs(table) -> list[BitmapTcConfig]:
@@ -52,8 +57,10 @@ def bitmap_tc_candidates(n: int, layout: str, m: int, row_nnz: float, relu: bool
 
 def bitmap_tc_trials(n: int, layout: str, m: int, row_nnz: float, relu: bool, dtype: str,
                      sms: int) -> list[BitmapTcConfig]:
-    """Configs not proposed by default (unmeasured=True: benchmarks/designs.py): the trials, and N = 1."""
-    if dtype not in ("float16", "bfloat16") or n > MAX_N:
+    """Configs not proposed by default (unmeasured=True: benchmarks/designs.py): the trials, and N = 1; with B
+    staged a block (b_shared) at N = 8-64 and X as N x K."""
+    if dtype not in ("float16", "bfloat16") or n > MAX_N_SHARED_B:
         return []
     return [c for c in _configs(TRIALS + (CONFIGS if n == 1 else ()))
-            if (c.strips == 1 or n >= N_TILE) and (not c.b_ahead or grouped_columns(n, layout))]
+            if (n >= N_TILE and layout == "nk" if c.b_shared else n <= MAX_N)
+            and (c.strips == 1 or n >= N_TILE) and (not c.b_ahead or grouped_columns(n, layout))]
