@@ -30,7 +30,7 @@ from sparseforge.runtime.driver import CudaError
 from sparseforge.runtime.timing import graph_time_us
 from sparseforge.spmm import _make_plan, load_candidate
 from sparseforge.tune.pipeline import compile_candidate, describe as _describe, plans_of as _plans
-from sparseforge.tune.choose import TOP, choose, shortlist
+from sparseforge.tune.choose import BYTES_TIE, TOP, choose, fewest_bytes_of_the_tied, shortlist
 from sparseforge.mappings.bitmap.plan import BitmapConfig
 from sparseforge.mappings.bitmap_tc.plan import BitmapTcConfig
 from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
@@ -113,7 +113,9 @@ def run(name: str, w: SparseMatrix, n: int, dtype: str, layout: str, mappings: s
         r["error_ok"] = r["rel_error"] is not None and r["rel_error"] <= TOLERANCE[dtype]
     timed = [i for i, r in enumerate(records) if r.get("us")]
     best = min(timed, key=lambda i: records[i]["us"])
-    picked = min((i for i in shortlist(records, TOP) if records[i].get("us")), key=lambda i: records[i]["us"])
+    listed = [i for i in shortlist(records, TOP) if records[i].get("us")]
+    quickest = min(records[i]["us"] for i in listed)  # the chooser's pick from its shortlist (ties to fewer bytes)
+    picked = fewest_bytes_of_the_tied(records, [i for i in listed if records[i]["us"] <= quickest * BYTES_TIE])
     predicted = min(range(len(records)), key=lambda i: records[i]["predicted_us"])
     rotating = {}
     if rotate or rotate_all:  # the fastest correct candidate of each mapping (or every one), streaming W from HBM

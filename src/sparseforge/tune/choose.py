@@ -8,8 +8,9 @@ runtime's per-width decisions (semi/decide.py) and by the kernel families to com
    are compiled side by side (threads: ptxas runs in subprocesses) and every one that built is timed by
    CUDA-graph replay on fresh random inputs (milliseconds each: compiling is what the budget buys);
    dense (cuBLAS) is timed beside them where the caller allows it.
-3. pick: the fastest; a sparse path over dense only with a margin (MIN_SPEEDUP) where the caller asks for
-   that decision (fastest_with_margin).
+3. pick: the fastest, or of the kernels within BYTES_TIE of it that read W as data, the one holding fewest bytes
+   of W; a sparse path over dense only with a margin (MIN_SPEEDUP) where the caller asks for that decision
+   (fastest_with_margin).
 Failures to compile or launch score as "not a winner" (recorded with the message); anything else raises.
 """
 from __future__ import annotations
@@ -28,6 +29,10 @@ from typing import Callable, Sequence
 # CUDA-event timings still move by ~1-2% between runs, and a tie is better served by the path with no
 # extra state to keep.
 MIN_SPEEDUP = 1.03
+# Timings this close are a tie (graph-replay medians move by 1-2% between runs): of the tied kernels that read W as
+# data, the one holding fewest bytes of it wins. A decoder's memory is its weights' bytes, and at the H200's recorded
+# Llama timings this takes 4-bit gaps over 8-bit ones (16% fewer bytes) on two of nine shapes at 1% more time.
+BYTES_TIE = 1.02
 TOP = 6  # candidates timed by default: the best of each mapping (up to six apply to one problem), then
 # the next best overall
 
@@ -153,7 +158,7 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
             records[i]["skipped"] = "its compile would pass the tuning budget"
     with ThreadPoolExecutor(max_workers=len(chosen) if parallel else 1) as pool:
         compiled = dict(zip(chosen, pool.map(lambda i: _attempt(compile_one, build_errors, candidates[i]), chosen)))
-    best, best_us, winner = None, math.inf, None
+    tied, fastest = {}, math.inf  # index -> kernel of the candidates within BYTES_TIE of the fastest so far
     for i in chosen:
         artefact, error = compiled[i]
         if error is None:
@@ -164,16 +169,32 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
             continue
         kernel, us = outcome
         records[i]["us"] = us
-        if us < best_us:
-            best, best_us, winner = kernel, us, i
-    if best is None:
+        weight_bytes = getattr(kernel, "weight_bytes", None)
+        if isinstance(weight_bytes, int) and weight_bytes > 0:  # 0: W compiled into the code
+            records[i]["weight_bytes"] = weight_bytes
+        fastest = min(fastest, us)
+        tied[i] = kernel
+        tied = {j: k for j, k in tied.items() if records[j]["us"] <= fastest * BYTES_TIE}
+    if not tied:
         raise RuntimeError("no candidate built and ran: " + "; ".join(
             f"{records[i]['label']}: {records[i].get('error')}" for i in chosen))
+    winner = fewest_bytes_of_the_tied(records, list(tied))
+    best = tied[winner]
     choice = Choice(records, winner)
     if time_dense is not None:
         choice.dense_us = time_dense()
     choice.seconds = time.perf_counter() - started
     return best, choice
+
+
+def fewest_bytes_of_the_tied(records: Sequence[dict], tied: list[int]) -> int:
+    """The winner among timed candidates within BYTES_TIE of the fastest: the fastest where it holds no W as data
+    (its code is W), else the tied one that holds fewest bytes of W as data (then the faster)."""
+    fastest = min(tied, key=lambda i: (records[i]["us"], tied.index(i)))
+    if "weight_bytes" not in records[fastest]:
+        return fastest
+    return min((i for i in tied if "weight_bytes" in records[i]),
+               key=lambda i: (records[i]["weight_bytes"], records[i]["us"]))
 
 
 def to_compile(records: Sequence[dict], budget_s: float, top: int = TOP, cores: int | None = None) -> list[int]:

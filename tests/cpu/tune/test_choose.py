@@ -2,8 +2,8 @@
 failures scored not raised, and the sparse-over-dense margin the 2:4 decisions use."""
 import pytest
 
-from sparseforge.tune.choose import (MIN_SPEEDUP, Choice, check_tune_budget, choose, fastest_with_margin, rank,
-                                     shortlist, within_budget)
+from sparseforge.tune.choose import (BYTES_TIE, MIN_SPEEDUP, Choice, check_tune_budget, choose, fastest_with_margin,
+                                     rank, shortlist, within_budget)
 
 
 def _records(pairs):
@@ -50,6 +50,36 @@ def test_choose_times_the_shortlist_and_keeps_the_fastest_measured():
     assert choice.sparse_us == 4.0 and choice.dense_us == 5.0 and choice.dense_faster is False
     assert "*" in choice.explain().splitlines()[1] and "cuBLAS" in choice.explain()
     assert Choice.from_dict(choice.as_dict()).as_dict() == choice.as_dict()
+
+
+class _Kernel:
+    def __init__(self, name: str, us: float, weight_bytes: int | None):
+        self.name, self.us = name, us
+        if weight_bytes is not None:
+            self.weight_bytes = weight_bytes
+
+
+def _tie_break(kernels) -> tuple[str, Choice]:
+    def describe(k):
+        return {"label": k.name, "mapping": k.name, "predicted_us": 1.0}
+
+    kernel, choice = choose(kernels, describe, lambda k: k, lambda k, a: (k, k.us), budget_s=1e9, top=len(kernels))
+    return kernel.name, choice
+
+
+def test_a_tie_in_time_goes_to_the_kernel_holding_fewer_bytes_of_w():
+    """Within BYTES_TIE of the fastest, the kernel reading fewer bytes of W as data wins (recorded beside its
+    time); past it, or where the fastest holds W as its code (0 bytes as data) or says nothing, the fastest."""
+    within, past = 10.0 * (BYTES_TIE - 0.005), 10.0 * (BYTES_TIE + 0.005)
+    name, choice = _tie_break([_Kernel("g8", 10.0, 1500), _Kernel("g4", within, 1270), _Kernel("csr", 12.0, 900)])
+    assert name == "g4" and choice.sparse_us == within and choice.records[0]["weight_bytes"] == 1500
+    assert _tie_break([_Kernel("g8", 10.0, 1500), _Kernel("g4", past, 1270)])[0] == "g8"
+    assert _tie_break([_Kernel("g4", within, 1270), _Kernel("g8", 10.0, 1500)])[0] == "g4"  # either order
+    # a faster one arriving later unties those no longer within the margin of it
+    assert _tie_break([_Kernel("a", 10.0, 1000), _Kernel("b", 9.0, 2000), _Kernel("c", 9.1, 1900)])[0] == "c"
+    assert _tie_break([_Kernel("code", 10.0, 0), _Kernel("data", within, 10)])[0] == "code"
+    assert _tie_break([_Kernel("opaque", 10.0, None), _Kernel("data", within, 10)])[0] == "opaque"
+    assert _tie_break([_Kernel("data", 10.0, 10), _Kernel("code", within, 0)])[0] == "data"
 
 
 def test_choose_raises_real_bugs_and_reports_when_nothing_ran():
