@@ -80,12 +80,14 @@ def _each_output(e: Emitter, plan, label: str, parts) -> None:
     for i in range(-(-elements // threads)):
         done = f"{label}{i}"
         e.lines([f"add.u32 %o, %rtid, {i * threads};", f"setp.ge.u32 %pt, %o, {elements};", f"@%pt bra {done};"])
-        if plan.layout == "kn":  # C[m, n]: consecutive threads along n
+        if own:  # Y[n, m]: consecutive threads along the block's rows, %ws the warp whose strip holds m
+            rows = TILE * plan.config.warps_per_block  # a power of two
+            e.lines([f"shr.u32 %cl, %o, {rows.bit_length() - 1};", f"and.b32 %rw, %o, {rows - 1};",
+                     "shr.u32 %ws, %rw, 4;", "and.b32 %rw, %rw, 15;"])
+        elif plan.layout == "kn":  # C[m, n]: consecutive threads along n
             e.lines([f"shr.u32 %rw, %o, {shift};", f"and.b32 %cl, %o, {bc - 1};"])
         else:  # Y[n, m]: consecutive threads along m
             e.lines(["shr.u32 %cl, %o, 4;", "and.b32 %rw, %o, 15;"])
-        if own:  # %ws: the warp whose strip the output is in
-            e.lines([f"div.u32 %ws, %cl, {bc};", f"mul.lo.u32 %ad, %ws, {bc};", "sub.u32 %cl, %cl, %ad;"])
         e.lines([f"mad.lo.u32 %n, %rgx, {bc}, %cl;", f"mad.lo.u32 %m, %rs, {TILE}, %rw;"]
                 + ([f"mad.lo.u32 %m, %ws, {TILE}, %m;"] if own else [])
                 + [f"setp.ge.u32 %pt, %n, {plan.N};", f"@%pt bra {done};", f"setp.ge.u32 %pt, %m, {plan.M};",

@@ -120,7 +120,7 @@ class _SparseWeight(nn.Module):
         self._decided: dict = {}      # shape key -> Decision (graph replay)
         self._eager_decided: dict = {}  # shape key -> Decision called eagerly, where that was measured
         self._eager_dense: set = set()  # shape keys whose kernel won under graph replay but lost eagerly
-        self._outpaced: dict = {}     # shape key -> config of the fastest kernel where dense measured faster
+        self._outpaced: dict = {}     # shape key -> config of the chooser's kernel where dense measured faster
         self._timed: dict = {}        # shape key -> [(config, us)] of every candidate the chooser timed
         self._dense = None
         self._dense_in_layout = None  # (the dense W it was made from, memory format, W in it): convolutions
@@ -638,8 +638,8 @@ class SparseLinear(_SparseWeight):
         return list(self.__dict__.get("_timed", {}).get(key, ()))
 
     def fastest_kernel_configs(self) -> dict:
-        """{token count: the config of the fastest kernel measured}, the token counts where dense measured
-        faster included (a caller that keeps no dense W, e.g. a decoder layer, runs the kernel there)."""
+        """{token count: the config of the chooser's kernel (the fastest measured, or a tie in time won by fewer
+        bytes of W)}, the token counts where dense measured faster included (a caller that keeps no dense W, e.g. a decoder layer, runs the kernel there)."""
         return dict(sorted({**self.__dict__.get("_outpaced", {}), **self.kernel_configs()}.items()))
 
     def kernel_args(self, n: int, on_device: bool = True) -> dict:

@@ -170,30 +170,32 @@ def choose(candidates: Sequence, describe: Callable[[object], dict], compile_one
         kernel, us = outcome
         records[i]["us"] = us
         weight_bytes = getattr(kernel, "weight_bytes", None)
-        if isinstance(weight_bytes, int) and weight_bytes > 0:  # 0: W compiled into the code
-            records[i]["weight_bytes"] = weight_bytes
+        if weight_bytes is not None and int(weight_bytes) > 0:  # 0: W compiled into the code
+            records[i]["weight_bytes"] = int(weight_bytes)
         fastest = min(fastest, us)
         tied[i] = kernel
         tied = {j: k for j, k in tied.items() if records[j]["us"] <= fastest * BYTES_TIE}
     if not tied:
         raise RuntimeError("no candidate built and ran: " + "; ".join(
             f"{records[i]['label']}: {records[i].get('error')}" for i in chosen))
-    winner = fewest_bytes_of_the_tied(records, list(tied))
+    dense_us = time_dense() if time_dense is not None else None
+    winner = fewest_bytes_of_the_tied(records, list(tied), dense_us)
     best = tied[winner]
-    choice = Choice(records, winner)
-    if time_dense is not None:
-        choice.dense_us = time_dense()
+    choice = Choice(records, winner, dense_us=dense_us)
     choice.seconds = time.perf_counter() - started
     return best, choice
 
 
-def fewest_bytes_of_the_tied(records: Sequence[dict], tied: list[int]) -> int:
+def fewest_bytes_of_the_tied(records: Sequence[dict], tied: list[int], dense_us: float | None = None) -> int:
     """The winner among timed candidates within BYTES_TIE of the fastest: the fastest where it holds no W as data
-    (its code is W), else the tied one that holds fewest bytes of W as data (then the faster)."""
+    (its code is W), else the tied one that holds fewest bytes of W as data (then the faster). Where the fastest
+    beats dense (dense_us) by MIN_SPEEDUP, only tied ones that do too: a tie never turns a sparse win into dense."""
     fastest = min(tied, key=lambda i: (records[i]["us"], tied.index(i)))
     if "weight_bytes" not in records[fastest]:
         return fastest
-    return min((i for i in tied if "weight_bytes" in records[i]),
+    keeps_its_margin = dense_us is not None and records[fastest]["us"] * MIN_SPEEDUP <= dense_us
+    return min((i for i in tied if "weight_bytes" in records[i]
+                and (not keeps_its_margin or records[i]["us"] * MIN_SPEEDUP <= dense_us)),
                key=lambda i: (records[i]["weight_bytes"], records[i]["us"]))
 
 

@@ -274,7 +274,8 @@ class Thread:
             _check_aligned(op, src, size)
             copied = self._val(args[3]) if len(args) > 3 else size  # src-size: the bytes past it are zeros
             assert 0 <= copied <= size, f"{op}: src-size {copied} over the copy's {size}"
-            data = self.memory.read(src, copied) if copied else 0
+            # the source must be inside an array even where nothing is read from it (src-size 0)
+            data = self.memory.read(src, copied) if copied else self.memory.read(src, 1) * 0
             self.memory.write(dst, size, data)
             return
         if op == "prefetch.global.L2":  # a hint, but only ever of W's own lines: the address must be readable

@@ -270,6 +270,12 @@ def test_b_staged_a_block_adds_the_residual_and_refuses_what_it_cannot_take():
                    "float16")
     with pytest.raises(ValueError, match="K a multiple of 8; here layout 'kn'"):
         make_bitmap_tc_plan(weight, 20, "float16", "kn", BitmapTcConfig(b_shared=1))
+    with pytest.raises(ValueError, match="X as N x K .*here layout 'kn', K = 136"):  # N = 1: the grouped order too
+        make_bitmap_tc_plan(weight, 1, "float16", "kn", BitmapTcConfig(b_shared=1))
+    wide = SparseMatrix.from_dense(np.ones((16, 4096), dtype=np.float32))  # dense chunks: 4.5 KB a buffer
+    with pytest.raises(ValueError, match="and 4 of B's chunk .16384 bytes at N = 64. need .* use fewer "
+                                         "warps_per_block or stages$"):
+        make_bitmap_tc_plan(wide, 64, "float16", "nk", BitmapTcConfig(16, 4, b_shared=1))
     odd = SparseMatrix.from_dense(np.eye(16, 300, dtype=np.float32))
     with pytest.raises(ValueError, match="K = 300: use b_shared=0"):
         make_bitmap_tc_plan(odd, 20, "float16", "nk", BitmapTcConfig(b_shared=1))

@@ -59,11 +59,12 @@ class _Kernel:
             self.weight_bytes = weight_bytes
 
 
-def _tie_break(kernels) -> tuple[str, Choice]:
+def _tie_break(kernels, dense_us=None) -> tuple[str, Choice]:
     def describe(k):
         return {"label": k.name, "mapping": k.name, "predicted_us": 1.0}
 
-    kernel, choice = choose(kernels, describe, lambda k: k, lambda k, a: (k, k.us), budget_s=1e9, top=len(kernels))
+    kernel, choice = choose(kernels, describe, lambda k: k, lambda k, a: (k, k.us), budget_s=1e9, top=len(kernels),
+                            time_dense=None if dense_us is None else lambda: dense_us)
     return kernel.name, choice
 
 
@@ -80,6 +81,11 @@ def test_a_tie_in_time_goes_to_the_kernel_holding_fewer_bytes_of_w():
     assert _tie_break([_Kernel("code", 10.0, 0), _Kernel("data", within, 10)])[0] == "code"
     assert _tie_break([_Kernel("opaque", 10.0, None), _Kernel("data", within, 10)])[0] == "opaque"
     assert _tie_break([_Kernel("data", 10.0, 10), _Kernel("code", within, 0)])[0] == "data"
+    # never a sparse win against dense turned into a loss: the tie then holds only those that keep the margin
+    dense = 10.0 * MIN_SPEEDUP
+    name, choice = _tie_break([_Kernel("g8", 10.0, 1500), _Kernel("g4", within, 1270)], dense_us=dense)
+    assert name == "g8" and choice.dense_us == dense and not choice.dense_faster
+    assert _tie_break([_Kernel("g8", 10.0, 1500), _Kernel("g4", within, 1270)], dense_us=9.0)[0] == "g4"  # lost
 
 
 def test_choose_raises_real_bugs_and_reports_when_nothing_ran():

@@ -401,7 +401,7 @@ def _checked_options(n: int, dtype: str, layout: str, config, arch: int) -> Bitm
 
 def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
     c = plan.config
-    if c.b_shared and plan.b_loads != "wide":
+    if c.b_shared and (plan.layout != "nk" or plan.b_loads != "wide"):
         raise ValueError(f"b_shared copies X's rows into shared memory in 16-byte pieces, which takes X as N x K "
                          f"with K a multiple of 8; here layout {plan.layout!r}, K = {plan.K}: use b_shared=0")
     if not c.b_shared and plan.chunks_per_warp > MAX_CHUNKS_A_WARP:
@@ -417,9 +417,11 @@ def _checked_plan(plan: BitmapTcPlan) -> BitmapTcPlan:
                          "b_ahead=0")
     limit = shared_bytes_limit(plan.arch)
     if plan.dynamic_shared_bytes > limit:
+        staged = f" and {c.stages} of B's chunk ({plan.b_stage_bytes} bytes at N = {plan.N})" if c.b_shared else ""
+        fewer = "warps_per_block or stages" if c.b_shared else "warps_per_block, stages or strips"
         raise ValueError(f"{c.warps_per_block} warps with {c.stages} buffers of {plan.sources} x {plan.stage_bytes} "
-                         f"bytes need {plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a block has "
-                         f"on sm_{plan.arch}: use fewer warps_per_block, stages or strips")
+                         f"bytes{staged} need {plan.dynamic_shared_bytes} bytes of shared memory, over the {limit} a "
+                         f"block has on sm_{plan.arch}: use fewer {fewer}")
     if plan.register_cap < plan.fewest_registers:
         raise ValueError(f"{plan.min_blocks} blocks of {c.threads} threads an SM leave {plan.register_cap} registers "
                          f"a thread, under the {plan.fewest_registers} this kernel needs at N = {plan.N} without "

@@ -377,7 +377,8 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
              f"and.b32 %bpc, %rtid, {pieces - 1};", f"shr.u32 %o, %rtid, {pieces.bit_length() - 1};",
              "and.b32 %t, %o, 1;", "shl.b32 %t, %t, 2;", "xor.b32 %t, %t, %bpc;", f"mul.lo.u32 %t, %t, {UNIT};",
              f"mad.lo.u32 %bdst, %o, {row_bytes}, %t;", "shl.b32 %bpc, %bpc, 3;",
-             f"mad.lo.u32 %t, %o, {plan.K}, %bpc;", f"mad.wide.u32 %rdbs, %t, {es}, %rdb;"])
+             f"mad.lo.u32 %t, %o, {plan.K}, %bpc;", f"mad.wide.u32 %rdbs, %t, {es}, %rdb;",
+             f"mad.wide.u32 %rdx, %o, {plan.K * es}, %rdb;"])
     for r in range(rounds):  # whether round r's row is inside N (the last round may pass it)
         e.lines([f"add.u32 %t, %o, {r * rows_step};", f"setp.lt.u32 %pb{r}, %t, {plan.N};"])
     e.comment("the lane's B reads: row g of an n-tile, pieces tq and 4 + tq of a tile group, as stored")
@@ -394,9 +395,10 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
         _copy_chunk(e, stage * buffer, "%rdd", tag)
         e.comment("B's chunk: X's columns kc .. kc + 127 of each row, zeros past K (a piece is inside K or past it)")
         e.lines(["add.u32 %kc, %kb, %j;", f"mul.lo.u32 %kc, %kc, {CHUNK_COLUMNS};", "add.u32 %t, %kc, %bpc;",
-                 f"setp.lt.u32 %pk, %t, {plan.K};", f"selp.u32 %sz, {UNIT}, 0, %pk;", "selp.u32 %t, %kc, 0, %pk;",
-                 f"mad.wide.u32 %rdt, %t, {es}, %rdbs;", f"add.u32 %sb, %bdst, {stage * b_stage};",
-                 "add.u32 %sb, %sb, %bb;"])
+                 f"setp.lt.u32 %pk, %t, {plan.K};", f"selp.u32 %sz, {UNIT}, 0, %pk;",
+                 f"mad.wide.u32 %rdt, %kc, {es}, %rdbs;",
+                 "selp.b64 %rdt, %rdt, %rdx, %pk;",  # past K nothing is read: the row's start, a valid address
+                 f"add.u32 %sb, %bdst, {stage * b_stage};", "add.u32 %sb, %sb, %bb;"])
         for r in range(rounds):
             e.line(f"@%pb{r} cp.async.cg.shared.global [%sb+{r * rows_step * row_bytes}], "
                    f"[%rdt+{r * rows_step * plan.K * es}], {UNIT}, %sz;")
@@ -447,7 +449,7 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
             + ", ".join(f"%a{t}_{r}" for t in range(4) for r in range(4)) + ";",
             ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",
             ".reg .b16 %hv16;",
-            ".reg .b64 %rdz, %rdt, %rdb, %rdbs, %rdc, %rdr, %rdbias, %rdd, %rdo, %rdw, %rda;"]
+            ".reg .b64 %rdz, %rdt, %rdx, %rdb, %rdbs, %rdc, %rdr, %rdbias, %rdd, %rdo, %rdw, %rda;"]
     shared = ".extern .shared .align 16 .b8 smem[];"
     return data_kernel(plan, "tensor-core SpMM over bitmap tiles decoded into A fragments, B staged a block (W as "
                        "data)", ("p_b", "p_c", "p_data", "p_offsets")
