@@ -72,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-warm", action="store_true", help="skip the second (warm-cache) conversion")
     parser.add_argument("--fuse-mlp", action="store_true",
                         help="convert with fuse_mlp=True: each MLP's gate and up in one gated kernel where they can")
+    parser.add_argument("--memory-slack", type=float, default=0.0,
+                        help="convert with memory_slack: the share of a layer's decode time it may give for fewer "
+                             "bytes of W (e.g. 0.07)")
     parser.add_argument("--tiny", action="store_true", help="a small Llama on the CPU: checks the script")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -283,7 +286,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     reference = reference_logits(model, args, device)
     policy = "measure" if device.type == "cuda" else "sparse"
     report = sparseforge.convert(model, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
-                                 fuse_mlp=args.fuse_mlp)
+                                 fuse_mlp=args.fuse_mlp, memory_slack=args.memory_slack)
     conversion = {"cold_seconds": report.seconds, "peak_gpu_bytes": report.peak_gpu_bytes,
                   "measured_shapes": report.measured, "reused_shapes": report.reused, "replaced": len(report.replaced),
                   "fused_mlps": len(report.fused_mlps),
@@ -299,7 +302,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
         profiler = cProfile.Profile()  # where a warm conversion's seconds go: the top functions land in the JSON
         profiler.enable()
         warm = sparseforge.convert(spare, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
-                                   progress=False, fuse_mlp=args.fuse_mlp)
+                                   progress=False, fuse_mlp=args.fuse_mlp, memory_slack=args.memory_slack)
         profiler.disable()
         conversion.update(warm_seconds=warm.seconds, warm_measured_shapes=warm.measured,
                           warm_reused_shapes=warm.reused, warm_profile=_top_functions(profiler))

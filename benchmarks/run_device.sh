@@ -24,6 +24,8 @@
 #                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
 #   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70% then 50%
 #   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
+#   llama_hf_memory  llama_hf_b1 with memory_slack 0.07 (a layer may give 7% of its decode time for fewer bytes of
+#                 W), 70% then 50%: the decoder Linears' memory against their speed
 #   minilm        all-MiniLM-L6-v2's encoder at 80%, fp16, batch $BATCH x 128 tokens (benchmarks/model_minilm.py)
 #   host_time     eager host time per call against dense (benchmarks/host_time.py)
 #   walk          the nonzero-driven bitmap decode prototypes (benchmarks/proto/bitmap_walk*.cu): ncu, then
@@ -154,6 +156,10 @@ stage() {
     llama_hf_b1)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
         --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_b1_fp16.json" ;;
+    llama_hf_memory)
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_memory_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 \
+        --patterns 0.7,0.5 --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --memory-slack 0.07 \
+        --no-warm --out "$OUT/llama_hf_memory_fp16.json" ;;
     llama_hf_fused)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_fused_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7 \
         --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --fuse-mlp \

@@ -184,7 +184,7 @@ def _num(value, spec: str = "{:.2f}") -> str:
 def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFilter = None,
             exclude: LayerFilter = None, policy: str = "measure", tune_budget: float | None = TUNE_BUDGET_S,
             fold_bn: bool = True, time_model: bool = True, progress=None, eager: bool = False,
-            tokens=None, fuse_mlp: bool = False) -> ModelReport:
+            tokens=None, fuse_mlp: bool = False, memory_slack: float = 0.0) -> ModelReport:
     """Replace, in place, each nn.Linear / nn.Conv2d of `model` (include / exclude: a regex on the qualified
     name or a callable (name, module) -> bool) by the fastest of: the layer as it is (dense), SparseLinear /
     SparseConv2d (the unstructured kernels, the one chooser), SparseLinear24 (Linear layers whose weight is
@@ -202,7 +202,8 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
     Afterwards nn.fuse_epilogues(model, example_inputs) fuses each sparse convolution's ReLU / shortcut add.
     A transformers causal LM (LlamaForCausalLM and its kind) takes tokens=(1, 8), the decode batch sizes, in
     place of example_inputs (given neither, tokens=(1,)): nn.llm.convert_causal_lm (progress None shows a bar there; False shows none;
-    fuse_mlp: the MLPs' gate and up projections in one gated kernel where they can)."""
+    fuse_mlp: the MLPs' gate and up projections in one gated kernel where they can; memory_slack: the share of a
+    layer's decode time it may give for fewer bytes of W)."""
     import time
 
     from .fold import fold_batchnorms
@@ -214,9 +215,12 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
                             "sizes) or example_inputs (any other model), not both")
         return convert_causal_lm(model, tokens=(1,) if tokens is None else tokens, dtype=dtype, include=include,
                                  exclude=exclude, policy=policy, tune_budget=tune_budget,
-                                 progress=True if progress is None else progress, fuse_mlp=fuse_mlp)
+                                 progress=True if progress is None else progress, fuse_mlp=fuse_mlp,
+                                 memory_slack=memory_slack)
     if fuse_mlp:
         raise TypeError("fuse_mlp applies to transformers causal LMs (their MLPs' gate and up projections)")
+    if memory_slack:
+        raise TypeError("memory_slack applies to transformers causal LMs (their decode widths' kernels)")
 
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")

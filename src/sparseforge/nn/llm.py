@@ -451,7 +451,7 @@ class CausalLMReport(ModelReport):
 def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerFilter = None,
                       exclude: LayerFilter = None, policy: str = "measure",
                       tune_budget: float | None = TUNE_BUDGET_S, progress: bool | Callable = True,
-                      fuse_mlp: bool = False) -> CausalLMReport:
+                      fuse_mlp: bool = False, memory_slack: float = 0.0) -> CausalLMReport:
     """Convert, in place, a transformers causal LM of the Llama layout for decoding (module docstring).
 
     tokens: the decode batch sizes (an int or several, e.g. (1, 8)): each candidate is decided at these
@@ -465,9 +465,13 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     Returns a CausalLMReport: per layer its choice and the times it was decided by (for a layer that took
     its group's decision, the measured layer's times, the reason naming it). fuse_mlp: on a CUDA device, each
     MLP whose gate and up projections run delta-runs kernels of one config at a decode width runs them as one
-    gated kernel there (GatedDecodeMLP; report.fused_mlps).
+    gated kernel there (GatedDecodeMLP; report.fused_mlps). memory_slack: the share of a layer's decode time (its
+    kernels' summed over the widths) it may give for a packing of W with fewer bytes among the timed candidates,
+    0 to 0.5 (0: only a tie in time; on the H200's Llama timings at 70%, 0.07 takes delta-runs' 4-bit gaps, 16%
+    fewer bytes, on the gate and up projections).
     """
     started = time.perf_counter()
+    check_memory_slack(memory_slack)
     check_causal_lm(model)
     require_transformers()
     tokens = check_tokens(tokens)
@@ -504,7 +508,8 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     gpu = gpu_identity(device) if policy == "measure" else None
     if policy == "measure":  # a group decided by an earlier conversion on this GPU is not measured again
         for name in firsts:
-            cached = load_group_decision(keys[name], tokens, tune_budget, gpu) if keys[name][4] > 0 else None
+            cached = load_group_decision(keys[name], tokens, (tune_budget, memory_slack), gpu) \
+                if keys[name][4] > 0 else None
             if cached is not None:
                 decided.setdefault(_group(keys[name]), cached)
     reused = len(decided)
@@ -524,9 +529,9 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
             progress(name, index, len(order))
         known = set(decided)
         layer, replacement = _convert_layer(model.get_submodule(name), name, keys[name], tokens, policy,
-                                            tune_budget, decided, picked)
+                                            tune_budget, decided, picked, memory_slack)
         for group in set(decided) - known:  # measured just now: kept on disk for the next conversion
-            store_group_decision(keys[name], tokens, tune_budget, gpu, decided[group])
+            store_group_decision(keys[name], tokens, (tune_budget, memory_slack), gpu, decided[group])
         report.layers.append(layer)
         if replacement is not None:
             _replace(model, name, replacement)
@@ -541,6 +546,13 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated(device)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def check_memory_slack(value) -> None:
+    """memory_slack is a share of a layer's decode time: a real number from 0 to 0.5."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 0.5:
+        raise ValueError(f"memory_slack is the share of a layer's decode time it may give for fewer bytes of W, from "
+                         f"0 to 0.5 (e.g. 0.07 for 7%); got {value!r}")
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -580,17 +592,18 @@ def gpu_identity(device: torch.device) -> tuple[str, int]:
     return torch.cuda.get_device_name(device), 10 * major + minor
 
 
-def group_decision_key(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int]) -> str:
+def group_decision_key(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str, int]) -> str:
     """The disk cache's key of a group's decision: shape, bias, dtype, sparsity bucket, whether W is 2:4, the
-    decode widths, the tune budget, the GPU and the chooser's own code. Not the weight: within a model one layer's decision
+    decode widths, the tune budget and memory slack (tuning), the GPU and the chooser's own code. Not the weight: within a model one layer's decision
     serves its group already, and a fine-tune or another seed of the same architecture is the same group."""
     from ..runtime import default_compiler, kernel_key
     from ..tune.choose import chooser_digest
 
     shape, bias, dtype, _, bucket, two_four = key
+    tune_budget, memory_slack = tuning
     spec = "|".join([f"{shape[0]}x{shape[1]}", f"bias={bias}", str(dtype), f"bucket={bucket}", f"2:4={two_four}",
-                     "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}", gpu[0], chooser_digest(),
-                     _decision_digest()])
+                     "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}",
+                     f"memory_slack={float(memory_slack):g}", gpu[0], chooser_digest(), _decision_digest()])
     return kernel_key(GROUP_DECISION, spec, gpu[1], default_compiler().version)
 
 
@@ -611,7 +624,7 @@ def _is_group_record(record) -> bool:
             and isinstance(record.get("configs"), dict) and isinstance(record.get("report"), dict))
 
 
-def store_group_decision(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int], decision: tuple) -> None:
+def store_group_decision(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str, int], decision: tuple) -> None:
     """Keep a measured group's decision (its layer's report, kernel widths and configs) in the disk cache."""
     from ..runtime import KernelCache
     from ..tune.pipeline import config_record
@@ -620,19 +633,19 @@ def store_group_decision(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str,
     report = {"name": first.name, "sparsity": first.sparsity, "input_shapes": first.input_shapes,
               "choice": first.choice, "times_us": first.times_us, "kernel_us": first.kernel_us,
               "mapping": first.mapping, "reason": first.reason}
-    KernelCache().put_tuned(group_decision_key(key, tokens, tune_budget, gpu), gpu[1],
+    KernelCache().put_tuned(group_decision_key(key, tokens, tuning, gpu), gpu[1],
                             {"widths": sorted(widths), "configs": {str(n): config_record(c) for n, c in configs.items()},
                              "report": report})
 
 
-def load_group_decision(key: tuple, tokens: tuple, tune_budget, gpu: tuple[str, int]) -> tuple | None:
+def load_group_decision(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str, int]) -> tuple | None:
     """A group's decision from the disk cache as _convert_layer holds one (a LayerReport standing for the
     layer that was measured, its kernel widths, its configs), or None where none is kept or this version
     cannot read it (then the group is measured)."""
     from ..runtime import KernelCache
     from ..tune.pipeline import config_from_record
 
-    record = KernelCache().get_tuned(group_decision_key(key, tokens, tune_budget, gpu), gpu[1],
+    record = KernelCache().get_tuned(group_decision_key(key, tokens, tuning, gpu), gpu[1],
                                      valid=_is_group_record)
     if record is None:
         return None
@@ -699,14 +712,15 @@ def _prebuild_members(model, names, keys, decided) -> None:
 
 
 def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacement: SparseLinear, tokens: tuple,
-                            tune_budget) -> nn.Module | None:
+                            tune_budget, memory_slack: float = 0.0) -> nn.Module | None:
     """The measured layer's replacement for decoding: a kernel at every decode width, or None (kept dense).
 
     measure_layer decides width by width, keeping a dense W for the widths where dense measured faster. A
     DecodeLinear keeps no dense W of its own (prefill densifies into a shared workspace at every call, far
     slower than any kernel, and not inside a CUDA graph), so there it runs its fastest kernel all the same.
     Where the widths' fastest kernels pack W differently, one packing serving every width is taken instead if
-    its summed time is within the chooser's margin (W held once: the layer's memory). The layer is replaced
+    its summed time is within the chooser's margin (W held once: the layer's memory); and with memory_slack, a
+    packing holding fewer bytes of W within that share of their time (_one_packing). The layer is replaced
     where the kernels' time summed over the decode widths beats dense's (and 2:4's, where measured) by the
     margin; a width no kernel takes keeps the layer dense."""
     from ..tune.choose import MIN_SPEEDUP, fastest_with_margin
@@ -724,7 +738,7 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
         return None
     kernel_us = {n: timed[n].sparse_us for n in tokens}
     dense_us = sum(timed[n].dense_us for n in tokens)
-    single = _one_packing(replacement, tokens, configs, kernel_us)
+    single = _one_packing(replacement, tokens, configs, kernel_us, memory_slack)
     if single is not None and fastest_with_margin({UNSTRUCTURED: sum(single[1].values()), DENSE: dense_us}, DENSE,
                                                   MIN_SPEEDUP)[0] == DENSE:
         single = None  # one packing would lose to dense where the widths' fastest kernels each win
@@ -741,7 +755,8 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
     slower = ", ".join(f"{timed[n].dense_us / kernel_us[n]:.2f}x at {n}" for n in tokens
                        if kernel_us[n] > timed[n].dense_us)
     where = f"its kernels at the decode widths {list(tokens)}" + (
-        f" ({family_of(configs[tokens[0]]).name}: one packing of W for every width)" if single else "")
+        f" ({family_of(configs[tokens[0]]).name}: one packing of W for every width"
+        + (f", the fewest bytes within memory_slack={memory_slack:g})" if memory_slack else ")") if single else "")
     if picked == DENSE:
         measured.choice = DENSE
         measured.reason = f"{where} measured {dense_us / sparse_us:.2f}x of dense in sum (" + (
@@ -776,37 +791,53 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
     return inner
 
 
-def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel_us: dict) -> tuple | None:
-    """({width: config}, {width: us}) of the one packing of W (a family and its format_fields) that every
-    width's timed candidates share, the fastest in sum, where the widths' fastest kernels pack W differently and
-    it is within the chooser's margin of their summed time; else None."""
+def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel_us: dict,
+                 memory_slack: float = 0.0) -> tuple | None:
+    """({width: config}, {width: us}) of one packing of W (a family and its format_fields) for every width, or
+    None to keep the widths' own kernels (`configs`, timed `kernel_us`). The packings every width's timed
+    candidates share are allowed where their summed time is within the own kernels' sum times the chooser's
+    margin where those pack W differently (one packing then holds W once), or times 1 + memory_slack; of the
+    allowed, the one holding fewest bytes of W (then the faster), taken where it holds fewer than the own
+    kernels (a packing whose bytes are not recorded counts as the most)."""
     from ..tune.choose import MIN_SPEEDUP
 
     def packing(config) -> tuple:
         family = family_of(config)
         return (family.name, *(getattr(config, name) for name in family.format_fields))
 
-    if len({packing(configs[n]) for n in tokens}) == 1:
+    own = {packing(configs[n]) for n in tokens}
+    mixed = len(own) > 1
+    if not mixed and memory_slack <= 0:
         return None
     best: dict = {}  # packing -> {width: (config, us)}
+    held_bytes: dict = {}  # packing -> the bytes of W its kernels read as data
     for n in tokens:
-        for config, us in replacement.timed_configs(n):
+        for config, us, weight_bytes in replacement.timed_configs(n):
             if family_of(config).weight_in_code:  # W is each kernel's code: no packing to share
                 continue
-            held = best.setdefault(packing(config), {})
+            key = packing(config)
+            held = best.setdefault(key, {})
             if n not in held or us < held[n][1]:
                 held[n] = (config, us)
+            if weight_bytes:
+                held_bytes[key] = max(held_bytes.get(key, 0), int(weight_bytes))
     whole = {key: held for key, held in best.items() if set(held) == set(tokens)}
-    if not whole:
+    allowance = max(MIN_SPEEDUP if mixed else 1.0, 1.0 + memory_slack)
+    limit = sum(kernel_us.values()) * allowance
+    allowed = [key for key in whole if sum(us for _, us in whole[key].values()) <= limit]
+    if not allowed:
         return None
-    key = min(whole, key=lambda k: sum(us for _, us in whole[k].values()))
-    if sum(us for _, us in whole[key].values()) > sum(kernel_us.values()) * MIN_SPEEDUP:
-        return None
+    unknown = float("inf")
+    key = min(allowed, key=lambda k: (held_bytes.get(k, unknown), sum(us for _, us in whole[k].values())))
+    own_bytes = sum(held_bytes.get(k, unknown) for k in own)
+    if not mixed and not held_bytes.get(key, unknown) < own_bytes:
+        return None  # nothing allowed holds fewer bytes than the widths' own packing
     return {n: whole[key][n][0] for n in tokens}, {n: whole[key][n][1] for n in tokens}
 
 
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,
-                   decided: dict, picked: dict | None = None) -> tuple[LayerReport, nn.Module | None]:
+                   decided: dict, picked: dict | None = None,
+                   memory_slack: float = 0.0) -> tuple[LayerReport, nn.Module | None]:
     shape, _, _, sparsity, _, _ = key
     shapes = [[n, shape[1]] for n in tokens]
     layer = LayerReport(name, "Linear", shape, sparsity, shapes, DENSE)
@@ -838,7 +869,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
     if group not in decided:  # the group's first layer: timed
         measured, replacement = measure_layer(name, module, [tuple(s) for s in shapes], "measure", tune_budget)
         if isinstance(replacement, SparseLinear):
-            replacement = _kernels_at_every_width(module, measured, replacement, tokens, tune_budget)
+            replacement = _kernels_at_every_width(module, measured, replacement, tokens, tune_budget, memory_slack)
         widths = set()
         if replacement is not None:
             widths = {d.n for d in replacement.decisions if d.path != DENSE and d.mode in ("graph", "any")}

@@ -25,6 +25,8 @@ kernel's host time is not below dense's.)
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -631,10 +633,10 @@ class SparseLinear(_SparseWeight):
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
         return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
 
-    def timed_configs(self, key) -> list[tuple[object, float]]:
-        """(config, microseconds) of every candidate the chooser timed for shape `key` (token count), the
-        losing families' included; empty where nothing was timed (a pinned config, a cached choice's lost
-        records)."""
+    def timed_configs(self, key) -> list[TimedConfig]:
+        """(config, microseconds, bytes of W as data) of every candidate the chooser timed for shape `key` (token
+        count), the losing families' included; empty where nothing was timed (a pinned config, a cached choice's
+        lost records)."""
         return list(self.__dict__.get("_timed", {}).get(key, ()))
 
     def fastest_kernel_configs(self) -> dict:
@@ -947,12 +949,20 @@ class ConvEpilogue(nn.Module):
         return F.relu(y) if self.relu else y
 
 
-def _timed_configs(choice) -> list[tuple[object, float]]:
+class TimedConfig(NamedTuple):
+    """A candidate the chooser timed: its config, its time, and the bytes of W its kernel reads as data (None
+    where W is its code or the record does not say)."""
+    config: object
+    us: float
+    weight_bytes: int | None = None
+
+
+def _timed_configs(choice) -> list[TimedConfig]:
     from ..tune.pipeline import config_from_record
 
     timed = []
     for record in choice.records:
         config = config_from_record(record) if record.get("us") else None
         if config is not None:
-            timed.append((config, float(record["us"])))
+            timed.append(TimedConfig(config, float(record["us"]), record.get("weight_bytes")))
     return timed

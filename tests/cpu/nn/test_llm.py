@@ -16,6 +16,7 @@ from torch import nn
 
 import sparseforge
 from sparseforge.nn import DecodeLinear, SparseLinear
+from sparseforge.nn.sparse import TimedConfig
 from sparseforge.nn.llm import decoder_linear_names, require_transformers
 from sparseforge.prune import prune_model
 from sparseforge.saving import SavedModelError
@@ -352,8 +353,8 @@ def test_measuring_times_each_shape_once_and_the_others_take_its_decision(monkey
 
 def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path):
     """What a measured group leaves on disk comes back as the same decision; anything else (another GPU,
-    widths, budget or bucket, 2:4 against unstructured, a record this version cannot read) is no decision: the
-    group is measured."""
+    widths, budget, memory slack or bucket, 2:4 against unstructured, a record this version cannot read) is no
+    decision: the group is measured."""
     from sparseforge.mappings.csr.plan import CsrConfig
     from sparseforge.nn import llm
     from sparseforge.runtime import KernelCache
@@ -365,22 +366,23 @@ def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path
     first = llm.LayerReport("model.layers.0.self_attn.q_proj", "Linear", (4096, 4096), 0.7, [[1, 4096], [8, 4096]],
                             UNSTRUCTURED, {"dense": 30.0, UNSTRUCTURED: 20.0}, {UNSTRUCTURED: 20.0}, "csr", "faster")
     configs = {1: CsrConfig(prefetch=True), 8: CsrConfig(columns=8, stage_b=True, ctas=132)}
-    llm.store_group_decision(key, (1, 8), 1.0, gpu, (first, {1, 8}, configs))
-    loaded, widths, again = llm.load_group_decision(key, (1, 8), 1.0, gpu)
+    llm.store_group_decision(key, (1, 8), (1.0, 0.0), gpu, (first, {1, 8}, configs))
+    loaded, widths, again = llm.load_group_decision(key, (1, 8), (1.0, 0.0), gpu)
     assert widths == {1, 8} and again == configs
     assert (loaded.choice, loaded.times_us, loaded.kernel_us, loaded.mapping) == \
         (UNSTRUCTURED, first.times_us, first.kernel_us, "csr")
     other_bucket, two_four = key[:4] + (13, False), key[:5] + (True,)  # a 2:4 W of that sparsity: its own group
-    for args in [(key, (1,), 1.0, gpu), (key, (1, 8), 2.0, gpu), (key, (1, 8), 1.0, ("NVIDIA H100", 90)),
-                 (other_bucket, (1, 8), 1.0, gpu), (two_four, (1, 8), 1.0, gpu)]:
+    for args in [(key, (1,), (1.0, 0.0), gpu), (key, (1, 8), (2.0, 0.0), gpu), (key, (1, 8), (1.0, 0.07), gpu),
+                 (key, (1, 8), (1.0, 0.0), ("NVIDIA H100", 90)), (other_bucket, (1, 8), (1.0, 0.0), gpu),
+                 (two_four, (1, 8), (1.0, 0.0), gpu)]:
         assert llm.load_group_decision(*args) is None
-    path_key = llm.group_decision_key(key, (1, 8), 1.0, gpu)
+    path_key = llm.group_decision_key(key, (1, 8), (1.0, 0.0), gpu)
     KernelCache().put_tuned(path_key, 90, {"widths": [1, 8], "configs": {"1": {"family": "gone", "config": {}}},
                                            "report": {}})
-    assert llm.load_group_decision(key, (1, 8), 1.0, gpu) is None  # unreadable here: measured again
+    assert llm.load_group_decision(key, (1, 8), (1.0, 0.0), gpu) is None  # unreadable here: measured again
     # a kernel at fewer widths than the decode widths is no decoder layer's decision (it would densify W there)
-    llm.store_group_decision(key, (1, 8), 1.0, gpu, (first, {1}, {1: configs[1]}))
-    assert llm.load_group_decision(key, (1, 8), 1.0, gpu) is None
+    llm.store_group_decision(key, (1, 8), (1.0, 0.0), gpu, (first, {1}, {1: configs[1]}))
+    assert llm.load_group_decision(key, (1, 8), (1.0, 0.0), gpu) is None
 
 
 def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
@@ -462,7 +464,7 @@ def test_a_2of4_weight_and_an_unstructured_one_of_its_sparsity_are_different_gro
     assert a[3] == b[3] == 0.5 and a[5] and not b[5]
     assert llm._group(a) != llm._group(b)
     gpu = ("NVIDIA H200", 90)
-    assert llm.group_decision_key(a, (1,), 1.0, gpu) != llm.group_decision_key(b, (1,), 1.0, gpu)
+    assert llm.group_decision_key(a, (1,), (1.0, 0.0), gpu) != llm.group_decision_key(b, (1,), (1.0, 0.0), gpu)
 
 
 def test_a_width_between_the_decode_widths_runs_the_next_ones_kernel_on_padded_rows(monkeypatch):
@@ -499,7 +501,8 @@ def test_one_packing_serves_every_width_where_it_costs_no_more_than_the_margin(m
     from sparseforge.semi.decide import UNSTRUCTURED, Decision
 
     runs, scatter = DeltaRunsConfig(), TcScatterConfig()
-    timed = {1: [(runs, 10.0), (scatter, 14.0)], 8: [(scatter, 20.0), (runs, delta_runs_at_8)]}
+    timed = {1: [TimedConfig(runs, 10.0), TimedConfig(scatter, 14.0)],
+             8: [TimedConfig(scatter, 20.0), TimedConfig(runs, delta_runs_at_8)]}
 
     class Measured(SparseLinear):
         decisions = property(lambda self: [Decision(1, UNSTRUCTURED, "stub", 10.0, dense_us[0], mode="graph"),
@@ -527,6 +530,56 @@ def test_one_packing_serves_every_width_where_it_costs_no_more_than_the_margin(m
         assert layer.times_us[UNSTRUCTURED] == 10.0 + delta_runs_at_8
     else:
         assert out is measured and layer.reason == "stub: faster"
+
+
+@pytest.mark.parametrize("memory_slack, g4_us, g4_bytes, picked", [
+    (0.07, 10.6, 1270, "g4"), (0.05, 10.6, 1270, "g8"), (0.07, 10.6, None, "g8"), (0.07, 10.6, 1600, "g8"),
+    (0.0, 10.1, 1270, "g8")])
+def test_memory_slack_takes_the_packing_with_fewer_bytes_within_that_share_of_the_time(monkeypatch, memory_slack,
+                                                                                      g4_us, g4_bytes, picked):
+    """One decode width: delta-runs with 4-bit gaps (fewer bytes) within memory_slack of the 8-bit kernel's time
+    is taken; past it, without its bytes recorded, with more bytes, or with no slack (a tie in time is the
+    chooser's own), the chooser's kernel stands."""
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+    from sparseforge.nn import llm
+    from sparseforge.semi.decide import UNSTRUCTURED, Decision
+
+    configs = {"g8": DeltaRunsConfig(gap_bits=8), "g4": DeltaRunsConfig(gap_bits=4)}
+    timed = [TimedConfig(configs["g8"], 10.0, 1500), TimedConfig(configs["g4"], g4_us, g4_bytes)]
+
+    class Measured(SparseLinear):
+        decisions = property(lambda self: [Decision(1, UNSTRUCTURED, "stub", 10.0, 20.0, mode="graph")])
+
+        def fastest_kernel_configs(self):
+            return {1: configs["g8"]}
+
+        def timed_configs(self, n):
+            return timed
+
+    def prepare(self, ws):  # the pinned configs build (no kernel on a CPU)
+        self._decided = {n: Decision(n, UNSTRUCTURED, "stub: pinned") for n in ws}
+        return self.decisions
+
+    monkeypatch.setattr(SparseLinear, "prepare", prepare)
+    linear = nn.Linear(64, 32, bias=False)
+    layer = llm.LayerReport("q", "Linear", (32, 64), 0.7, [[1, 64]], UNSTRUCTURED, {"dense": 20.0,
+                            UNSTRUCTURED: 10.0}, {UNSTRUCTURED: 10.0}, "delta-runs", "stub: faster")
+    measured = Measured.from_dense(linear, policy="sparse")
+    out = llm._kernels_at_every_width(linear, layer, measured, (1,), None, memory_slack)
+    if picked == "g4":
+        assert out is not measured and out.pinned == {1: configs["g4"]}
+        assert f"the fewest bytes within memory_slack={memory_slack:g}" in layer.reason
+        assert layer.times_us[UNSTRUCTURED] == g4_us
+    else:
+        assert out is measured and layer.reason == "stub: faster"
+
+
+@pytest.mark.parametrize("value", [-0.1, 0.6, float("nan"), True, "0.05"])
+def test_memory_slack_is_a_share_of_the_time(value):
+    from sparseforge.nn import llm
+
+    with pytest.raises(ValueError, match="memory_slack is the share of a layer's decode time"):
+        llm.check_memory_slack(value)
 
 
 def test_a_gated_mlp_wraps_the_mlp_computes_the_same_and_survives_saving(converted, tmp_path):

@@ -11,6 +11,7 @@ from torch import nn
 from sparseforge.formats import SparseFormatError
 from sparseforge.mappings.csr.plan import CsrConfig
 from sparseforge.nn import SparseConv2d, SparseLinear, SparseShapeError
+from sparseforge.nn.sparse import TimedConfig
 
 
 def _pruned(module: nn.Module, density: float, seed: int = 0) -> nn.Module:
@@ -279,7 +280,7 @@ def test_a_width_dense_in_a_graph_is_not_timed_eagerly(monkeypatch):
     assert layer.decisions[0].path == "dense" and layer.eager_decisions == []
     # the kernel that lost is remembered for callers that keep no dense W (a decoder layer runs it anyway)
     assert layer.kernel_configs() == {} and layer.fastest_kernel_configs() == {3: kernel.plan.config}
-    assert layer.timed_configs(3) == [(CsrConfig(), 9.0)] and layer.timed_configs(5) == []
+    assert layer.timed_configs(3) == [TimedConfig(CsrConfig(), 9.0)] and layer.timed_configs(5) == []
 
 
 def test_a_conv_with_a_residual_is_timed_eagerly_with_one(monkeypatch):
