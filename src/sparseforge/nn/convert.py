@@ -219,8 +219,9 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
                                  memory_slack=memory_slack)
     if fuse_mlp:
         raise TypeError("fuse_mlp applies to transformers causal LMs (their MLPs' gate and up projections)")
-    if memory_slack:
-        raise TypeError("memory_slack applies to transformers causal LMs (their decode widths' kernels)")
+    if memory_slack != 0:
+        raise TypeError("memory_slack applies to transformers causal LMs converted for their decode widths "
+                        "(tokens=...): leave it out for this model")
 
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")

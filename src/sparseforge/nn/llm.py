@@ -465,13 +465,13 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     Returns a CausalLMReport: per layer its choice and the times it was decided by (for a layer that took
     its group's decision, the measured layer's times, the reason naming it). fuse_mlp: on a CUDA device, each
     MLP whose gate and up projections run delta-runs kernels of one config at a decode width runs them as one
-    gated kernel there (GatedDecodeMLP; report.fused_mlps). memory_slack: the share of a layer's decode time (its
-    kernels' summed over the widths) it may give for a packing of W with fewer bytes among the timed candidates,
-    0 to 0.5 (0: only a tie in time; on the H200's Llama timings at 70%, 0.07 takes delta-runs' 4-bit gaps, 16%
-    fewer bytes, on the gate and up projections).
+    gated kernel there (GatedDecodeMLP; report.fused_mlps). memory_slack (policy "measure"): the share of a layer's
+    decode time (its kernels' summed over the widths) it may give for a packing of W with fewer bytes among the
+    timed candidates, 0 to 0.5 (0: only the chooser's tie in time; on the H200's Llama timings at 70%, 0.07 takes
+    delta-runs' 4-bit gaps, 16% fewer bytes, on the gate and up projections).
     """
     started = time.perf_counter()
-    check_memory_slack(memory_slack)
+    memory_slack = check_memory_slack(memory_slack)
     check_causal_lm(model)
     require_transformers()
     tokens = check_tokens(tokens)
@@ -548,11 +548,14 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     return report
 
 
-def check_memory_slack(value) -> None:
-    """memory_slack is a share of a layer's decode time: a real number from 0 to 0.5."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 0.5:
+def check_memory_slack(value) -> float:
+    """memory_slack is a share of a layer's decode time: a real number from 0 to 0.5 (returned as a float)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 0.5:
         raise ValueError(f"memory_slack is the share of a layer's decode time it may give for fewer bytes of W, from "
-                         f"0 to 0.5 (e.g. 0.07 for 7%); got {value!r}")
+                         f"0 to 0.5 (e.g. 0.07 for 7%); got {value!r} ({type(value).__name__})")
+    return float(value) + 0.0  # -0.0 is 0
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -603,7 +606,7 @@ def group_decision_key(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str,
     tune_budget, memory_slack = tuning
     spec = "|".join([f"{shape[0]}x{shape[1]}", f"bias={bias}", str(dtype), f"bucket={bucket}", f"2:4={two_four}",
                      "tokens=" + ",".join(str(n) for n in tokens), f"budget={tune_budget}",
-                     f"memory_slack={float(memory_slack):g}", gpu[0], chooser_digest(), _decision_digest()])
+                     f"memory_slack={float(memory_slack) + 0.0!r}", gpu[0], chooser_digest(), _decision_digest()])
     return kernel_key(GROUP_DECISION, spec, gpu[1], default_compiler().version)
 
 
@@ -738,25 +741,28 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
         return None
     kernel_us = {n: timed[n].sparse_us for n in tokens}
     dense_us = sum(timed[n].dense_us for n in tokens)
+    two_four = measured.times_us.get(SPARSE)  # a 2:4 weight: its path keeps its own dense W, so its time stands
+
+    def path(sparse_us: float) -> tuple[str, float]:
+        return fastest_with_margin({UNSTRUCTURED: sparse_us, DENSE: dense_us, **({SPARSE: two_four} if two_four
+                                                                                 else {})}, DENSE, MIN_SPEEDUP)
+
     single = _one_packing(replacement, tokens, configs, kernel_us, memory_slack)
-    if single is not None and fastest_with_margin({UNSTRUCTURED: sum(single[1].values()), DENSE: dense_us}, DENSE,
-                                                  MIN_SPEEDUP)[0] == DENSE:
-        single = None  # one packing would lose to dense where the widths' fastest kernels each win
+    if single is not None and path(sum(single[1].values()))[0] != path(sum(kernel_us.values()))[0]:
+        single = None  # one packing would lose the layer's path (to dense or 2:4) where its own kernels win it
     if single is not None:
-        configs, kernel_us = single
+        configs, kernel_us, by_bytes = single
+        measured.mapping = family_of(configs[tokens[0]]).name
     elif not lost:
         return replacement
     sparse_us = sum(kernel_us.values())
     measured.times_us[UNSTRUCTURED] = measured.kernel_us[UNSTRUCTURED] = sparse_us
-    times = {UNSTRUCTURED: sparse_us, DENSE: dense_us}
-    if measured.times_us.get(SPARSE):  # a 2:4 weight: its path keeps its own dense W, so its time stands
-        times[SPARSE] = measured.times_us[SPARSE]
-    picked, ratio = fastest_with_margin(times, DENSE, MIN_SPEEDUP)
+    picked, ratio = path(sparse_us)
     slower = ", ".join(f"{timed[n].dense_us / kernel_us[n]:.2f}x at {n}" for n in tokens
                        if kernel_us[n] > timed[n].dense_us)
     where = f"its kernels at the decode widths {list(tokens)}" + (
         f" ({family_of(configs[tokens[0]]).name}: one packing of W for every width"
-        + (f", the fewest bytes within memory_slack={memory_slack:g})" if memory_slack else ")") if single else "")
+        + (f", the fewest bytes within memory_slack={memory_slack:g})" if single[2] else ")") if single else "")
     if picked == DENSE:
         measured.choice = DENSE
         measured.reason = f"{where} measured {dense_us / sparse_us:.2f}x of dense in sum (" + (
@@ -793,12 +799,15 @@ def _kernels_at_every_width(module: nn.Linear, measured: LayerReport, replacemen
 
 def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel_us: dict,
                  memory_slack: float = 0.0) -> tuple | None:
-    """({width: config}, {width: us}) of one packing of W (a family and its format_fields) for every width, or
-    None to keep the widths' own kernels (`configs`, timed `kernel_us`). The packings every width's timed
-    candidates share are allowed where their summed time is within the own kernels' sum times the chooser's
-    margin where those pack W differently (one packing then holds W once), or times 1 + memory_slack; of the
-    allowed, the one holding fewest bytes of W (then the faster), taken where it holds fewer than the own
-    kernels (a packing whose bytes are not recorded counts as the most)."""
+    """({width: config}, {width: us}, by_bytes) of one packing of W (a family and its format_fields) for every
+    width, or None to keep the widths' own kernels (`configs`, timed `kernel_us`). Of the packings every width's
+    timed candidates share:
+    - where the own kernels pack W differently (W held twice), the fastest whose summed time is within the
+      chooser's margin (MIN_SPEEDUP) of theirs; with memory_slack, the one holding fewest bytes of W within
+      max(that margin, 1 + memory_slack) of it, where any such packing's bytes are recorded;
+    - where they share one packing, with memory_slack only: the one holding fewest bytes of W within 1 +
+      memory_slack of their time, if it holds fewer than theirs (both recorded).
+    by_bytes: whether bytes decided it."""
     from ..tune.choose import MIN_SPEEDUP
 
     def packing(config) -> tuple:
@@ -810,7 +819,7 @@ def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel
     if not mixed and memory_slack <= 0:
         return None
     best: dict = {}  # packing -> {width: (config, us)}
-    held_bytes: dict = {}  # packing -> the bytes of W its kernels read as data
+    held_bytes: dict = {}  # packing -> the bytes of W its kernels read as data, where recorded
     for n in tokens:
         for config, us, weight_bytes in replacement.timed_configs(n):
             if family_of(config).weight_in_code:  # W is each kernel's code: no packing to share
@@ -822,17 +831,27 @@ def _one_packing(replacement: SparseLinear, tokens: tuple, configs: dict, kernel
             if weight_bytes:
                 held_bytes[key] = max(held_bytes.get(key, 0), int(weight_bytes))
     whole = {key: held for key, held in best.items() if set(held) == set(tokens)}
+
+    def summed(key) -> float:
+        return sum(us for _, us in whole[key].values())
+
     allowance = max(MIN_SPEEDUP if mixed else 1.0, 1.0 + memory_slack)
-    limit = sum(kernel_us.values()) * allowance
-    allowed = [key for key in whole if sum(us for _, us in whole[key].values()) <= limit]
-    if not allowed:
-        return None
-    unknown = float("inf")
-    key = min(allowed, key=lambda k: (held_bytes.get(k, unknown), sum(us for _, us in whole[k].values())))
-    own_bytes = sum(held_bytes.get(k, unknown) for k in own)
-    if not mixed and not held_bytes.get(key, unknown) < own_bytes:
-        return None  # nothing allowed holds fewer bytes than the widths' own packing
-    return {n: whole[key][n][0] for n in tokens}, {n: whole[key][n][1] for n in tokens}
+    allowed = [key for key in whole if summed(key) <= sum(kernel_us.values()) * allowance]
+    by_bytes = [key for key in allowed if key in held_bytes] if memory_slack > 0 else []
+    if not mixed:  # fewer bytes than the own packing, or nothing
+        if packing(configs[tokens[0]]) not in held_bytes:
+            return None
+        by_bytes = [key for key in by_bytes if held_bytes[key] < held_bytes[packing(configs[tokens[0]])]]
+        if not by_bytes:
+            return None
+    if by_bytes:
+        key = min(by_bytes, key=lambda k: (held_bytes[k], summed(k)))
+    else:  # the own kernels hold W twice: the fastest single packing within the chooser's margin
+        allowed = [key for key in allowed if summed(key) <= sum(kernel_us.values()) * MIN_SPEEDUP]
+        if not allowed:
+            return None
+        key = min(allowed, key=summed)
+    return {n: whole[key][n][0] for n in tokens}, {n: whole[key][n][1] for n in tokens}, bool(by_bytes)
 
 
 def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, policy: str, tune_budget,

@@ -532,6 +532,40 @@ def test_one_packing_serves_every_width_where_it_costs_no_more_than_the_margin(m
         assert out is measured and layer.reason == "stub: faster"
 
 
+def _decided(monkeypatch, timed: dict, own: dict, dense_us: dict, memory_slack: float, two_four_us=None):
+    """_kernels_at_every_width on a stub layer: `timed` {width: [TimedConfig]} the chooser's candidates, `own`
+    {width: config} its picks (their times the decisions'), dense's times; (the module it returns, the report)."""
+    from sparseforge.nn import llm
+    from sparseforge.semi.decide import SPARSE, UNSTRUCTURED, Decision
+
+    own_us = {n: next(t.us for t in timed[n] if t.config == own[n]) for n in own}
+
+    class Measured(SparseLinear):
+        decisions = property(lambda self: [Decision(n, UNSTRUCTURED, "stub", own_us[n], dense_us[n], mode="graph")
+                                           for n in sorted(own)])
+
+        def fastest_kernel_configs(self):
+            return dict(own)
+
+        def timed_configs(self, n):
+            return timed[n]
+
+    def prepare(self, ws):  # the pinned configs build (no kernel on a CPU)
+        self._decided = {n: Decision(n, UNSTRUCTURED, "stub: pinned") for n in ws}
+        return self.decisions
+
+    monkeypatch.setattr(SparseLinear, "prepare", prepare)
+    monkeypatch.setattr(llm.SparseLinear24, "from_dense", lambda module, policy: "2:4 module")
+    linear = nn.Linear(64, 32, bias=False)
+    times = {"dense": sum(dense_us.values()), UNSTRUCTURED: sum(own_us.values())}
+    if two_four_us:
+        times[SPARSE] = two_four_us
+    layer = llm.LayerReport("q", "Linear", (32, 64), 0.7, [[n, 64] for n in sorted(own)], UNSTRUCTURED, times,
+                            dict(times), "delta-runs", "stub: faster")
+    measured = Measured.from_dense(linear, policy="sparse")
+    return llm._kernels_at_every_width(linear, layer, measured, tuple(sorted(own)), None, memory_slack), layer, measured
+
+
 @pytest.mark.parametrize("memory_slack, g4_us, g4_bytes, picked", [
     (0.07, 10.6, 1270, "g4"), (0.05, 10.6, 1270, "g8"), (0.07, 10.6, None, "g8"), (0.07, 10.6, 1600, "g8"),
     (0.0, 10.1, 1270, "g8")])
@@ -541,37 +575,45 @@ def test_memory_slack_takes_the_packing_with_fewer_bytes_within_that_share_of_th
     is taken; past it, without its bytes recorded, with more bytes, or with no slack (a tie in time is the
     chooser's own), the chooser's kernel stands."""
     from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
-    from sparseforge.nn import llm
-    from sparseforge.semi.decide import UNSTRUCTURED, Decision
+    from sparseforge.semi.decide import UNSTRUCTURED
 
-    configs = {"g8": DeltaRunsConfig(gap_bits=8), "g4": DeltaRunsConfig(gap_bits=4)}
-    timed = [TimedConfig(configs["g8"], 10.0, 1500), TimedConfig(configs["g4"], g4_us, g4_bytes)]
-
-    class Measured(SparseLinear):
-        decisions = property(lambda self: [Decision(1, UNSTRUCTURED, "stub", 10.0, 20.0, mode="graph")])
-
-        def fastest_kernel_configs(self):
-            return {1: configs["g8"]}
-
-        def timed_configs(self, n):
-            return timed
-
-    def prepare(self, ws):  # the pinned configs build (no kernel on a CPU)
-        self._decided = {n: Decision(n, UNSTRUCTURED, "stub: pinned") for n in ws}
-        return self.decisions
-
-    monkeypatch.setattr(SparseLinear, "prepare", prepare)
-    linear = nn.Linear(64, 32, bias=False)
-    layer = llm.LayerReport("q", "Linear", (32, 64), 0.7, [[1, 64]], UNSTRUCTURED, {"dense": 20.0,
-                            UNSTRUCTURED: 10.0}, {UNSTRUCTURED: 10.0}, "delta-runs", "stub: faster")
-    measured = Measured.from_dense(linear, policy="sparse")
-    out = llm._kernels_at_every_width(linear, layer, measured, (1,), None, memory_slack)
+    g8, g4 = DeltaRunsConfig(gap_bits=8), DeltaRunsConfig(gap_bits=4)
+    timed = {1: [TimedConfig(g8, 10.0, 1500), TimedConfig(g4, g4_us, g4_bytes)]}
+    out, layer, measured = _decided(monkeypatch, timed, {1: g8}, {1: 20.0}, memory_slack)
     if picked == "g4":
-        assert out is not measured and out.pinned == {1: configs["g4"]}
+        assert out is not measured and out.pinned == {1: g4}
         assert f"the fewest bytes within memory_slack={memory_slack:g}" in layer.reason
         assert layer.times_us[UNSTRUCTURED] == g4_us
     else:
         assert out is measured and layer.reason == "stub: faster"
+
+
+def test_memory_slack_weighs_bytes_only_where_it_is_given_and_they_are_known(monkeypatch):
+    """Widths whose own kernels pack W twice: with no slack, the fastest single packing within the chooser's
+    margin (not the fewest bytes); with a slack, the fewest bytes. An own packing whose bytes are unknown (W as
+    code) is never replaced for bytes. A pick that would hand the layer to 2:4 keeps its own kernels."""
+    from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
+    from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
+    from sparseforge.plan.config import TileConfig
+
+    g8, g4, scatter = DeltaRunsConfig(gap_bits=8), DeltaRunsConfig(gap_bits=4), TcScatterConfig()
+    timed = {1: [TimedConfig(g8, 10.0, 1500), TimedConfig(g4, 10.4, 1270), TimedConfig(scatter, 14.0, 3000)],
+             8: [TimedConfig(scatter, 20.0, 3000), TimedConfig(g8, 20.1, 1500), TimedConfig(g4, 20.5, 1270)]}
+    own, dense = {1: g8, 8: scatter}, {1: 20.0, 8: 40.0}
+    assert _decided(monkeypatch, timed, own, dense, 0.0)[0].pinned == {1: g8, 8: g8}  # 30.1: the fastest
+    assert _decided(monkeypatch, timed, own, dense, 0.05)[0].pinned == {1: g4, 8: g4}  # 30.9: fewest bytes
+    tile = TileConfig(4, 4, 4)
+    coded = {1: [TimedConfig(tile, 10.0, None), TimedConfig(g4, 10.2, 1270)]}
+    out, _, measured = _decided(monkeypatch, coded, {1: tile}, {1: 20.0}, 0.07)
+    assert out is measured
+    slowed = {1: [TimedConfig(g8, 10.0, 1500), TimedConfig(g4, 10.6, 1270)]}
+    out, layer, measured = _decided(monkeypatch, slowed, {1: g8}, {1: 20.0}, 0.07, two_four_us=10.3)
+    assert out is measured and layer.reason == "stub: faster"  # g8 beats 2:4's 10.3, g4 would not
+
+
+def test_memory_slack_is_refused_for_models_other_than_causal_lms():
+    with pytest.raises(TypeError, match="memory_slack applies to transformers causal LMs .*leave it out"):
+        sparseforge.convert(nn.Sequential(nn.Linear(8, 8)), torch.randn(2, 8), policy="dense", memory_slack=0.07)
 
 
 @pytest.mark.parametrize("value", [-0.1, 0.6, float("nan"), True, "0.05"])

@@ -51,4 +51,6 @@ def bitmap_tc_estimate(plan: BitmapTcPlan, batch: int, gpu: Gpu) -> Estimate:
     partials = 2 * c.k_split * plan.M * plan.N * 4 if c.k_split > 1 else 0  # k_split's workspace, written and read
     streamed = (plan.bytes_read() + plan.M * plan.N * es + partials) * batch / rate
     terms = {"issue": decode * 1e6, "operand": streamed * 1e6, "ifetch": 0.0, "latency": 0.0}
+    if plan.warp_strips:  # B's chunks copied from L2 once a block row (the fitted decode rates hold B read a strip)
+        terms["l2"] = plan.grid[1] * plan.K * plan.N * es * batch / gpu.l2_bytes_per_s * 1e6
     return Estimate(gpu.launch_us + max(terms.values()), terms, 0.3)
