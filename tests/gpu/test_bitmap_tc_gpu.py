@@ -94,8 +94,7 @@ def test_b_staged_a_block_matches_float64(density, m, k, config, matches_float64
     """config.b_shared (X as N x K, K a multiple of 8): a strip a warp, B's chunk staged once a block, N up to
     64 (8 n-tiles), spare warps past the last strip, K split over blocks (a batch entry a launch)."""
     w = _weight(m, k, density, seed=m + k)
-    for n, dtype in ((8, torch.float16), (24, torch.bfloat16), (40, torch.float16), (64, torch.float16),
-                     (64, torch.bfloat16), (17, torch.float16)):
+    for n, dtype in ((8, torch.float16), (17, torch.bfloat16), (40, torch.float16), (64, torch.bfloat16)):
         kernel = compile_spmm(w, n, dtype, "nk", config=config, tune_budget=None)
         assert kernel.mapping == "bitmap-tc"
         matches_float64(kernel, w, dtype, "nk", batch=() if config.k_split > 1 else (2,), seed=n)
