@@ -497,33 +497,12 @@ def test_one_packing_serves_every_width_where_it_costs_no_more_than_the_margin(m
     against dense's 31.1, where each width's fastest kernel wins: the fastest kernels, not dense)."""
     from sparseforge.mappings.delta_runs.plan import DeltaRunsConfig
     from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
-    from sparseforge.nn import llm
-    from sparseforge.semi.decide import UNSTRUCTURED, Decision
+    from sparseforge.semi.decide import UNSTRUCTURED
 
     runs, scatter = DeltaRunsConfig(), TcScatterConfig()
     timed = {1: [TimedConfig(runs, 10.0), TimedConfig(scatter, 14.0)],
              8: [TimedConfig(scatter, 20.0), TimedConfig(runs, delta_runs_at_8)]}
-
-    class Measured(SparseLinear):
-        decisions = property(lambda self: [Decision(1, UNSTRUCTURED, "stub", 10.0, dense_us[0], mode="graph"),
-                                           Decision(8, UNSTRUCTURED, "stub", 20.0, dense_us[1], mode="graph")])
-
-        def fastest_kernel_configs(self):
-            return {1: runs, 8: scatter}
-
-        def timed_configs(self, n):
-            return timed[n]
-
-    def prepare(self, ws):  # the pinned configs build (no kernel on a CPU)
-        self._decided = {n: Decision(n, UNSTRUCTURED, "stub: pinned") for n in ws}
-        return self.decisions
-
-    monkeypatch.setattr(SparseLinear, "prepare", prepare)
-    linear = nn.Linear(64, 32, bias=False)
-    layer = llm.LayerReport("q", "Linear", (32, 64), 0.7, [[1, 64], [8, 64]], UNSTRUCTURED, {"dense": 48.0,
-                            UNSTRUCTURED: 30.0}, {UNSTRUCTURED: 30.0}, "delta-runs", "stub: faster")
-    measured = Measured.from_dense(linear, policy="sparse")
-    out = llm._kernels_at_every_width(linear, layer, measured, (1, 8), None)
+    out, layer, measured = _decided(monkeypatch, timed, {1: runs, 8: scatter}, dict(zip((1, 8), dense_us)), 0.0)
     if switched:
         assert out is not measured and out.pinned == {1: runs, 8: runs}
         assert "(delta-runs: one packing of W for every width)" in layer.reason
