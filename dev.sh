@@ -13,7 +13,7 @@ setup() {
     "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q torch==2.13.0
     # sparseforge itself, editable, with the test extras and the Hugging Face extra (its CPU tests); skipped where the environment already has them (a
     # shared venv with PYTHONPATH=src, or a second run)
-    "$VENV/bin/python" -c "import sparseforge, safetensors, rich, pytest, hypothesis, transformers" 2>/dev/null \
+    "$VENV/bin/python" -c "import sparseforge, safetensors, rich, pytest, hypothesis, xdist, transformers" 2>/dev/null \
         || "$VENV/bin/pip" install -q -e ".[test,llm]"
 }
 
@@ -40,6 +40,12 @@ demo() {
 
 case "${1:-}" in
     demo) setup; demo ;;
-    test) setup; shift; "$VENV/bin/python" -m pytest -q "$@" ;;
+    test) setup; shift
+        # every core (xdist; work stealing evens out the few long ptxas and interpreter tests), then the tests
+        # that time the GPU, alone
+        "$VENV/bin/python" -m pytest -q -n "${SPARSEFORGE_TEST_WORKERS:-auto}" --dist worksteal -m "not serial" "$@"
+        code=0
+        "$VENV/bin/python" -m pytest -q -m serial "$@" || code=$?
+        [ "$code" = 5 ] || exit "$code" ;;  # 5: the arguments chose no serial test
     *) echo "usage: bash dev.sh demo|test [pytest args]" >&2; exit 2 ;;
 esac

@@ -4,7 +4,7 @@ import torch
 
 from sparseforge.bench.profile import kernel_breakdown
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.serial]  # times kernels: no other test may share the GPU
 
 
 def test_a_call_of_two_kernels_counts_two_per_call_and_their_time():

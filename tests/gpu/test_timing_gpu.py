@@ -9,7 +9,7 @@ import torch
 
 from sparseforge.runtime.timing import graph_time_us, host_time_us
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.serial]  # times kernels: no other test may share the GPU
 
 
 def test_host_time_counts_issuing_not_the_kernel():

@@ -5,6 +5,11 @@ threads run in turns from one meeting point to the next; a barrier holds its thr
 shuffle needs every live lane of the warp at it, and loads and stores must be aligned to their size). It lets CI run generated kernels numerically,
 not just assemble them.
 
+cp.async is asynchronous here as on the GPU: a copy's destination reads as poison (0xFF bytes) from its issue
+until the issuing thread's cp.async.wait_group / wait_all retires its group, and only then holds the data. So a
+read before the wait that covers it, or a copy issued over a buffer another warp still reads, gives NaN or a
+wild offset instead of passing by luck of the interpreter's order.
+
 Semantics follow the PTX ISA for these instructions; fma.rn.f32 is exact in float64 (a 24x24-bit product)
 and rounded once to fp32, like the hardware's fused multiply-add.
 """
@@ -150,6 +155,16 @@ class Thread:
                         "%nctaid.x": nctaid[0], "%nctaid.y": nctaid[1], "%nctaid.z": nctaid[2]}
         if ntid:  # the block's threads (blockDim.x; one-dimensional blocks)
             self.special.update({"%ntid.x": ntid, "%ntid.y": 1, "%ntid.z": 1})
+        # cp.async copies in flight: those issued since the last commit_group, then the committed groups, oldest
+        # first; each copy (destination, size, data) lands when a wait retires its group
+        self.uncommitted: list[tuple[int, int, int]] = []
+        self.groups: list[list[tuple[int, int, int]]] = []
+
+    def retire_copies(self, keep: int) -> None:
+        """Land every committed group but the newest `keep` (cp.async.wait_group keep)."""
+        while len(self.groups) > keep:
+            for dst, size, data in self.groups.pop(0):
+                self.memory.write(dst, size, data)
 
     def run(self, name: str, params: dict[str, bytearray]):
         """Execute function `name` with its .param inputs (a generator: it yields at each bar.sync and
@@ -267,7 +282,7 @@ class Thread:
             else:
                 buf[offset:offset + size] = (v(args[1]) & _MASK[size * 8]).to_bytes(size, "little")
             return
-        if op.startswith(("cp.async.ca.shared.global", "cp.async.cg.shared.global")):  # done at once: wait_group then has nothing to wait for
+        if op.startswith(("cp.async.ca.shared.global", "cp.async.cg.shared.global")):
             size = int(args[2])
             dst, src = self._address(args[0]), self._address(args[1])
             _check_aligned(op, dst, size)
@@ -276,12 +291,20 @@ class Thread:
             assert 0 <= copied <= size, f"{op}: src-size {copied} over the copy's {size}"
             # the source must be inside an array even where nothing is read from it (src-size 0)
             data = self.memory.read(src, copied) if copied else self.memory.read(src, 1) * 0
-            self.memory.write(dst, size, data)
+            self.memory.write(dst, size, (1 << size * 8) - 1)  # poison while in flight
+            self.uncommitted.append((dst, size, data))
             return
         if op == "prefetch.global.L2":  # a hint, but only ever of W's own lines: the address must be readable
             self.memory.read(self._address(args[0]), 1)
             return
-        if op in ("cp.async.commit_group", "cp.async.wait_all") or op.startswith("cp.async.wait_group"):
+        if op in ("cp.async.commit_group", "cp.async.wait_all"):  # wait_all commits what is open, then waits
+            self.groups.append(self.uncommitted)
+            self.uncommitted = []
+            if op == "cp.async.wait_all":
+                self.retire_copies(0)
+            return
+        if op.startswith("cp.async.wait_group"):
+            self.retire_copies(int(v(args[0])))
             return
         if head == "ld":  # ld.{global[.nc],shared}.{b16,u16,b32,v2.b32,v4.b32}
             size = int(parts[-1][1:]) // 8

@@ -71,3 +71,37 @@ EVEN:
 """
     with pytest.raises(RuntimeError, match="misaligned"):
         launch(HEADER + misaligned, "k", (1, 1, 1), 1, np.zeros(4, np.uint32))
+
+
+def test_cp_async_lands_only_when_a_wait_retires_its_group():
+    """A copy's destination reads as poison from its issue to the wait that retires its group: wait_group 1
+    retires the older of two groups only, wait_all the rest; src-size 0 lands zeros."""
+    text = HEADER.replace(".param .u64 p_out", ".param .u64 p_out,\n    .param .u64 p_src") + """
+    .reg .b64 %rx;
+    ld.param.u64 %rx, [p_src];
+    cvta.to.global.u64 %rx, %rx;
+    cp.async.ca.shared.global [%rs], [%rx], 4;
+    cp.async.commit_group;
+    cp.async.ca.shared.global [%rs+4], [%rx+4], 4;
+    cp.async.commit_group;
+    mov.u32 %f, 0;
+    cp.async.ca.shared.global [%rs+8], [%rx], 4, %f;
+    ld.shared.b32 %v, [%rs];
+    st.global.b32 [%ro], %v;
+    cp.async.wait_group 1;
+    ld.shared.b32 %v, [%rs];
+    st.global.b32 [%ro+4], %v;
+    ld.shared.b32 %v, [%rs+4];
+    st.global.b32 [%ro+8], %v;
+    cp.async.wait_all;
+    ld.shared.b32 %v, [%rs+4];
+    st.global.b32 [%ro+12], %v;
+    ld.shared.b32 %v, [%rs+8];
+    st.global.b32 [%ro+16], %v;
+    ret;
+}
+"""
+    out, src = np.zeros(5, np.uint32), np.array([11, 22], np.uint32)
+    launch(text, "k", (1, 1, 1), 1, out, src)
+    poison = 0xFFFFFFFF
+    assert out.tolist() == [poison, 11, poison, 22, 0]
