@@ -1,8 +1,8 @@
 """A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
 address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
 fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly, indexed and up warp shuffles (a block's
-threads run in turns from one meeting point to the next; a barrier holds its threads until all arrive, a
-shuffle needs every live lane of the warp at it, and loads and stores must be aligned to their size). It lets CI run generated kernels numerically,
+warps run one at a time as far as barriers let them, the lowest or the highest first by block; a barrier holds
+its threads until all arrive, a shuffle needs every live lane of the warp at it, and loads and stores must be aligned to their size). It lets CI run generated kernels numerically,
 not just assemble them.
 
 cp.async is asynchronous here as on the GPU: a copy's destination reads as poison (0xFF bytes) from its issue
@@ -545,20 +545,23 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
                     thread = Thread(functions, headers, memory, tid, (x, y, z), grid, threads)
                     thread.special.update(symbols)
                     block.append(thread.run(entry, {k: bytearray(val) for k, val in params.items()}))
-                _run_block(block, memory)
+                _run_block(block, memory, reverse=(x + y + z) % 2 == 1)
 
 
-def _run_block(block: list, memory: Memory) -> None:
-    """Threads of one block in turns, each up to its next bar.sync or warp shuffle. A thread at bar.sync
-    waits until every live thread of the block is there (threads that exited count as arrived, as on
-    sm_70+). At a shuffle every
-    live lane of the warp must be at the same shuffle (its kind and operand), as shfl.sync with a full
-    mask requires, and the partner lane must be there too."""
+def _run_block(block: list, memory: Memory, reverse: bool = False) -> None:
+    """One warp at a time runs until each of its threads waits at bar.sync or has exited, its lanes in turns up
+    to their next warp shuffle; then the next warp (the lowest first, or with `reverse` the highest). So a warp
+    runs as far ahead of the others as barriers let it, which is how a missing barrier shows. A thread at
+    bar.sync waits until every live thread of the block is there (threads that exited count as arrived, as on
+    sm_70+). At a shuffle every live lane of the warp must be at the same shuffle (its kind and operand), as
+    shfl.sync with a full mask requires, and the partner lane must be there too."""
     live, replies, waiting = dict(enumerate(block)), {}, set()
     while live:
+        running = [tid >> 5 for tid in live if tid not in waiting]
+        warp_now = (max if reverse else min)(running) if running else None
         stops = {}
         for tid, thread in live.items():
-            if tid in waiting:
+            if tid in waiting or tid >> 5 != warp_now:
                 continue
             try:
                 stops[tid] = thread.send(replies.get(tid))

@@ -1,5 +1,6 @@
 """The PTX interpreter itself (ptx_interp.py) keeps the hardware's rules the kernels rely on: a barrier
-holds every thread until all arrive, a shuffle needs the whole warp, accesses are aligned."""
+holds every thread until all arrive, a shuffle needs the whole warp, accesses are aligned, cp.async lands only
+at the wait that retires it, and a warp may run ahead of the others up to a barrier."""
 import numpy as np
 import pytest
 
@@ -105,3 +106,29 @@ def test_cp_async_lands_only_when_a_wait_retires_its_group():
     launch(text, "k", (1, 1, 1), 1, out, src)
     poison = 0xFFFFFFFF
     assert out.tolist() == [poison, 11, poison, 22, 0]
+
+
+def test_a_warp_runs_ahead_to_its_barrier_so_a_missing_one_shows():
+    """Warp 0 writes shared memory that warp 1 reads with no barrier between: block 0 runs the lowest warp
+    first (warp 1 reads 5 by luck), block 1 the highest first (warp 1 reads the poison), as a GPU may."""
+    text = HEADER + """
+    .reg .b32 %b;
+    setp.ne.u32 %p, %w, 0;
+    @%p bra READ;
+    mov.u32 %v, 5;
+    st.shared.b32 [%rs], %v;
+    ret;
+READ:
+    ld.shared.b32 %v, [%rs];
+    setp.ne.u32 %p, %tid, 32;
+    @%p bra DONE;
+    mov.u32 %b, %ctaid.x;
+    mad.wide.u32 %ro, %b, 4, %ro;
+    st.global.b32 [%ro], %v;
+DONE:
+    ret;
+}
+"""
+    out = np.zeros(2, np.uint32)
+    launch(text, "k", (2, 1, 1), 64, out)
+    assert out.tolist() == [5, 0xFFFFFFFF]
