@@ -529,9 +529,11 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
         size, name = int(decl[0]) // 8, decl[1]
         number = memory.place(value) if isinstance(value, np.ndarray) else int(value or 0)
         params[name] = number.to_bytes(size, "little")
-    for z in range(grid[2]):
-        for y in range(grid[1]):
-            for x in range(grid[0]):
+    # blocks one after another, the last first: a GPU runs them in any order (a K split's last arrival is then
+    # not its last block)
+    for z in reversed(range(grid[2])):
+        for y in reversed(range(grid[1])):
+            for x in reversed(range(grid[0])):
                 symbols = {}
                 if shared:  # each block its own shared memory, poisoned so unstaged reads show
                     symbols[shared.group(1)] = memory.place(np.full(int(shared.group(2)), 0xFF, np.uint8))
