@@ -6,7 +6,8 @@
 # Stages (each step runs under `timeout`; a benchmark rewrites its JSON after every case, so a cut step keeps
 # what it measured):
 #   probe         GPU, driver, ptxas, torch and cuSPARSELt versions
-#   tests         the whole tests/gpu suite (16 xdist workers, 257 s; TESTS_S 480), then the timing files serially
+#   tests         the whole tests/gpu suite (16 xdist workers, 257 s; TESTS_S 480), then the tests that time (marker
+#                 serial) alone
 #   sample        `sparseforge bench` on the bundled 24-matrix DLMC sample, every dtype
 #   spmm          DLMC ResNet-50 layers at batch $BATCH, $SPARSITIES x $DTYPES (the chooser, kn)
 #   transformer   the DLMC Transformer layer-0 matrices (16 a sparsity) at N = 256, $SPARSITIES x $DTYPES, kn
@@ -98,9 +99,9 @@ stage() {
       python3 -c "import nvmath; from nvmath.bindings import cusparseLt as L; print('nvmath', nvmath.__version__, \
 'cuSPARSELt', L.get_version(L.init()))" || echo "no cuSPARSELt: carry .whl for the 2:4 path" ;;
     tests)
-      STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest tests/gpu -q -p no:cacheprovider -n 16 --deselect tests/gpu/test_timing_gpu.py \
-        --deselect tests/gpu/test_profile_gpu.py
-      run gpu_tests_serial python3 -m pytest tests/gpu/test_timing_gpu.py tests/gpu/test_profile_gpu.py -q -p no:cacheprovider ;;
+      STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest tests/gpu -q -p no:cacheprovider -n 16 --dist worksteal \
+        -m "not serial"
+      run gpu_tests_serial python3 -m pytest tests/gpu -q -p no:cacheprovider -m serial ;;
     sample)
       run sample $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget "$TUNE" --out "$OUT/sample.json" ;;
     spmm)
