@@ -13,6 +13,9 @@
 #   transformer   the DLMC Transformer layer-0 matrices (16 a sparsity) at N = 256, $SPARSITIES x $DTYPES, kn
 #   decode        Llama-shaped layers at 50 / 70 / 90% for each width in $WIDTHS and dtype in $DTYPES16
 #                 ($SHAPES), weights timed both resident in L2 and rotated through HBM
+#   decode_heldout  the decode chooser on what its mechanisms were not tuned on: Wanda's per-row masks (skewed
+#                 columns) on the Llama shapes, then Qwen2-7B's shapes, at 50 / 70 / 90%, N = 1 then 8, fp16, X as
+#                 N x K, weights rotated
 #   designs       every decode candidate side by side (benchmarks/designs.py --rotate), $DTYPES16
 #   conv          direct convolution against cuDNN: DLMC ResNet-50 3x3 + stem ($SPARSITIES x $DTYPES),
 #                 VGG-16 and the text CNN at 90%
@@ -122,6 +125,13 @@ stage() {
         run "decode_n${n}_$dt" $SF bench "llm:0.5,0.7,0.9:${SHAPES// /,}" --n "$n" --dtype "$dt" --tune-budget "$TUNE" \
           --out "$OUT/decode_n${n}_$dt.json"
       done; done ;;
+    decode_heldout)
+      for n in 1 8; do
+        run "decode_wanda_n${n}_fp16" $SF bench "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336:wanda" \
+          --n "$n" --dtype fp16 --layout nk --tune-budget "$TUNE" --out "$OUT/decode_wanda_n${n}_fp16.json"
+        run "decode_qwen2_n${n}_fp16" $SF bench "llm:0.5,0.7,0.9:qwen2_3584x3584,qwen2_18944x3584,qwen2_3584x18944" \
+          --n "$n" --dtype fp16 --layout nk --tune-budget "$TUNE" --out "$OUT/decode_qwen2_n${n}_fp16.json"
+      done ;;
     designs)
       for dt in $DTYPES16; do
         run "designs_decode_$dt" python3 benchmarks/designs.py "$OUT/designs_decode_$dt.json" "$D" \

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="statistics of one .smtx file or a DLMC-style directory")
-    info.add_argument("path", help="a .smtx file, a DLMC-style directory, or llm[:sparsities[:shapes]]")
+    info.add_argument("path", help="a .smtx file, a DLMC-style directory, or llm[:sparsities[:shapes[:methods]]]")
     info.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
     info.add_argument("--tokens", type=int, default=None,
                       help="N for Transformer layers (default 256) and llm layers (default 16)")

@@ -18,8 +18,9 @@ DTYPES = SHORT_NAMES  # the one table lives in dtypes.py
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmark generated kernels against cuBLAS and cuSPARSE")
-    bench.add_argument("path", help="a .smtx file, a DLMC-style directory, llm[:sparsities[:shapes]] "
-                                    "(e.g. llm:0.9:llama_4096x4096): Llama-shaped layers pruned by magnitude, or "
+    bench.add_argument("path", help="a .smtx file, a DLMC-style directory, llm[:sparsities[:shapes[:methods]]] "
+                                    "(e.g. llm:0.9:llama_4096x4096 or llm:0.7:qwen2_3584x3584:wanda): Llama- or "
+                                    "Qwen2-shaped layers pruned by global magnitude or by Wanda-style row masks, or "
                                     "convolutions against cuDNN: conv:vgg16[:sparsities], conv:textcnn[:sparsities], "
                                     "conv:DIR (a DLMC rn50 sparsity directory's 3x3 and 7x7 layers)")
     bench.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")

@@ -61,17 +61,21 @@ def test_cases_are_named_sparsity_major_and_have_no_file():
 
 
 def test_spec_parsing():
-    assert parse_llm_spec("llm") == ([0.5, 0.7, 0.9], list(llm.LLM_LAYERS))
-    assert parse_llm_spec("llm:0.9") == ([0.9], list(llm.LLM_LAYERS))
-    assert parse_llm_spec("llm:0.5,0.7") == ([0.5, 0.7], list(llm.LLM_LAYERS))
-    assert parse_llm_spec("llm:0.9:llama_4096x4096") == ([0.9], ["llama_4096x4096"])
-    assert parse_llm_spec("llm::bert_768x768,llama_1024x4096") == ([0.5, 0.7, 0.9], ["bert_768x768", SMALL])
+    mag = ["magnitude"]
+    assert parse_llm_spec("llm") == ([0.5, 0.7, 0.9], list(llm.LLM_LAYERS), mag)
+    assert parse_llm_spec("llm:0.9") == ([0.9], list(llm.LLM_LAYERS), mag)
+    assert parse_llm_spec("llm:0.5,0.7") == ([0.5, 0.7], list(llm.LLM_LAYERS), mag)
+    assert parse_llm_spec("llm:0.9:llama_4096x4096") == ([0.9], ["llama_4096x4096"], mag)
+    assert parse_llm_spec("llm::bert_768x768,llama_1024x4096") == ([0.5, 0.7, 0.9], ["bert_768x768", SMALL], mag)
+    assert parse_llm_spec("llm:0.5::wanda,magnitude") == ([0.5], list(llm.LLM_LAYERS), ["wanda", "magnitude"])
     assert [c.N for c in discover("llm:0.9", tokens=64)] == [64] * 5
     assert {c.N for c in discover("llm:0.9", tokens=64, n=3)} == {3}
 
 
 @pytest.mark.parametrize("spec, problem", [("llm:x", "sparsity 'x'"), ("llm:1.0", "sparsity '1.0'"),
-                                           ("llm:0.9:nope", "unknown shape 'nope'"), ("llm:0.9:a:b", "give llm")])
+                                           ("llm:0.9:nope", "unknown shape 'nope'"),
+                                           ("llm:0.9::sparsegpt", "unknown pruning method 'sparsegpt'"),
+                                           ("llm:0.9:a:b:c", "give llm")])
 def test_spec_errors_name_the_problem_and_what_is_valid(spec, problem):
     with pytest.raises(ValueError, match=problem) as err:
         discover(spec)
@@ -91,15 +95,49 @@ def test_bench24_takes_its_shapes_from_the_suite_list():
     assert all(llm.LINEAR_SHAPES[name] for name in llm.LLM_LAYERS)
 
 
-def test_bench_cpu_mode_runs_an_llm_case(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method, name, nnz", [("", "llama/magnitude", round(0.1 * 96 * 128)),
+                                               (":wanda", "llama_wanda/wanda", 96 * (128 - round(0.9 * 128)))])
+def test_bench_cpu_mode_runs_an_llm_case(tmp_path, monkeypatch, method, name, nnz):
     monkeypatch.setitem(llm.LINEAR_SHAPES, "llama_tiny", (96, 128))  # the CLI path, not the big matrices
     out = tmp_path / "r.json"
-    assert main(["bench", "llm:0.9:llama_tiny", "--cpu", "--limit", "1", "--out", str(out)]) == 0
+    assert main(["bench", f"llm:0.9:llama_tiny{method}", "--cpu", "--limit", "1", "--out", str(out)]) == 0
     (record,) = json.loads(out.read_text())["cases"]
-    assert record["case"] == "llama/magnitude/0.9/llama_tiny" and record["N"] == 16
-    assert record["nnz"] == round(0.1 * 96 * 128) and record["reference_rel_error"] < 1e-12
+    assert record["case"] == f"{name}/0.9/llama_tiny" and record["N"] == 16
+    assert record["nnz"] == nnz and record["reference_rel_error"] < 1e-12
 
 
 def test_info_lists_llm_cases(capsys):
     assert main(["info", f"llm:0.9:{SMALL}"]) == 0
     assert f"llama/magnitude/0.9/{SMALL}" in capsys.readouterr().out
+
+
+def test_wanda_cases_keep_each_rows_loudest_products_and_skew_the_columns():
+    """Per row exactly K - round(sKt) entries, the largest |w_ij| * s_j (s: the seeded feature norms); the
+    outlier features' columns stay nearly dense where global magnitude pruning keeps every column alike."""
+    (case,) = discover("llm:0.7:qwen2_512x3584:wanda")
+    assert (case.model, case.method, case.M, case.K) == ("qwen2_wanda", "wanda", 512, 3584)
+    assert str(case.path) == "llm/qwen2_512x3584@0.7~wanda" and case.name == "qwen2_wanda/wanda/0.7/qwen2_512x3584"
+    w = case.load(seed=4)
+    keep = 3584 - round(0.7 * 3584)
+    assert w.nnz == case.nnz == 512 * keep and np.all(np.diff(w.indptr) == keep)
+    assert w == case.load(seed=4) and w != case.load(seed=5)
+    dense, drawn, norms = w.to_dense(), llm.seeded_weight(512, 3584, 4), llm.feature_norms(3584, 4)
+    kept = dense != 0
+    assert np.array_equal(dense[kept], drawn[kept])
+    score = np.abs(drawn) * norms
+    assert np.all(np.where(kept, score, np.inf).min(axis=1) >= np.where(kept, -np.inf, score).max(axis=1))
+    column_density = kept.mean(axis=0)
+    loud = norms > 10 * np.median(norms)
+    assert loud.sum() >= 3 and column_density[loud].min() > 0.9  # an outlier feature's column stays
+    magnitude = discover("llm:0.7:qwen2_512x3584")[0].load(seed=4).to_dense() != 0
+    assert column_density.std() > 3 * magnitude.mean(axis=0).std()
+
+
+def test_wanda_ties_keep_the_later_column_and_bad_norms_are_refused():
+    w = np.tile(np.array([1.0, -1.0, 2.0, 1.0], dtype=np.float32), (2, 1))
+    pruned = llm.wanda_prune(w, np.ones(4, np.float32), 0.5).to_dense()
+    assert np.array_equal(pruned != 0, np.tile([False, False, True, True], (2, 1)))
+    with pytest.raises(ValueError, match="need 4 feature norms"):
+        llm.wanda_prune(w, np.ones(3, np.float32), 0.5)
+    with pytest.raises(ValueError, match="sparsity must be in"):
+        llm.wanda_prune(w, np.ones(4, np.float32), 1.0)
