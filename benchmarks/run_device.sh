@@ -26,7 +26,7 @@
 #   llama_hf      transformers' Llama-3-8B (32 layers, seeded weights) at 70% then 50%, fp16, batch 1 and 8, context
 #                 128: conversion cold and warm, memory, one decode step each side, generate of 128 tokens
 #                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
-#   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70% then 50%
+#   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70%, 50%, then 2:4
 #   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
 #   llama_hf_memory  llama_hf_b1 with memory_slack 0.07 (a layer may give 7% of its decode time for fewer bytes of
 #                 W), 70% then 50%: the decoder Linears' memory against their speed
@@ -165,7 +165,7 @@ stage() {
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
         --dtype float16 --batches 1 8 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_fp16.json" ;;
     llama_hf_b1)
-      STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5,2:4 \
         --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_b1_fp16.json" ;;
     llama_hf_memory)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_memory_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 \
