@@ -42,8 +42,19 @@ case "${1:-}" in
     demo) setup; demo ;;
     test) setup; shift
         # every core (xdist; work stealing evens out the few long ptxas and interpreter tests), then the tests
-        # that time the GPU, alone
-        "$VENV/bin/python" -m pytest -q -n "${SPARSEFORGE_TEST_WORKERS:-auto}" --dist worksteal -m "not serial" "$@"
+        # that time the GPU, alone. With a GPU, at most a worker per 3 GB of its free memory: each worker holds
+        # its own CUDA context and test tensors
+        workers=${SPARSEFORGE_TEST_WORKERS:-$("$VENV/bin/python" -c "
+import os
+n = os.cpu_count() or 1
+try:
+    import torch
+    if torch.cuda.is_available():
+        n = min(n, max(1, int(torch.cuda.mem_get_info()[0] // 3e9)))
+except Exception:
+    pass
+print(n)")}
+        "$VENV/bin/python" -m pytest -q -n "$workers" --dist worksteal -m "not serial" "$@"
         code=0
         "$VENV/bin/python" -m pytest -q -m serial "$@" || code=$?
         [ "$code" = 5 ] || exit "$code" ;;  # 5: the arguments chose no serial test
