@@ -46,7 +46,7 @@ case "${1:-}" in
         # its own CUDA context and test tensors
         workers=${SPARSEFORGE_TEST_WORKERS:-$("$VENV/bin/python" -c "
 import os
-n = os.cpu_count() or 1
+n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
 try:
     import torch
     if torch.cuda.is_available():
@@ -54,9 +54,24 @@ try:
 except Exception:
     pass
 print(n)")}
-        "$VENV/bin/python" -m pytest -q -n "$workers" --dist worksteal -m "not serial" "$@"
-        code=0
-        "$VENV/bin/python" -m pytest -q -m serial "$@" || code=$?
-        [ "$code" = 5 ] || exit "$code" ;;  # 5: the arguments chose no serial test
+        # a -m EXPR among the arguments narrows both runs (pytest keeps only the last -m, so it is joined here)
+        args=() mark=""
+        while [ $# -gt 0 ]; do
+            case "$1" in
+                -m) mark=$2; shift 2 ;;
+                -m=*) mark=${1#-m=}; shift ;;
+                *) args+=("$1"); shift ;;
+            esac
+        done
+        parallel=0 serial=0
+        "$VENV/bin/python" -m pytest -q -n "$workers" --dist worksteal -m "${mark:+($mark) and }not serial" \
+            ${args[@]+"${args[@]}"} || parallel=$?
+        "$VENV/bin/python" -m pytest -q -m "${mark:+($mark) and }serial" ${args[@]+"${args[@]}"} || serial=$?
+        # 5: the arguments chose no test of that run; the other run's result stands (both 5: nothing chosen)
+        [ "$parallel" = 5 ] && [ "$serial" = 5 ] && exit 5
+        [ "$parallel" = 5 ] && parallel=0
+        [ "$serial" = 5 ] && serial=0
+        [ "$parallel" != 0 ] && exit "$parallel"
+        exit "$serial" ;;
     *) echo "usage: bash dev.sh demo|test [pytest args]" >&2; exit 2 ;;
 esac

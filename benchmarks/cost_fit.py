@@ -21,7 +21,7 @@ from scipy.optimize import minimize
 from scipy.stats import spearmanr
 
 from sparseforge import SparseMatrix
-from sparseforge.plan import TileConfig, make_plan
+from sparseforge.plan import TileConfig
 from sparseforge.mappings.bitmap.plan import BitmapConfig
 from sparseforge.mappings.csr.plan import CsrColumnsConfig, CsrConfig
 from sparseforge.mappings.tc_scatter.plan import TcScatterConfig
@@ -54,14 +54,12 @@ def parse_config(short: str):
 
 
 def weight(root: str, name: str, matrices: dict):
-    """W of a case: a DLMC .smtx under root, or an LLM suite case (llm/<layer>@<sparsity>, seeded)."""
+    """W of a case: a DLMC .smtx under root, or an LLM suite case (llm/<layer>@<sparsity>[~<method>], seeded)."""
     if name not in matrices:
         if name.startswith("llm/"):
-            from sparseforge.suite.llm import LINEAR_SHAPES, magnitude_prune, seeded_weight
+            from sparseforge.suite.llm import case_of_path
 
-            layer, _, sparsity = name[4:].partition("@")
-            m, k = LINEAR_SHAPES[layer]
-            matrices[name] = magnitude_prune(seeded_weight(m, k, 0), float(sparsity))
+            matrices[name] = case_of_path(name).load()
         else:
             path = Path(root) / f"{name}.smtx"
             matrices[name] = SparseMatrix.from_smtx(path) if path.exists() else None

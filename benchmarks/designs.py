@@ -147,6 +147,8 @@ def summarize_designs(results: list[dict]) -> list[dict]:
     groups: dict = {}
     for r in results:
         model, _, sparsity = Path(r["case"]).name.partition("@")
+        sparsity, _, method = sparsity.partition("~")  # llm/<layer>@<sparsity>~wanda: its own rows
+        model = f"{model}_{method}" if method else model
         groups.setdefault((model, sparsity or None, r["dtype"], r["N"], r["layout"]), []).append(r)
     rows = []
     for (model, sparsity, dtype, n, layout), items in groups.items():

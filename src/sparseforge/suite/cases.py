@@ -1,5 +1,5 @@
 """The benchmark case suite: DLMC-style directories of `<model>/<method>/<sparsity>/<layer>.smtx`, and the
-LLM cases (suite/llm.py) that a spec `llm[:sparsities[:shapes]]` names instead of a path.
+LLM cases (suite/llm.py) that a spec `llm[:sparsities[:shapes[:methods]]]` names instead of a path.
 
 A case is one weight matrix W (M x K) and the N of the dense operand it multiplies:
 - ResNet-50 (`rn50`): N = output pixels per image (rn50_batchsizes.txt) x batch size;
@@ -106,7 +106,7 @@ def _case(path: Path, batch: int, tokens: int, n: int | None, batchsizes: dict[s
 def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int | None = None,
              progress=None) -> list[Case]:
     """All cases under `root` (a DLMC-style directory at any level, or one .smtx file), sorted by path; or,
-    for a string `llm[:sparsities[:shapes]]`, the LLM cases it names (suite/llm.py; ./llm is a path).
+    for a string `llm[:sparsities[:shapes[:methods]]]`, the LLM cases it names (suite/llm.py; ./llm is a path).
 
     batch: ResNet-50 batch size (N = pixels x batch); tokens: N for Transformer layers (default 256) and
     LLM layers (default 16); n: force one N for every case. progress: optional callable wrapping the file
@@ -122,7 +122,7 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
         return discover_llm(root, tokens=tokens, n=n)
     if isinstance(root, str) and root.startswith("conv:") and not Path(root).exists():
         raise ValueError(f"{root}: convolution specs (conv:...) are cases for `sparseforge bench` only; here give a "
-                         ".smtx file, a DLMC-style directory, or llm[:sparsities[:shapes]]")
+                         ".smtx file, a DLMC-style directory, or llm[:sparsities[:shapes[:methods]]]")
     tokens = DEFAULT_TOKENS if tokens is None else tokens
     root = Path(root)
     if root.is_file():
@@ -133,10 +133,10 @@ def discover(root: str | Path, batch: int = 1, tokens: int | None = None, n: int
             raise FileNotFoundError(f"no .smtx files under {root}; expected <model>/<method>/<sparsity>/<layer>.smtx")
     elif root.exists():  # /dev/null, a FIFO: "does not exist" would be wrong
         raise ValueError(f"{root} is neither a file nor a directory (a device, FIFO or socket); give a .smtx file, "
-                         "a DLMC-style directory, or llm[:sparsities[:shapes]] for the LLM cases")
+                         "a DLMC-style directory, or llm[:sparsities[:shapes[:methods]]] for the LLM cases")
     else:
         raise FileNotFoundError(f"{root} does not exist; give a .smtx file, a DLMC-style directory, "
-                                "or llm[:sparsities[:shapes]] for the LLM cases")
+                                "or llm[:sparsities[:shapes[:methods]]] for the LLM cases")
     batchsizes = find_batchsizes(root if root.is_dir() else root.parent)
     iterate = progress(files) if progress else files
     return [_case(path, batch, tokens, n, batchsizes) for path in iterate]

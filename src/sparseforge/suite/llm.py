@@ -119,8 +119,8 @@ def row_kept_count(m: int, k: int, sparsity: float) -> int:
 
 def wanda_prune(w: np.ndarray, norms: np.ndarray, sparsity: float, dtype="float32") -> SparseMatrix:
     """Each row's largest |w_ij| * norms_j, exactly K - round(sparsity K) a row (ties kept at the later column),
-    as a SparseMatrix with w's values. Memory: one float32 score array and one int32 column array the size of
-    w (a 14336 x 4096 layer: 224 MiB each), a row block at a time for the sort."""
+    as a SparseMatrix with w's values. Memory: the kept columns (int32) and values, and the scores and their
+    sort order a block of rows at a time (~128 MiB of int64 indices)."""
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}: it is the fraction of weights removed")
     m, k = w.shape
@@ -135,7 +135,7 @@ def wanda_prune(w: np.ndarray, norms: np.ndarray, sparsity: float, dtype="float3
         order = np.argsort(score, axis=1, kind="stable")[:, k - keep:]
         indices[start:start + block] = np.sort(order, axis=1)
     values = np.take_along_axis(w, indices, axis=1)
-    indptr = np.arange(0, m * keep + 1, keep, dtype=np.int64)
+    indptr = np.arange(m + 1, dtype=np.int64) * keep  # keep may be 0: every row emptied
     return SparseMatrix(indptr, indices.reshape(-1), values.reshape(-1), (m, k), dtype)
 
 
@@ -184,7 +184,9 @@ def parse_llm_spec(spec: str) -> tuple[list[float], list[str], list[str]]:
     unknown = [name for name in fields[2] if name not in LLM_METHODS]
     if unknown:
         raise ValueError(f"LLM suite spec {spec!r}: unknown pruning method {unknown[0]!r}; {_spec_help()}")
-    return sparsities or list(LLM_SPARSITIES), fields[1] or list(LLM_LAYERS), fields[2] or [LLM_METHODS[0]]
+    unique = lambda items: list(dict.fromkeys(items))  # noqa: E731 - a field named twice is one set of cases
+    return (unique(sparsities) or list(LLM_SPARSITIES), unique(fields[1]) or list(LLM_LAYERS),
+            unique(fields[2]) or [LLM_METHODS[0]])
 
 
 def llm_cases(sparsities=LLM_SPARSITIES, layers=LLM_LAYERS, n: int = LLM_DEFAULT_TOKENS,
@@ -204,6 +206,22 @@ def llm_cases(sparsities=LLM_SPARSITIES, layers=LLM_LAYERS, n: int = LLM_DEFAULT
                                      layer.split("_")[0] + suffix, method, sparsity, layer, m, k,
                                      count(m, k, sparsity), n))
     return cases
+
+
+def case_of_path(path: str | Path, n: int = LLM_DEFAULT_TOKENS) -> LLMCase:
+    """The case an LLMCase's path names (llm/<layer>@<sparsity>[~<method>], as results files record it)."""
+    name = Path(path).name
+    layer, _, rest = name.partition("@")
+    sparsity, _, method = rest.partition("~")
+    try:
+        value = float(sparsity)
+    except ValueError:
+        value = -1.0
+    if Path(path).parent.name != LLM_PREFIX or layer not in LINEAR_SHAPES or not 0.0 <= value < 1.0 \
+            or (method or LLM_METHODS[0]) not in LLM_METHODS:
+        raise ValueError(f"{str(path)!r} names no LLM case: llm/<layer>@<sparsity>[~<method>], layers "
+                         f"{', '.join(LINEAR_SHAPES)}, methods {', '.join(LLM_METHODS)}")
+    return llm_cases([value], [layer], n, [method or LLM_METHODS[0]])[0]
 
 
 def discover_llm(spec: str, tokens: int | None = None, n: int | None = None) -> list[LLMCase]:

@@ -141,3 +141,17 @@ def test_wanda_ties_keep_the_later_column_and_bad_norms_are_refused():
         llm.wanda_prune(w, np.ones(3, np.float32), 0.5)
     with pytest.raises(ValueError, match="sparsity must be in"):
         llm.wanda_prune(w, np.ones(4, np.float32), 1.0)
+
+
+def test_wanda_may_empty_every_row_and_results_name_their_cases():
+    """A sparsity that prunes a whole row keeps nothing (as magnitude_prune does); case_of_path reads back
+    what results files record, the method included, and refuses what names no case."""
+    empty = llm.wanda_prune(np.ones((4, 8), np.float32), np.ones(8, np.float32), 0.95)
+    assert empty.nnz == 0 and empty.indptr.tolist() == [0] * 5
+    (case,) = discover("llm:0.7:qwen2_512x3584:wanda")
+    assert llm.case_of_path(case.path) == case
+    assert llm.case_of_path("llm/llama_1024x4096@0.5") == discover("llm:0.5:llama_1024x4096")[0]
+    for bad in ("llm/llama_1024x4096@x", "llm/nope@0.5", "llm/llama_1024x4096@0.5~sparsegpt", "rn50/a@0.5"):
+        with pytest.raises(ValueError, match="names no LLM case"):
+            llm.case_of_path(bad)
+    assert len(discover("llm:0.5,0.5:qwen2_512x3584:wanda,wanda")) == 1  # a field named twice: one set
