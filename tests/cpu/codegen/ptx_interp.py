@@ -1,7 +1,7 @@
 """A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
 address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
 fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly, indexed and up warp shuffles (a block's
-warps run one at a time as far as barriers let them, the lowest or the highest first by block; a barrier holds
+warps run one at a time as far as barriers let them, the lowest or the highest first, turning at each barrier; a barrier holds
 its threads until all arrive, a shuffle needs every live lane of the warp at it, and loads and stores must be aligned to their size). It lets CI run generated kernels numerically,
 not just assemble them.
 
@@ -552,8 +552,9 @@ def launch(text: str, entry: str, grid: tuple[int, int, int], threads: int, *arg
 
 def _run_block(block: list, memory: Memory, reverse: bool = False) -> None:
     """One warp at a time runs until each of its threads waits at bar.sync or has exited, its lanes in turns up
-    to their next warp shuffle; then the next warp (the lowest first, or with `reverse` the highest). So a warp
-    runs as far ahead of the others as barriers let it, which is how a missing barrier shows. A thread at
+    to their next warp shuffle; then the next warp (the lowest first, or with `reverse` the highest; the order
+    turns at every barrier, so even a one-block grid has each end of the block run ahead). So a warp runs as far
+    ahead of the others as barriers let it, which is how a missing barrier shows. A thread at
     bar.sync waits until every live thread of the block is there (threads that exited count as arrived, as on
     sm_70+). At a shuffle every live lane of the warp must be at the same shuffle (its kind and operand), as
     shfl.sync with a full mask requires, and the partner lane must be there too."""
@@ -576,6 +577,7 @@ def _run_block(block: list, memory: Memory, reverse: bool = False) -> None:
         stops = {tid: stop for tid, stop in stops.items() if stop is not None}
         if waiting and waiting >= set(live):
             waiting = set()  # everyone arrived: the barrier opens
+            reverse = not reverse  # the other end's warp runs ahead to the next barrier
         warps: dict[int, set] = {}
         for tid, stop in stops.items():
             warps.setdefault(tid >> 5, set()).add((stop[0], stop[2]))

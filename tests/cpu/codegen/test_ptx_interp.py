@@ -132,3 +132,27 @@ DONE:
     out = np.zeros(2, np.uint32)
     launch(text, "k", (2, 1, 1), 64, out)
     assert out.tolist() == [5, 0xFFFFFFFF]
+
+
+def test_a_one_block_grid_has_each_end_run_ahead_between_barriers():
+    """Before the first barrier the lowest warp runs ahead, after it the highest: warp 0's write and warp 1's
+    read with no barrier between them (after the first) give warp 1 the poison in a grid of one block."""
+    text = HEADER + """
+    bar.sync 0;
+    setp.ne.u32 %p, %w, 0;
+    @%p bra READ;
+    mov.u32 %v, 9;
+    st.shared.b32 [%rs], %v;
+    ret;
+READ:
+    ld.shared.b32 %v, [%rs];
+    setp.ne.u32 %p, %tid, 32;
+    @%p bra DONE;
+    st.global.b32 [%ro], %v;
+DONE:
+    ret;
+}
+"""
+    out = np.zeros(1, np.uint32)
+    launch(text, "k", (1, 1, 1), 64, out)
+    assert out[0] == 0xFFFFFFFF
