@@ -108,14 +108,15 @@ def test_cp_async_lands_only_when_a_wait_retires_its_group():
     assert out.tolist() == [poison, 11, poison, 22, 0]
 
 
-def test_a_warp_runs_ahead_to_its_barrier_so_a_missing_one_shows():
-    """Warp 0 writes shared memory that warp 1 reads with no barrier between: block 0 runs the lowest warp
-    first (warp 1 reads 5 by luck), block 1 the highest first (warp 1 reads the poison), as a GPU may."""
-    text = HEADER + """
+def _write_then_read(prologue: str, value: int) -> str:
+    """Warp 0 writes `value` to shared memory and exits; warp 1 reads it with no barrier between (after
+    `prologue`), and its lane 0 stores what it read at out[block]."""
+    return HEADER + f"""
     .reg .b32 %b;
+    {prologue}
     setp.ne.u32 %p, %w, 0;
     @%p bra READ;
-    mov.u32 %v, 5;
+    mov.u32 %v, {value};
     st.shared.b32 [%rs], %v;
     ret;
 READ:
@@ -127,32 +128,21 @@ READ:
     st.global.b32 [%ro], %v;
 DONE:
     ret;
-}
+}}
 """
+
+
+def test_a_warp_runs_ahead_to_its_barrier_so_a_missing_one_shows():
+    """Block 0 runs the lowest warp first (warp 1 reads 5 by luck), block 1 the highest first (warp 1 reads the
+    poison), as a GPU may."""
     out = np.zeros(2, np.uint32)
-    launch(text, "k", (2, 1, 1), 64, out)
+    launch(_write_then_read("", 5), "k", (2, 1, 1), 64, out)
     assert out.tolist() == [5, 0xFFFFFFFF]
 
 
 def test_a_one_block_grid_has_each_end_run_ahead_between_barriers():
-    """Before the first barrier the lowest warp runs ahead, after it the highest: warp 0's write and warp 1's
-    read with no barrier between them (after the first) give warp 1 the poison in a grid of one block."""
-    text = HEADER + """
-    bar.sync 0;
-    setp.ne.u32 %p, %w, 0;
-    @%p bra READ;
-    mov.u32 %v, 9;
-    st.shared.b32 [%rs], %v;
-    ret;
-READ:
-    ld.shared.b32 %v, [%rs];
-    setp.ne.u32 %p, %tid, 32;
-    @%p bra DONE;
-    st.global.b32 [%ro], %v;
-DONE:
-    ret;
-}
-"""
+    """Before the first barrier the lowest warp runs ahead, after it the highest: with the write and the read
+    after a barrier, warp 1 reads the poison in a grid of one block."""
     out = np.zeros(1, np.uint32)
-    launch(text, "k", (1, 1, 1), 64, out)
+    launch(_write_then_read("bar.sync 0;", 9), "k", (1, 1, 1), 64, out)
     assert out[0] == 0xFFFFFFFF
