@@ -47,6 +47,7 @@
 #   b_shared      bitmap-tc with B's chunk staged once a block (b_shared) beside tc-scatter, csr-staged and dense at
 #                 N = 64, 32, then 16 beside the proposed bitmap-tc configs; X as N x K, the same Llama shapes and
 #                 protocol (benchmarks/designs.py)
+#   b_shared_profile  ncu on bitmap-tc with B staged a block at N = 64 (its best config, 4096 x 14336 at 70%, fp16)
 #   bitmap_tc_probe  which part of bitmap-tc bounds it: the kernel as built, then with B's loads replaced by
 #                 register moves or all from one line (L1 hits), the value loads or the stored starts replaced
 #                 (benchmarks/proto/bitmap_tc_probe.py; N = 8, X as N x K, fp16, weights rotated; timing only)
@@ -59,7 +60,7 @@
 #
 # Knobs (environment): DTYPES (default "fp32"), DTYPES16 ("fp16 bf16"), SPARSITIES ("0.9 0.95"), BATCH (1),
 # WIDTHS ("1 8 16"), SHAPES ("llama_4096x4096"), TUNE (tune budget in seconds, 0.5), STEP_S (a step's time
-# limit, 300), OUT (.out).
+# limit, 300), BUDGET_S (the whole invocation's seconds: later steps are cut or skipped; unset: none), OUT (.out).
 #
 # Carried, git-ignored inputs: .dlmc/dlmc-subset.tar.xz (the DLMC archive from ../shared/dlmc: every stage but
 # probe, tests, sample, decode and the models but rn50), .whl/ (nvmath-python for the image's Python, and
@@ -85,7 +86,18 @@ fi
 if [ -f .dlmc/dlmc-subset.tar.xz ] && [ ! -d $D ]; then mkdir -p /tmp/dlmc && tar -xJf .dlmc/dlmc-subset.tar.xz -C /tmp/dlmc; fi
 
 # run NAME CMD...: one step under STEP_S, its output in logs/NAME.log, its last line on stdout
-run() { local name=$1; shift; timeout "$STEP_S" "$@" > "$L/$name.log" 2>&1; echo "$name: rc $? | $(tail -1 "$L/$name.log")"; }
+# BUDGET_S (seconds for the whole invocation, set-up included) cuts the last step short and skips those after it,
+# so the results tarball is always written inside a device command's limit
+START_S=$SECONDS
+run() {
+  local name=$1 limit=$STEP_S; shift
+  if [ -n "${BUDGET_S:-}" ]; then
+    local left=$(( BUDGET_S - (SECONDS - START_S) - 10 ))
+    (( left < 20 )) && { echo "$name: skipped, ${BUDGET_S} s budget spent"; return; }
+    (( left < limit )) && limit=$left
+  fi
+  timeout "$limit" "$@" > "$L/$name.log" 2>&1; echo "$name: rc $? | $(tail -1 "$L/$name.log")"
+}
 need_dlmc() { [ -d $D ] || { echo "stage $1 needs .dlmc/dlmc-subset.tar.xz (carry it)" >&2; return 1; }; }
 # the Transformer layer-0 matrices (encoder and decoder) that the N = 256 figures use
 tf_subset() {
@@ -225,7 +237,7 @@ stage() {
         "$D" "llm:0.5,0.7,0.9:llama_1024x4096,llama_4096x4096/8" --dtype float16 --layout nk --mappings bitmap-tc \
         --rotate-all --configs btc_w8s3,btc_w8s2g4,btc_w4s4,btc_w8s3k2,btc_w8s2g4k4,btc_w4s4k4,btc_w8s2g4k8 ;;
     b_shared)
-      shared=btc_w8s2g4x,btc_w8s3g4x,btc_w4s3g4x,btc_w4s4g2x,btc_w8s2g4k2x,btc_w8s2g4k4x,btc_w4s3g4k4x
+      shared=btc_w8s2g4x,btc_w8s3g4x,btc_w4s3g4x,btc_w4s4g2x,btc_w8s2g4k2x,btc_w8s2g4k4x,btc_w4s3g4k4x,btc_w4s3g4k8x
       for n in 64 32; do
         run "designs_bitmap_tc_b_shared_n${n}_nk" python3 benchmarks/designs.py \
           "$OUT/designs_bitmap_tc_b_shared_n${n}_nk_fp16.json" "$D" \
@@ -235,6 +247,12 @@ stage() {
       run designs_bitmap_tc_b_shared_n16_nk python3 benchmarks/designs.py "$OUT/designs_bitmap_tc_b_shared_n16_nk_fp16.json" \
         "$D" "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336/16" --dtype float16 --layout nk \
         --mappings bitmap-tc --rotate-all --configs "btc_w8s3,btc_w8s2g4,btc_w4s4,$shared" ;;
+    b_shared_profile)
+      # what bounds B staged a block at N = 64 (0.44x of cuBLAS; as slow at 90% as at 70%, so not W's bytes): an
+      # ncu profile of its best config on 4096 x 14336 at 70% (stall reasons, shared-memory wavefronts, tensor pipe)
+      run b_shared_ncu ncu --kernel-name "regex:spmm_nk_.*btc_w4s3g4k4x" --launch-skip 3 --launch-count 1 --set full \
+        python3 benchmarks/designs.py /tmp/b_shared_ncu.json "$D" "llm:0.7:llama_4096x14336/64" --dtype float16 \
+        --layout nk --mappings bitmap-tc --configs btc_w4s3g4k4x ;;
     bitmap_tc_probe)
       for variant in base nob bl1 nolds nostarts nolds_nob nocopy_nolds_nob; do
         run "bitmap_tc_probe_$variant" python3 benchmarks/proto/bitmap_tc_probe.py $variant

@@ -331,8 +331,10 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
     overwrites). B's rows sit 256 bytes apart with the 16-byte pieces of odd rows swapped by halves (piece p
     at p ^ 4), so the lanes' 16-byte reads of a tile group (rows g, pieces tq and 4 + tq) meet no bank twice.
     A warp's chunk offsets come from a table in shared memory (its strip's chunks of the block and the end),
-    so a warp walks any number of chunks. Per group of 4 tiles: their scans and A fragments, then per n-tile
-    two 16-byte shared loads of B and 4 mmas."""
+    so a warp walks any number of chunks. Per group of 4 tiles: their scans and A fragments, then every n-tile's
+    B (two 16-byte shared loads each), then the mmas tile by tile across the n-tiles, so no mma waits on the one
+    issued just before it (ptxas keeps the PTX order: n-tile by n-tile, each n-tile's 4 mmas ran as one chain of
+    dependent tensor-core latencies, with 8 warps an SM at N = 64 to hide them)."""
     c, f = plan.config, plan.format
     per_strip, per_block, stages, warps = f.chunks_per_strip, plan.chunks_per_block, c.stages, c.warps_per_block
     buffer, es, n_tiles = plan.stage_bytes, plan.element_bytes, plan.n_tiles
@@ -426,13 +428,14 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
                     _fragment(e, stage * buffer, t - first, f"%a{t % 4}_")
             for nt in range(n_tiles):
                 at = stage * b_stage + nt * N_TILE * row_bytes + group * 8 * UNIT
-                regs = [f"%bv{q}" for q in range(8)]
+                regs = [f"%bv{nt}_{q}" for q in range(8)]
                 e.lines([f"ld.shared.v4.b32 {{{', '.join(regs[:4])}}}, [%bl+{at}];",
                          f"ld.shared.v4.b32 {{{', '.join(regs[4:])}}}, [%bl2+{at}];"])
-                for q in range(4):
+            for q in range(4):  # tile-major across the n-tiles: no mma waits on the one just before it
+                for nt in range(n_tiles):
                     acc = ", ".join(f"%c{nt}_{k}" for k in range(4))
-                    e.line(f"{_mma(plan)} {{{acc}}}, {{%a{q}_0, %a{q}_1, %a{q}_2, %a{q}_3}}, {{%bv{q}, %bv{4 + q}}}, "
-                           f"{{{acc}}};")
+                    e.line(f"{_mma(plan)} {{{acc}}}, {{%a{q}_0, %a{q}_1, %a{q}_2, %a{q}_3}}, "
+                           f"{{%bv{nt}_{q}, %bv{nt}_{4 + q}}}, {{{acc}}};")
         e.line("add.u32 %i, %i, 1;")
     e.line("bra.uni CHUNKS;")
     e.label("WALKED")
@@ -444,7 +447,7 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
             ".reg .b32 %rtid, %lane, %warp, %g, %tq, %rs, %rby, %rgx, %sh, %lowm, %bb, %wb, %tb, %wg, %sg, %kb, %ke, "
             "%rks, %cnt, %i, %j, %st, %en, %sz, %sb, %u, %kc, %x, %ptr, %zr, %t, %o, %ad, %rw, %cl, %ws, %n, %m, "
             "%bpc, %bdst, %bl, %bl2, "
-            + "".join(f"%v{i}, " for i in range(8)) + "".join(f"%bv{q}, " for q in range(8))
+            + "".join(f"%v{i}, " for i in range(8)) + "".join(f"%bv{nt}_{q}, " for nt in nts for q in range(8))
             + "".join(f"%w{s}, %p{s}, %mb{s}, " for s in range(c.scan_group))
             + ", ".join(f"%a{t}_{r}" for t in range(4) for r in range(4)) + ";",
             ".reg .b32 %acc, %f, " + ", ".join(f"%c{nt}_{q}" for nt in nts for q in range(4)) + ";",

@@ -18,7 +18,11 @@ CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
 # bytes, hold an SM to 16-20 warps (80-86 a thread), so blocks_per_sm asks ptxas for fewer; b_ahead takes B's load
 # latency off the mma's path; k_split spreads layers of few strips (1024 rows) over more blocks; b_shared stages B's
 # chunk once a block for its warps' strips, the kernel for N = 17-64 (B from L2 a strip ran 0.21x of cuBLAS at 64)
-# and a try at 8-16.
+# and a try at 8-16. Timed at N = 32 / 64 (X as N x K, Llama shapes at 50 / 70 / 90%, rotated): the best b_shared
+# config or tc-scatter came to 0.72x / 0.44x of cuBLAS (geomean), and no faster at 90% than at 70%: not bytes but
+# latency, with 2 blocks of 4 warps an SM (180 registers, 80 KB of shared memory at N = 64) and each n-tile's 4
+# mmas one dependent chain. The mmas now go tile by tile across the n-tiles (not yet timed); K split over 8 blocks
+# gives the 4096-row shapes 512 blocks (4 warps each).
 
 
 def _trial(warps: int, stages: int, scan_group: int, **more) -> BitmapTcConfig:
@@ -37,7 +41,7 @@ TRIALS = ((8, 2), (16, 2), (8, 2, 8), (16, 2, 8), (4, 4, 8), (8, 4, 4), (4, 6, 4
           _trial(8, 2, 4, k_split=8),
           _trial(8, 2, 4, b_shared=1), _trial(8, 3, 4, b_shared=1), _trial(4, 3, 4, b_shared=1),
           _trial(4, 4, 2, b_shared=1), _trial(8, 2, 4, b_shared=1, k_split=2), _trial(8, 2, 4, b_shared=1, k_split=4),
-          _trial(4, 3, 4, b_shared=1, k_split=4))
+          _trial(4, 3, 4, b_shared=1, k_split=4), _trial(4, 3, 4, b_shared=1, k_split=8))
 
 
 def _configs(table) -> list[BitmapTcConfig]:
