@@ -2,7 +2,9 @@
 DLMC rn50 magnitude patterns, BatchNorm calibrated on random inputs, then `convert` (every conv and the FC
 measured dense against the unstructured kernels; BatchNorm folded) against the dense masked model with its
 BatchNorm folded too (cuDNN, cudnn.benchmark on, the faster of NCHW and channels_last), whole forward under
-CUDA-graph replay; the converted model's output against the masked model in float64.
+CUDA-graph replay; the converted model's output against the masked model in float64. Conversion seconds
+(the whole model, nothing timed but what the chooser measures): cold, into an empty kernel cache (a temporary
+one unless SPARSEFORGE_CACHE_DIR is set), then warm, the same model again.
 
     PYTHONPATH=src python benchmarks/model_rn50.py DLMC_RN50_SPARSITY_DIR OUT.json [--dtype float32] [--batch 1]
         [--tune-budget 2]
@@ -10,7 +12,9 @@ CUDA-graph replay; the converted model's output against the masked model in floa
 import argparse
 import copy
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +44,8 @@ def main() -> int:
     parser.add_argument("--dense-only", action="store_true",
                         help="measure the dense model (latency, its own error against float64) and stop")
     args = parser.parse_args()
+    if "SPARSEFORGE_CACHE_DIR" not in os.environ:  # the cold conversion: an empty cache
+        os.environ["SPARSEFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="sparseforge-cold-")
     started = time.perf_counter()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32 on both sides
@@ -86,6 +92,12 @@ def main() -> int:
     xs = xd
     if args.channels_last:  # every activation channels_last: SparseConv2d compiles NHWC kernels for them
         sparse, xs = sparse.to(memory_format=channels_last), xd.contiguous(memory_format=channels_last)
+    conversion_s = {}
+    for kind in ("cold", "warm"):  # the conversion alone (no whole-model timing), on a copy
+        copied = copy.deepcopy(sparse)
+        conversion_s[kind] = convert(copied, xs, tune_budget=args.tune_budget, time_model=False).seconds
+        del copied
+        print(f"[{time.perf_counter() - started:6.1f} s] conversion {kind}: {conversion_s[kind]:.1f} s", flush=True)
     report = convert(sparse, xs, tune_budget=args.tune_budget, time_model=True)
     unfused_us = report.latency_after_us
     print(f"[{time.perf_counter() - started:6.1f} s] converted (unfused) {unfused_us:.1f} us", flush=True)
@@ -130,7 +142,8 @@ def main() -> int:
               # 95%), so beside the bound: the converted error against the dense model's in the dtype
               "error_over_dense_error": error / dense_error if dense_error else None,
               "error_ok": error <= TOLERANCE[args.dtype], "batchnorms_folded_dense": len(folded.folded),
-              "converted_unfused_us": unfused_us,
+              "converted_unfused_us": unfused_us, "conversion_seconds_cold": conversion_s["cold"],
+              "conversion_seconds_warm": conversion_s["warm"],
               "fused": None if fused_report is None else [list(f) for f in fused_report.fused],
               "not_fused": None if fused_report is None else [s.__dict__ for s in fused_report.skipped],
               "kernel_profile": profiles, "report": report.as_dict(), "seconds": time.perf_counter() - started}

@@ -21,7 +21,7 @@
 #                 VGG-16 and the text CNN at 90%
 #   compile_time  cold and warm compile time of the cost model's pick: rn50 90% SpMM, then its convolutions
 #   rn50          ResNet-50 end to end (benchmarks/model_rn50.py), $SPARSITIES x $DTYPES at batch $BATCH
-#                 (16-bit runs channels_last)
+#                 (16-bit runs channels_last); conversion seconds cold (an empty cache) and warm
 #   llama         a 2-layer Llama decoder at Llama-3-8B widths, 70% and 2:4, fp16 (benchmarks/model_llama.py)
 #   llama_hf      transformers' Llama-3-8B (32 layers, seeded weights) at 70% then 50%, fp16, batch 1 and 8, context
 #                 128: conversion cold and warm, memory, one decode step each side, generate of 128 tokens
