@@ -282,7 +282,7 @@ class BitmapTcPlan(WeightAsData):
         """With several strips a warp (or a gated kernel's two), ptxas keeps both strips' loads in flight: 141
         (wide) to 222 at 2 strips, 218 to 247 at 4 (N = 8 and 16); min_blocks caps them."""
         if self.warp_strips:  # config.b_shared: 103-108 at N = 8, 111-117 at 16, 135-145 at 32, 187-196 at 64
-            return min(255, 104 + 13 * (self.n_tiles - 1))
+            return min(255, 108 + 13 * (self.n_tiles - 1))
         base = 86 + 20 * (self.n_tiles - 1) if self.b_loads == "wide" and self.N > 1 else 118 + 36 * (self.n_tiles - 1)
         ahead = 22 * self.n_tiles if self.config.b_ahead else 0  # the next chunk's B beside this one's: 107 / 128
         return min(255, base + ahead + (60 if self.sources == 2 else 130 if self.sources == 4 else 0))

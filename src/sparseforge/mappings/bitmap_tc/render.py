@@ -332,8 +332,8 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
     at p ^ 4), so the lanes' 16-byte reads of a tile group (rows g, pieces tq and 4 + tq) meet no bank twice.
     A warp's chunk offsets come from a table in shared memory (its strip's chunks of the block and the end),
     so a warp walks any number of chunks. Per group of 4 tiles: their scans and A fragments, then every n-tile's
-    B (two 16-byte shared loads each), then the mmas tile by tile across the n-tiles, so no mma waits on the one
-    issued just before it (ptxas keeps the PTX order: n-tile by n-tile, each n-tile's 4 mmas ran as one chain of
+    B (two 16-byte shared loads each), then the mmas tile by tile across the n-tiles, so with 2 or more n-tiles no
+    mma waits on the one issued just before it (ptxas keeps the PTX order: n-tile by n-tile, each n-tile's 4 mmas ran as one chain of
     dependent tensor-core latencies, with 8 warps an SM at N = 64 to hide them)."""
     c, f = plan.config, plan.format
     per_strip, per_block, stages, warps = f.chunks_per_strip, plan.chunks_per_block, c.stages, c.warps_per_block
@@ -431,7 +431,7 @@ def _render_shared_b(plan: BitmapTcPlan) -> KernelSource:
                 regs = [f"%bv{nt}_{q}" for q in range(8)]
                 e.lines([f"ld.shared.v4.b32 {{{', '.join(regs[:4])}}}, [%bl+{at}];",
                          f"ld.shared.v4.b32 {{{', '.join(regs[4:])}}}, [%bl2+{at}];"])
-            for q in range(4):  # tile-major across the n-tiles: no mma waits on the one just before it
+            for q in range(4):  # tile-major across the n-tiles: with 2+ n-tiles no mma waits on the one before
                 for nt in range(n_tiles):
                     acc = ", ".join(f"%c{nt}_{k}" for k in range(4))
                     e.line(f"{_mma(plan)} {{{acc}}}, {{%a{q}_0, %a{q}_1, %a{q}_2, %a{q}_3}}, "

@@ -19,7 +19,7 @@ CONFIGS = ((8, 3), (8, 2, 4), (4, 4))
 # latency off the mma's path; k_split spreads layers of few strips (1024 rows) over more blocks; b_shared stages B's
 # chunk once a block for its warps' strips, the kernel for N = 17-64 (B from L2 a strip ran 0.21x of cuBLAS at 64)
 # and a try at 8-16. Timed at N = 32 / 64 (X as N x K, Llama shapes at 50 / 70 / 90%, rotated): the best b_shared
-# config or tc-scatter came to 0.72x / 0.44x of cuBLAS (geomean), and no faster at 90% than at 70%: not bytes but
+# config or tc-scatter came to 0.77x / 0.49x of cuBLAS (geomean), and on 4096 x 14336 no faster at 90% than at 70%: not bytes but
 # latency, with 2 blocks of 4 warps an SM (180 registers, 80 KB of shared memory at N = 64) and each n-tile's 4
 # mmas one dependent chain. The mmas now go tile by tile across the n-tiles (not yet timed); K split over 8 blocks
 # gives the 4096-row shapes 512 blocks (4 warps each).
