@@ -6,13 +6,17 @@
 # Stages (each step runs under `timeout`; a benchmark rewrites its JSON after every case, so a cut step keeps
 # what it measured):
 #   probe         GPU, driver, ptxas, torch and cuSPARSELt versions
-#   tests         the whole tests/gpu suite (16 xdist workers, 257 s; TESTS_S 480), then the tests that time (marker
-#                 serial) alone
+#   tests         the whole tests/gpu suite (16 xdist workers, 366 s; TESTS_S 480), then the tests that time (marker
+#                 serial) alone; GPU_TESTS names some of its files instead (those the code changed since the last
+#                 whole run touches)
 #   sample        `sparseforge bench` on the bundled 24-matrix DLMC sample, every dtype
 #   spmm          DLMC ResNet-50 layers at batch $BATCH, $SPARSITIES x $DTYPES (the chooser, kn)
 #   transformer   the DLMC Transformer layer-0 matrices (16 a sparsity) at N = 256, $SPARSITIES x $DTYPES, kn
 #   decode        Llama-shaped layers at 50 / 70 / 90% for each width in $WIDTHS and dtype in $DTYPES16
 #                 ($SHAPES), weights timed both resident in L2 and rotated through HBM
+#   decode_table  the decode chooser's table: every width in $TABLE_NS ("1,2,4,8,16,32,64") x dtype in $TABLE_DTYPES
+#                 ("fp16,bf16") on $TABLE_SHAPES (the three Llama shapes) at 50 / 70 / 90%, X as N x K, one `bench`
+#                 process (one compile pool), width by width; weights timed resident in L2 and rotated through HBM
 #   decode_heldout  the decode chooser on what its mechanisms were not tuned on: Wanda's per-row masks (skewed
 #                 columns) on the Llama shapes, then Qwen2-7B's shapes, at 50 / 70 / 90%, N = 1 then 8, fp16, X as
 #                 N x K, weights rotated
@@ -27,6 +31,7 @@
 #                 128: conversion cold and warm, memory, one decode step each side, generate of 128 tokens
 #                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
 #   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70%, 50%, then 2:4
+#                 (LLAMA_HF_PATTERNS picks some of them)
 #   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
 #   llama_hf_memory  llama_hf_b1 with memory_slack 0.07 (a layer may give 7% of its decode time for fewer bytes of
 #                 W), 70% then 50%: the decoder Linears' memory against their speed
@@ -60,7 +65,8 @@
 #
 # Knobs (environment): DTYPES (default "fp32"), DTYPES16 ("fp16 bf16"), SPARSITIES ("0.9 0.95"), BATCH (1),
 # WIDTHS ("1 8 16"), SHAPES ("llama_4096x4096"), TUNE (tune budget in seconds, 0.5), STEP_S (a step's time
-# limit, 300), BUDGET_S (the whole invocation's seconds: later steps are cut or skipped; unset: none), OUT (.out).
+# limit, 300), BUDGET_S (the whole invocation's seconds: later steps are cut or skipped; unset: none), OUT (.out);
+# TABLE_NS, TABLE_DTYPES, TABLE_SHAPES (decode_table).
 #
 # Carried, git-ignored inputs: .dlmc/dlmc-subset.tar.xz (the DLMC archive from ../shared/dlmc: every stage but
 # probe, tests, sample, decode and the models but rn50), .whl/ (nvmath-python for the image's Python, and
@@ -71,6 +77,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-.out}; mkdir -p "$OUT/logs"; L=$OUT/logs
 DTYPES=${DTYPES:-fp32} DTYPES16=${DTYPES16:-fp16 bf16} SPARSITIES=${SPARSITIES:-0.9 0.95} BATCH=${BATCH:-1}
 WIDTHS=${WIDTHS:-1 8 16} SHAPES=${SHAPES:-llama_4096x4096} TUNE=${TUNE:-0.5} STEP_S=${STEP_S:-300}
+TABLE_NS=${TABLE_NS:-1,2,4,8,16,32,64} TABLE_DTYPES=${TABLE_DTYPES:-fp16,bf16}
+TABLE_SHAPES=${TABLE_SHAPES:-llama_4096x4096 llama_14336x4096 llama_4096x14336}
 SF="python3 -m sparseforge"
 D=/tmp/dlmc/dlmc
 declare -A LONG=([fp32]=float32 [fp16]=float16 [bf16]=bfloat16)
@@ -114,9 +122,9 @@ stage() {
       python3 -c "import nvmath; from nvmath.bindings import cusparseLt as L; print('nvmath', nvmath.__version__, \
 'cuSPARSELt', L.get_version(L.init()))" || echo "no cuSPARSELt: carry .whl for the 2:4 path" ;;
     tests)
-      STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest tests/gpu -q -p no:cacheprovider -n 16 --dist worksteal \
-        -m "not serial"
-      run gpu_tests_serial python3 -m pytest tests/gpu -q -p no:cacheprovider -m serial ;;
+      STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider -n 16 \
+        --dist worksteal -m "not serial"
+      run gpu_tests_serial python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider -m serial ;;
     sample)
       run sample $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget "$TUNE" --out "$OUT/sample.json" ;;
     spmm)
@@ -137,6 +145,9 @@ stage() {
         run "decode_n${n}_$dt" $SF bench "llm:0.5,0.7,0.9:${SHAPES// /,}" --n "$n" --dtype "$dt" --tune-budget "$TUNE" \
           --out "$OUT/decode_n${n}_$dt.json"
       done; done ;;
+    decode_table)
+      run "decode_table_nk" $SF bench "llm:0.5,0.7,0.9:${TABLE_SHAPES// /,}" --n "$TABLE_NS" --dtype "$TABLE_DTYPES" \
+        --layout nk --tune-budget "$TUNE" --out "$OUT/decode_table_nk.json" ;;
     decode_heldout)
       for n in 1 8; do
         run "decode_wanda_n${n}_fp16" $SF bench "llm:0.5,0.7,0.9:llama_4096x4096,llama_14336x4096,llama_4096x14336:wanda" \
@@ -177,7 +188,7 @@ stage() {
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
         --dtype float16 --batches 1 8 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_fp16.json" ;;
     llama_hf_b1)
-      STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5,2:4 \
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns "${LLAMA_HF_PATTERNS:-0.7,0.5,2:4}" \
         --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_b1_fp16.json" ;;
     llama_hf_memory)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_memory_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 \

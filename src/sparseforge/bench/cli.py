@@ -26,8 +26,11 @@ def add_bench_parser(sub) -> None:
     bench.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
     bench.add_argument("--tokens", type=int, default=None,
                        help="N for Transformer layers (default 256) and llm layers (default 16)")
-    bench.add_argument("--n", type=int, default=None, help="force one N for every case")
-    bench.add_argument("--dtype", choices=[*DTYPES, "all"], default="fp32")
+    bench.add_argument("--n", default=None,
+                       help="force N for every case; several, comma-separated (e.g. 1,2,4,8 for decode token "
+                            "counts), run every case at each, one summary row a width")
+    bench.add_argument("--dtype", default="fp32",
+                       help=f"one of {', '.join(DTYPES)}, several comma-separated, or all (default fp32)")
     bench.add_argument("--layout", choices=["kn", "nk", "both", "nchw", "nhwc"], default="kn",
                        help="SpMM cases: kn, nk or both; convolution cases: nchw (the default there) or nhwc "
                             "(channels_last tensors)")
@@ -48,6 +51,31 @@ def add_bench_parser(sub) -> None:
     bench.add_argument("--plot", type=Path, default=None, help="write a speedup plot (PNG) here")
     bench.add_argument("--cpu", action="store_true", help="CPU mode even where a GPU is present")
     bench.set_defaults(run=run_bench)
+
+
+def _forced_widths(spec: str | None) -> list[int | None]:
+    """--n: None -> [None] (each case's own N); '8' or '1,2,4,8' -> the widths every case runs at (each bounded
+    where the cases are found)."""
+    if spec is None:
+        return [None]
+    try:
+        widths = [int(v) for v in spec.split(",")]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1 or len(set(widths)) != len(widths):
+        raise ValueError(f"--n needs positive widths, one or several comma-separated and each once (e.g. 8 or "
+                         f"1,2,4,8); got {spec!r}")
+    return widths
+
+
+def _dtypes(spec: str) -> list[str]:
+    """--dtype: 'fp16', 'fp16,bf16' or 'all' -> the dtypes' short names, each once, in the order given."""
+    names = list(DTYPES) if spec == "all" else spec.split(",")
+    unknown = [name for name in names if name not in DTYPES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"--dtype needs one of {', '.join(DTYPES)}, several comma-separated (each once) or all; "
+                         f"got {spec!r}")
+    return names
 
 
 def _gpu_present() -> bool:
@@ -83,11 +111,13 @@ def run_bench(args) -> int:
     if args.layout in ("nchw", "nhwc"):
         raise ValueError(f"--layout {args.layout} applies to convolution cases (conv:...); SpMM cases take kn, nk "
                          "or both")
-    cases = discover(args.path, batch=args.batch, tokens=args.tokens, n=args.n)[: args.limit]
+    # every case at each forced width, width by width (a decode table: --n 1,2,4,8)
+    cases = [case for n in _forced_widths(args.n)
+             for case in discover(args.path, batch=args.batch, tokens=args.tokens, n=n)][: args.limit]
     missing = [c.name for c in cases if c.N is None]
     if missing:
         raise ValueError(f"no N known for {missing[:3]}...: pass --n")
-    dtypes = list(DTYPES.values()) if args.dtype == "all" else [DTYPES[args.dtype]]
+    dtypes = [DTYPES[name] for name in _dtypes(args.dtype)]
     layouts = ["kn", "nk"] if args.layout == "both" else [args.layout]
     gpu = _gpu_present() and not args.cpu
     jobs = [(c, d, l) for c in cases for d in dtypes for l in layouts]
@@ -107,6 +137,8 @@ def run_bench(args) -> int:
                 run.wait(i)  # this case's candidates are compiled; later cases' compile meanwhile
             record = _one(case, dtype, layout, gpu, args)
             record["batch"] = args.batch
+            if args.n is not None:  # a forced width: the summary keeps a row a width
+                record["n"] = case.N
             if args.explain:
                 console.print(_explain(record))
             records.append(record)
@@ -141,7 +173,7 @@ def run_conv_bench(args) -> int:
                          "nhwc; N = output pixels); --batch sets their batch")
     layout = "nchw" if args.layout == "kn" else args.layout
     cases = discover_conv(args.path, batch=args.batch)[: args.limit]
-    dtypes = list(DTYPES.values()) if args.dtype == "all" else [DTYPES[args.dtype]]
+    dtypes = [DTYPES[name] for name in _dtypes(args.dtype)]
     gpu = _gpu_present() and not args.cpu
     records = []
     jobs = [(c, d) for c in cases for d in dtypes]

@@ -31,9 +31,10 @@ def summarize(records: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         if "sparseforge_us" in r:
-            groups[(r["model"], r["sparsity"], r["dtype"], r["layout"], r.get("batch", 1))].append(r)
+            # a forced width (bench --n, record["n"]) is a row of its own: bench --n 1,2,4,8 gives a row a width
+            groups[(r["model"], r["sparsity"], r["dtype"], r["layout"], r.get("batch", 1), r.get("n"))].append(r)
     rows = []
-    for (model, sparsity, dtype, layout, batch), items in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (model, sparsity, dtype, layout, batch, _), items in sorted(groups.items(), key=_group_order):
         widths = {r.get("N") for r in items}
         # n: the token count of a decode run (one N for every case); None where the cases' N differ (a model's
         # layers at their own widths, a convolution's output pixels)
@@ -65,6 +66,12 @@ def summarize(records: list[dict]) -> list[dict]:
         row["dense_faster_cases"] = [r["case"] for r in items if r.get("dense_faster")]
         rows.append(row)
     return rows
+
+
+def _group_order(item) -> tuple:
+    """Summary rows by model, sparsity, dtype, layout and batch as text, forced widths in numeric order."""
+    (*named, n), _ = item
+    return str(tuple(named)), n or 0
 
 
 def _chosen_speedup(record: dict, base: str) -> float | None:

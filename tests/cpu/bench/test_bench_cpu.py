@@ -185,3 +185,29 @@ def test_bench_cpu_mode_on_convolution_cases_in_nhwc(tmp_path, capsys):
 ])
 def test_bench_refuses_bad_numbers_before_running(spec, option, value, expected, cli_error):
     assert expected in cli_error("bench", spec, "--cpu", option, value)
+
+
+def test_several_forced_widths_run_every_case_at_each_and_summarize_a_row_a_width():
+    base = {"model": "llama", "sparsity": 0.7, "dtype": "float16", "layout": "nk", "batch": 1,
+            "sparseforge_us": 1.0, "error_ok": True, "speedup_vs_cublas_tf32": None, "speedup_vs_cusparse": 9.0}
+    records = [{**base, "N": n, "n": n, "speedup_vs_cublas": s} for n, s in ((16, 1.0), (2, 3.0), (16, 4.0), (2, 3.0))]
+    rows = summarize(records)
+    assert [(row["n"], row["cases"]) for row in rows] == [(2, 2), (16, 2)]  # numeric order, not "16" < "2"
+    assert math.isclose(rows[0]["geomean_speedup_vs_cublas"], 3.0) and math.isclose(
+        rows[1]["geomean_speedup_vs_cublas"], 2.0)
+
+
+def test_bench_takes_comma_separated_widths_and_dtypes(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["bench", "llm:0.9:llama_1024x4096", "--n", "2,8", "--dtype", "fp16,bf16", "--layout", "nk",
+                 "--cpu", "--out", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert sorted((c["N"], c["dtype"]) for c in cases) == [(2, "bfloat16"), (2, "float16"), (8, "bfloat16"),
+                                                           (8, "float16")]
+
+
+@pytest.mark.parametrize("option, value", [("--n", "2,x"), ("--n", "0"), ("--n", "4,4"), ("--dtype", "fp8"),
+                                           ("--dtype", "fp16,fp16")])
+def test_bench_refuses_bad_width_and_dtype_lists(option, value, cli_error):
+    message = cli_error("bench", "llm:0.9:llama_1024x4096", "--cpu", option, value)
+    assert option in message and repr(value) in message
