@@ -163,7 +163,7 @@ def run_conv_bench(args) -> int:
     """`bench conv:...`: every convolution case against cuDNN on the GPU, or its plan checked on the CPU."""
     from rich.table import Table
 
-    from ..console import console, progress
+    from ..console import console
     from ..suite.conv import discover_conv
     from .report import plot, summarize, write_json
 
