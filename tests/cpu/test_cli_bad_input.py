@@ -208,8 +208,8 @@ def test_profile_without_a_gpu_says_so_without_offering_cpu(folder):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--n", "99999999999999999999"], "n = 99999999999999999999: N must be < 2**31 = 2147483648"),  # MemoryError
-    (["--n", "2147483648", "--cpu"], "n = 2147483648: N must be < 2**31"),  # was shown as N, checked at N <= 64
+    (["--n", "99999999999999999999"], "--n 99999999999999999999: N must be < 2**31 = 2147483648"),  # MemoryError
+    (["--n", "2147483648", "--cpu"], "--n 2147483648: N must be < 2**31"),  # was shown as N, checked at N <= 64
     (["--tokens", "2147483648", "--cpu"], "tokens = 2147483648: N must be < 2**31"),
     (["--batch", "1000000000", "--cpu"], "= 3136000000000: N must be < 2**31"),  # pixels x batch
     (["--out", "/proc/b.json"], "--out /proc/b.json cannot be written"),

@@ -54,17 +54,12 @@ def add_bench_parser(sub) -> None:
 
 
 def _forced_widths(spec: str | None) -> list[int | None]:
-    """--n: None -> [None] (each case's own N); '8' or '1,2,4,8' -> the widths every case runs at (each bounded
-    where the cases are found)."""
+    """--n: None -> [None] (each case's own N); '8' or '1,2,4,8' -> the widths every case runs at, each once."""
     if spec is None:
         return [None]
-    try:
-        widths = [int(v) for v in spec.split(",")]
-    except ValueError:
-        widths = []
-    if not widths or min(widths) < 1 or len(set(widths)) != len(widths):
-        raise ValueError(f"--n needs positive widths, one or several comma-separated and each once (e.g. 8 or "
-                         f"1,2,4,8); got {spec!r}")
+    widths = parse_widths(spec)
+    if len(set(widths)) != len(widths):
+        raise ValueError(f"--n names a width twice: give each once (e.g. 1,2,4,8); got {spec!r}")
     return widths
 
 
