@@ -14,7 +14,8 @@ same pruned model run dense by the same transformers code:
 - generate of --generate new tokens at --generate-batches (greedy, one static cache reused by every call;
   transformers compiles the decode step with CUDA graphs on both sides): seconds, the decode part apart (the same generate of 1 token,
   the prompt's prefill, subtracted: prefill runs dense on the converted side, W scattered from host memory),
-  and whether the tokens equal the dense model's;
+  the GPU's own time and kernels a decode token (CUPTI; the rest of the wall time a token is the GPU waiting
+  on the host's loop), and whether the tokens equal the dense model's;
 - correctness: each step's logits against the same pruned model's in float32 (a copy of it, run the same
   way): the converted model's error at most ERROR_FACTOR times the dense 16-bit model's own (float32 runs:
   against the dense model, within 2e-2).
@@ -40,7 +41,6 @@ import gc
 import inspect
 import math
 import os
-import pstats
 import statistics
 import sys
 import tempfile
@@ -254,7 +254,28 @@ def generate(model, batch: int, args, device) -> dict:
         timed(args.generate)  # compiles the decode step (CUDA), fills caches
         seconds, tokens = timed(args.generate)
         prefill = min(timed(1)[0] for _ in range(3))
-    return {"seconds": seconds, "prefill_seconds": prefill, "tokens": tokens}
+    result = {"seconds": seconds, "prefill_seconds": prefill, "tokens": tokens}
+    if device.type == "cuda" and args.generate > 1:
+        # the GPU's own time a decode token (kernel durations read by CUPTI, the prefill's subtracted): against
+        # the wall seconds a token, what the GPU sat idle for, waiting on the host's generate loop
+        from sparseforge.bench.profile import kernel_breakdown
+
+        try:
+            busy = {new: kernel_breakdown(lambda new=new: timed(new), calls=1) for new in (args.generate, 1)}
+        except RuntimeError as exc:  # the profiler needs CUPTI: the figure is extra, the run goes on
+            NOTES.append(f"generate's GPU time not read ({type(exc).__name__}: {str(exc)[:200]})")
+        else:
+            tokens_after = args.generate - 1
+            result.update(gpu_s_per_token=(busy[args.generate]["busy_us_per_call"] - busy[1]["busy_us_per_call"])
+                          / tokens_after / 1e6,
+                          kernels_per_token=(busy[args.generate]["kernels_per_call"] - busy[1]["kernels_per_call"])
+                          / tokens_after)
+    per_token = (seconds - prefill) / max(args.generate - 1, 1)
+    gpu = result.get("gpu_s_per_token")
+    phase(f"generate b{batch}: {seconds:.3f} s, prefill {prefill:.3f} s, {per_token * 1e3:.2f} ms a decode token"
+          + ("" if gpu is None else f" ({gpu * 1e3:.2f} ms of it on the GPU, {result['kernels_per_token']:.0f} "
+                                    "kernels)"))
+    return result
 
 
 def measure_side(model, args, device, names) -> dict:
@@ -318,8 +339,10 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
         warm = sparseforge.convert(spare, tokens=tuple(args.batches), policy=policy, tune_budget=args.tune_budget,
                                    progress=False, fuse_mlp=args.fuse_mlp, memory_slack=args.memory_slack)
         profiler.disable()
+        from sparseforge.bench.report import top_functions
+
         conversion.update(warm_seconds=warm.seconds, warm_measured_shapes=warm.measured,
-                          warm_reused_shapes=warm.reused, warm_profile=_top_functions(profiler))
+                          warm_reused_shapes=warm.reused, warm_profile=top_functions(profiler))
         phase(f"{pattern}: converted again (warm cache) in {warm.seconds:.1f} s ({warm.measured} shapes measured, "
               f"{warm.reused} decided by the first conversion)")
         del spare
@@ -359,6 +382,10 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
                            dense_prefill_s=before["prefill_seconds"], sparseforge_prefill_s=after["prefill_seconds"],
                            dense_generate_s_per_token=decode[0], sparseforge_generate_s_per_token=decode[1],
                            generate_decode_speedup=decode[0] / decode[1] if decode[1] > 0 else None,
+                           dense_generate_gpu_s_per_token=before.get("gpu_s_per_token"),
+                           sparseforge_generate_gpu_s_per_token=after.get("gpu_s_per_token"),
+                           dense_generate_kernels_per_token=before.get("kernels_per_token"),
+                           sparseforge_generate_kernels_per_token=after.get("kernels_per_token"),
                            generate_tokens_equal=float((before["tokens"] == after["tokens"]).float().mean()))
         cases += rows
         summary.append({"model": model_name, "sparsity": sparsity, "dtype": args.dtype, "batch": batch,
@@ -376,14 +403,6 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return cases, {"pattern": pattern, "summary": summary, "conversion": conversion, "report": report.as_dict()}
-
-
-def _top_functions(profiler, count: int = 25) -> list[dict]:
-    """The functions a profile spent the most cumulative time in: file:line name, calls, seconds."""
-    stats = pstats.Stats(profiler)
-    rows = sorted(stats.stats.items(), key=lambda item: item[1][3], reverse=True)[:count]
-    return [{"function": f"{Path(f).name}:{line} {name}", "calls": calls, "cumulative_s": round(cum, 3),
-             "own_s": round(own, 3)} for (f, line, name), (_, calls, own, cum, _) in rows]
 
 
 def main(argv=None) -> int:

@@ -4,12 +4,14 @@ measured dense against the unstructured kernels; BatchNorm folded) against the d
 BatchNorm folded too (cuDNN, cudnn.benchmark on, the faster of NCHW and channels_last), whole forward under
 CUDA-graph replay; the converted model's output against the masked model in float64. Conversion seconds
 (the whole model, nothing timed but what the chooser measures): cold, into an empty kernel cache (a temporary
-one unless SPARSEFORGE_CACHE_DIR is set), then warm, the same model again.
+one unless SPARSEFORGE_CACHE_DIR is set), then warm, the same model again; each split into compiling and
+measuring, with its slowest layers and a profile's top functions (in the log as each ends, and the JSON).
 
     PYTHONPATH=src python benchmarks/model_rn50.py DLMC_RN50_SPARSITY_DIR OUT.json [--dtype float32] [--batch 1]
         [--tune-budget 2]
 """
 import argparse
+import cProfile
 import copy
 import json
 import os
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 
 from sparseforge.bench.profile import describe_breakdown, kernel_breakdown
-from sparseforge.bench.report import finish_model_run, provenance
+from sparseforge.bench.report import finish_model_run, provenance, top_functions
 from sparseforge.models import apply_dlmc_masks, calibrate_batchnorm, resnet50
 from sparseforge.nn import convert, fold_batchnorms, fuse_epilogues
 from sparseforge.nn.convert import model_latency_us
@@ -92,12 +94,28 @@ def main() -> int:
     xs = xd
     if args.channels_last:  # every activation channels_last: SparseConv2d compiles NHWC kernels for them
         sparse, xs = sparse.to(memory_format=channels_last), xd.contiguous(memory_format=channels_last)
-    conversion_s = {}
+    conversion_s, conversion_detail = {}, {}
     for kind in ("cold", "warm"):  # the conversion alone (no whole-model timing), on a copy
         copied = copy.deepcopy(sparse)
-        conversion_s[kind] = convert(copied, xs, tune_budget=args.tune_budget, time_model=False).seconds
+        profiler = cProfile.Profile()  # where its seconds go (the main thread's view: compiles wait in a pool)
+        profiler.enable()
+        done = convert(copied, xs, tune_budget=args.tune_budget, time_model=False)
+        profiler.disable()
+        conversion_s[kind] = done.seconds
+        slowest = sorted(done.layers, key=lambda layer: layer.seconds, reverse=True)[:8]
+        conversion_detail[kind] = {
+            "seconds": done.seconds, "compile_seconds": done.compile_seconds,
+            "measure_seconds": sum(layer.seconds for layer in done.layers),
+            "slowest_layers": [{"name": layer.name, "seconds": round(layer.seconds, 3), "mapping": layer.mapping}
+                               for layer in slowest],
+            "profile": top_functions(profiler, 40)}
         del copied
-        print(f"[{time.perf_counter() - started:6.1f} s] conversion {kind}: {conversion_s[kind]:.1f} s", flush=True)
+        print(f"[{time.perf_counter() - started:6.1f} s] conversion {kind}: {done.seconds:.1f} s (compiling "
+              f"{done.compile_seconds:.1f} s, measuring {conversion_detail[kind]['measure_seconds']:.1f} s; slowest "
+              + ", ".join(f"{layer.name} {layer.seconds:.1f} s" for layer in slowest[:4]) + ")", flush=True)
+        for row in conversion_detail[kind]["profile"][:25]:
+            print(f"    {row['cumulative_s']:8.2f} s {row['own_s']:8.2f} s {row['calls']:7d} {row['function']}",
+                  flush=True)
     report = convert(sparse, xs, tune_budget=args.tune_budget, time_model=True)
     unfused_us = report.latency_after_us
     print(f"[{time.perf_counter() - started:6.1f} s] converted (unfused) {unfused_us:.1f} us", flush=True)
@@ -143,7 +161,7 @@ def main() -> int:
               "error_over_dense_error": error / dense_error if dense_error else None,
               "error_ok": error <= TOLERANCE[args.dtype], "batchnorms_folded_dense": len(folded.folded),
               "converted_unfused_us": unfused_us, "conversion_seconds_cold": conversion_s["cold"],
-              "conversion_seconds_warm": conversion_s["warm"],
+              "conversion_seconds_warm": conversion_s["warm"], "conversion": conversion_detail,
               "fused": None if fused_report is None else [list(f) for f in fused_report.fused],
               "not_fused": None if fused_report is None else [s.__dict__ for s in fused_report.skipped],
               "kernel_profile": profiles, "report": report.as_dict(), "seconds": time.perf_counter() - started}

@@ -93,6 +93,17 @@ def _median(values) -> float | None:
     return kept[len(kept) // 2] if kept else None
 
 
+def top_functions(profiler, count: int = 25) -> list[dict]:
+    """The functions a cProfile.Profile spent the most cumulative time in: file:line name, calls, seconds
+    (where a benchmark's conversion seconds go, kept in its JSON)."""
+    import pstats
+
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: item[1][3], reverse=True)[:count]
+    return [{"function": f"{Path(f).name}:{line} {name}", "calls": calls, "cumulative_s": round(cum, 3),
+             "own_s": round(own, 3)} for (f, line, name), (_, calls, own, cum, _) in rows]
+
+
 def provenance(command: list[str]) -> dict:
     from ..runtime.timing import TIMING_PROTOCOL
 

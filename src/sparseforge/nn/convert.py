@@ -132,6 +132,7 @@ class LayerReport:
     # per width whose kernel won under graph replay: the eager decision (host time included; where dense wins
     # there, eager calls of that width run dense: SparseLinear / SparseConv2d.eager_decisions)
     eager: list = field(default_factory=list)
+    seconds: float = 0.0              # measuring this layer (the chooser's timing, and any compile it still did)
 
     @property
     def speedup(self) -> float | None:
@@ -152,13 +153,14 @@ class ModelReport:
     memory_before_bytes: int = 0
     memory_after_bytes: int = 0
     seconds: float = 0.0
+    compile_seconds: float = 0.0      # of seconds: compiling every layer's candidates side by side, before timing
 
     def as_dict(self) -> dict:
         return {"layers": [layer.as_dict() for layer in self.layers],
                 "skipped": [s.__dict__ for s in self.skipped], "folded": self.folded,
                 "latency_before_us": self.latency_before_us, "latency_after_us": self.latency_after_us,
                 "memory_before_bytes": self.memory_before_bytes, "memory_after_bytes": self.memory_after_bytes,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "compile_seconds": self.compile_seconds}
 
     def __str__(self) -> str:
         lines = [f"{'layer':40s} {'kind':7s} {'sparsity':>8s} {'choice':>12s} {'dense us':>9s} {'chosen us':>9s} "
@@ -173,7 +175,8 @@ class ModelReport:
                          f"({self.latency_before_us / self.latency_after_us:.2f}x, CUDA graph replay)")
         before, after = self.memory_before_bytes / 2**20, self.memory_after_bytes / 2**20
         lines.append(f"memory: {before:.1f} MiB -> {after:.1f} MiB; "
-                     f"conversion took {self.seconds:.1f} s")
+                     f"conversion took {self.seconds:.1f} s"
+                     + (f" ({self.compile_seconds:.1f} s compiling)" if self.compile_seconds else ""))
         return "\n".join(lines)
 
 
@@ -250,14 +253,18 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
     if policy == "measure":  # every layer's candidates compiled side by side first: measure_layer finds them built
         if progress is not None:
             progress("(compiling every layer's candidates)", 0, len(chosen))
+        compiling = time.perf_counter()
         prebuild_layers([(m, shapes[m]) for _, m in chosen if m in shapes], tune_budget)
+        report.compile_seconds = time.perf_counter() - compiling
     for index, (name, module) in enumerate(chosen):
         if progress is not None:
             progress(name, index, len(chosen))
         if module not in shapes:
             report.skipped.append(Skipped(name, "not called by the example inputs: nothing to measure"))
             continue
+        measuring = time.perf_counter()
         layer, replacement = measure_layer(name, module, shapes[module], policy, tune_budget, eager)
+        layer.seconds = time.perf_counter() - measuring
         report.layers.append(layer)
         if replacement is not None:
             for alias in _names_of(model, module):  # a module shared under several names: every one

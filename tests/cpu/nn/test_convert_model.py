@@ -76,6 +76,10 @@ def test_policy_sparse_puts_in_the_unstructured_modules_and_keeps_the_outputs():
     assert report.layers[1].input_shapes == [[2, 288]] and report.folded == [("0", "1")]
     assert torch.allclose(model(x), want, atol=1e-5)
     assert report.memory_after_bytes < report.memory_before_bytes  # 80% sparse: CSR beats dense
+    # each layer's own seconds, within the whole; nothing compiled ahead where nothing is measured
+    assert all(layer.seconds > 0 for layer in report.layers)
+    assert sum(layer.seconds for layer in report.layers) <= report.seconds and report.compile_seconds == 0
+    assert report.as_dict()["compile_seconds"] == 0 and "compiling" not in str(report)
 
 
 def test_policy_dense_replaces_nothing_and_measure_needs_a_gpu():
