@@ -413,7 +413,7 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                     workers: int | None = None) -> int:
     """Compile into the disk cache the candidate kernels of every (Linear or Conv2d, its input shapes as convert
     records them) in `layers` for GPUs of compute capability `arch` (default: each layer's own GPU), the layers
-    side by side on `workers` threads (all cores: runtime.prebuild.run_prebuilds). measure_layer then times the
+    side by side in `workers` forked processes (all cores: runtime.prebuild.run_prebuilds). measure_layer then times the
     layers one by one and finds their candidates compiled: one layer's shortlist keeps only a few cores busy, so
     compiling layer after layer left most of a 16-core machine idle (ResNet-50: 120-340 s of conversion).
     Nothing is timed or loaded here. A layer the sparse modules refuse is left to measure_layer, which reports
@@ -455,7 +455,8 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
             jobs += [(f"{kind} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=target))
                      for n in sorted({math.prod(s[:-1]) for s in entries})]
         del sparse  # its device buffers: the jobs hold W on the host (the module's SparseMatrix)
-    return run_prebuilds(jobs, workers, what="layer shapes").built
+    # forked workers: planning and rendering generated kernels is Python, serialized by one interpreter's GIL
+    return run_prebuilds(jobs, workers, what="layer shapes", processes=True).built
 
 
 def _rescaled(decision, dense_us: float | None):

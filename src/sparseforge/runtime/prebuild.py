@@ -3,14 +3,24 @@ jobs in (spmm.prebuild_spmm / conv.prebuild_conv2d calls, one per problem). Each
 only its short list, which keeps a few cores busy; compiling every problem's list at once, before they are
 measured one by one, keeps all of them busy (ResNet-50's 17 layers on a 16-core host: 5-14 of them measured
 in 60 s when each compiled its own candidates first). A job is a head start, not a result: one that fails
-is named in a warning and the measuring pass compiles what it needs."""
+is named in a warning and the measuring pass compiles what it needs.
+
+Threads or processes: ptxas runs in subprocesses either way, but planning and rendering a generated kernel is
+Python and holds the GIL, so on many cores threads leave the jobs waiting on one interpreter (ResNet-50 on 16
+cores: 222 s of a 261 s cold conversion in the prebuild, against ptxas's few seconds). processes=True forks
+the workers: each inherits the job list and is sent only an index, so a job need not pickle (a closure is
+fine), only its result (an int) comes back, and the CUDA context is never touched there (the jobs make no
+CUDA call: they plan, render and run ptxas), as PyTorch's DataLoader workers are forked."""
 from __future__ import annotations
 
+import itertools
+import multiprocessing
 import os
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -46,43 +56,95 @@ def stop_requested() -> bool:
     return run is not None and run._stop.is_set()
 
 
+def _attempt(label: str, job: Callable[[], int]) -> tuple[int, str | None]:
+    """(kernels built, None) or (0, "label: Error: message"): a job's outcome as either pool returns it."""
+    try:
+        return job(), None
+    except Exception as exc:  # noqa: BLE001 - a head start missed, not an error: the measuring pass compiles it
+        return 0, f"{label}: {type(exc).__name__}: {str(exc)[:160]}"
+
+
+# run number -> its jobs, for forked workers to find by index (set before the pool forks, dropped at finish)
+_FORKED_JOBS: dict[int, Sequence[tuple[str, Callable[[], int]]]] = {}
+_run_numbers = itertools.count()
+
+
+def _run_forked(run: int, index: int) -> tuple[int, str | None]:
+    return _attempt(*_FORKED_JOBS[run][index])
+
+
+def _done(future) -> None:
+    """Wait for a job; a failure is its outcome, but a KeyboardInterrupt (Ctrl-C in a thread's job) is raised."""
+    futures.wait([future])
+    error = future.exception()
+    if error is not None and not isinstance(error, Exception):
+        raise error
+
+
+def can_fork() -> bool:
+    """Whether worker processes can be forked here (Linux, macOS; not Windows)."""
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
 class PrebuildRun:
     """`jobs`, (label, call returning the kernels it compiled), all submitted at once to a pool of `workers`
-    threads (default: every core; ptxas runs in subprocesses, so threads suffice). wait(i) blocks until job i
-    is done, so a caller can use each result as soon as it exists (bench measures case i then: a run cut
-    short keeps what it measured) while later jobs compile; finish() waits for the rest and says what was
-    done. A job that raises is counted in Prebuilt.failures and warned about once for all at finish (`what`
-    names the jobs there); the others go on. cancel() drops the queued jobs and stops the running ones
-    before their next candidate; use it as a context manager to cancel on any exception (Ctrl-C)."""
+    (default: every core), threads, or with processes=True forked processes (the module docstring says when
+    and why; without fork, threads). wait(i) blocks until job i is done, so a caller can use each result as
+    soon as it exists (bench measures case i then: a run cut short keeps what it measured) while later jobs
+    compile; finish() waits for the rest and says what was done. A job that raises is counted in
+    Prebuilt.failures and warned about once for all at finish (`what` names the jobs there); the others go on.
+    cancel() drops the queued jobs and stops running threads' jobs before their next candidate (a forked
+    worker finishes its job; Ctrl-C reaches it too); use it as a context manager to cancel on any exception."""
 
     def __init__(self, jobs: Sequence[tuple[str, Callable[[], int]]], workers: int | None = None,
-                 what: str = "problems"):
+                 what: str = "problems", processes: bool = False):
         self._started = time.perf_counter()
         self._what, self._count = what, len(jobs)
-        self.workers = max(1, workers or os.cpu_count() or 1)
-        self._failures: list[str] = []
+        self.workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(jobs))))
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=self.workers)
-        self.pending = [(label, self._pool.submit(self._run, label, job)) for label, job in jobs]
+        self._number = None
+        if processes and can_fork() and len(jobs) > 1:
+            self._number = next(_run_numbers)
+            _FORKED_JOBS[self._number] = list(jobs)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("fork"))
+            with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: the jobs take no lock
+                warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks",
+                                        category=DeprecationWarning)
+                self.pending = [(label, self._pool.submit(_run_forked, self._number, i))
+                                for i, (label, _) in enumerate(jobs)]
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers)
+            self.pending = [(label, self._pool.submit(self._run, label, job)) for label, job in jobs]
 
-    def _run(self, label: str, job: Callable[[], int]) -> int:
+    @property
+    def processes(self) -> bool:
+        return self._number is not None
+
+    def _run(self, label: str, job: Callable[[], int]) -> tuple[int, str | None]:
         if self._stop.is_set():
-            return 0
+            return 0, None
         _CURRENT.run = self
         try:
-            return job()
-        except Exception as exc:  # noqa: BLE001 - a head start missed, not an error: the measuring pass compiles it
-            self._failures.append(f"{label}: {type(exc).__name__}: {str(exc)[:160]}")
-            return 0
+            return _attempt(label, job)
         finally:
             _CURRENT.run = None
 
     def wait(self, index: int) -> None:
-        self.pending[index][1].result()
+        """Block until job `index` is done (its outcome, failed or not, is finish's to report)."""
+        _done(self.pending[index][1])
+
+    def _outcome(self, label: str, future) -> tuple[int, str | None]:
+        try:
+            return future.result()
+        except Exception as exc:  # noqa: BLE001 - a worker process that died (BrokenProcessPool): a missed head start
+            return 0, f"{label}: {type(exc).__name__}: {str(exc)[:160]}"
 
     def finish(self) -> Prebuilt:
-        built = sum(future.result() for _, future in self.pending)
+        outcomes = [self._outcome(label, future) for label, future in self.pending]
         self._pool.shutdown()
+        self._forget()
+        built = sum(count for count, _ in outcomes)
+        self._failures = [failure for _, failure in outcomes if failure is not None]
         if self._failures:
             warnings.warn(f"prebuilding {len(self._failures)} of {self._count} {self._what} failed (they compile "
                           f"when measured): {self._failures[0]}", stacklevel=2)
@@ -91,6 +153,11 @@ class PrebuildRun:
     def cancel(self) -> None:
         self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self._number is not None:
+            _FORKED_JOBS.pop(self._number, None)
 
     def __enter__(self) -> "PrebuildRun":
         return self
@@ -101,11 +168,13 @@ class PrebuildRun:
 
 
 def run_prebuilds(jobs: Sequence[tuple[str, Callable[[], int]]], workers: int | None = None,
-                  progress: Callable[[list], Iterable] | None = None, what: str = "problems") -> Prebuilt:
-    """Run `jobs` side by side (PrebuildRun) and wait for them all. progress, if given, wraps the list of
-    (label, future) pairs in submission order (console.progress, say) and is iterated as they finish.
-    Ctrl-C drops the queued jobs, stops the running ones before their next candidate, and is raised again."""
-    with PrebuildRun(jobs, workers, what) as run:
+                  progress: Callable[[list], Iterable] | None = None, what: str = "problems",
+                  processes: bool = False) -> Prebuilt:
+    """Run `jobs` side by side (PrebuildRun; processes: forked workers) and wait for them all. progress, if
+    given, wraps the list of (label, future) pairs in submission order (console.progress, say) and is iterated
+    as they finish. Ctrl-C drops the queued jobs, stops the running ones before their next candidate, and is
+    raised again."""
+    with PrebuildRun(jobs, workers, what, processes) as run:
         for _, future in (progress(run.pending) if progress is not None else run.pending):
-            future.result()
+            _done(future)
         return run.finish()

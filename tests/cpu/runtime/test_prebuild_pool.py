@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from sparseforge.runtime.prebuild import prebuild_useful, run_prebuilds
+from sparseforge.runtime.prebuild import can_fork, prebuild_useful, run_prebuilds
 
 
 def test_jobs_run_side_by_side_and_their_kernels_are_counted():
@@ -74,7 +74,7 @@ def test_a_run_hands_each_job_over_as_soon_as_it_is_done_while_later_ones_compil
 
     with PrebuildRun([("first", lambda: 1), ("later", later)], workers=2) as run:
         run.wait(0)
-        assert run.pending[0][1].result() == 1 and not run.pending[1][1].done()
+        assert run.pending[0][1].result() == (1, None) and not run.pending[1][1].done()
         release.set()
         run.wait(1)
         done = run.finish()
@@ -104,3 +104,40 @@ def test_a_cancelled_run_stops_its_running_jobs_before_their_next_candidate():
             raise KeyboardInterrupt
     time.sleep(0.4)  # the job saw the stop after its first candidate
     assert compiled == [0] and not stop_requested()
+
+
+@pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
+def test_forked_workers_run_closures_in_other_processes_and_report_failures_by_label(tmp_path):
+    """processes=True: the jobs (closures: nothing is pickled but an index) run in forked processes, side by
+    side, where the GIL of one interpreter does not serialize them; counts and failures come back."""
+    import os
+
+    parent = os.getpid()
+
+    def job(i: int) -> int:
+        (tmp_path / f"{i}.pid").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 10
+        while len(list(tmp_path.glob("*.pid"))) < 2:  # both jobs at once, or this times out
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other job never ran beside this one")
+            time.sleep(0.01)
+        return i
+
+    def fails():
+        raise OSError("No space left on device")
+
+    with pytest.warns(UserWarning, match=r"prebuilding 1 of 3 shapes failed .*: third: OSError: No space left"):
+        done = run_prebuilds([("first", lambda: job(2)), ("second", lambda: job(3)), ("third", fails)], workers=2,
+                             what="shapes", processes=True)
+    assert done.built == 5 and done.failures == ("third: OSError: No space left on device",)
+    pids = {int(p.read_text()) for p in tmp_path.glob("*.pid")}
+    assert len(pids) == 2 and parent not in pids
+
+
+@pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
+def test_a_forked_worker_that_dies_is_a_missed_head_start_not_a_crash():
+    import os
+
+    with pytest.warns(UserWarning, match=r"prebuilding .* failed .*BrokenProcessPool"):
+        done = run_prebuilds([("dies", lambda: os._exit(3)), ("other", lambda: 1)], workers=2, processes=True)
+    assert done.jobs == 2 and any(f.startswith("dies: BrokenProcessPool") for f in done.failures)
