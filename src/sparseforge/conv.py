@@ -96,9 +96,11 @@ def _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias
 @forgets_packings
 def prebuild_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int = 1, dtype="float32", bias=None,
                     relu: bool = False, residual: bool = False, layout: str = "nchw", arch: int = 90,
-                    kernel_size=None, tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True) -> int:
+                    kernel_size=None, tune_budget: float | None = TUNE_BUDGET_S, time_dense: bool = True,
+                    slot: int | None = None) -> int:
     """Compile into the disk cache the kernels compile_conv2d with the same arguments, on a GPU of compute
-    capability `arch`, would compile, without a GPU (spmm.prebuild_spmm says why and what it returns)."""
+    capability `arch`, would compile, without a GPU (spmm.prebuild_spmm says why and what it returns).
+    slot: only the slot-th of them (tune.pipeline.prebuild_plans)."""
     tune_budget = tuning_budget(tune_budget)
     w, geometry, name, bias_values = _conv_problem(W, input_shape, stride, padding, dilation, groups, dtype, bias,
                                                    layout, kernel_size)
@@ -106,7 +108,7 @@ def prebuild_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int
                                            arch, default_compiler()), arch) is not None:
         return 0  # compile_conv2d loads the cached winner without ranking or compiling candidates
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
-    return prebuild_plans(make, plans_of(make, _candidates(geometry, w, relu)), tune_budget)
+    return prebuild_plans(make, plans_of(make, _candidates(geometry, w, relu)), tune_budget, slot)
 
 
 def _choice_key(w: SparseMatrix, geometry: ConvGeometry, name: str, bias_values, relu: bool, residual: bool,

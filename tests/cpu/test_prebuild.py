@@ -107,6 +107,21 @@ def test_prebuild_conv2d_in_either_layout(cache):
         assert built == len(picked) == _cubins(cache) - before and _all_hit(make, plans, picked)
 
 
+def test_prebuild_slots_split_one_problem_into_its_candidates_and_cover_them_all(tmp_path, monkeypatch):
+    """slot k compiles only the k-th of the candidates the chooser would compile: the slots together build
+    what one unsplit prebuild builds, each exactly once, and a slot past the last builds nothing."""
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((8, 4, 3, 3)) * (rng.random((8, 4, 3, 3)) < 0.3)
+    arguments = dict(padding=1, dtype="float32", arch=90, tune_budget=5.0)
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "whole"))
+    whole = prebuild_conv2d(weight, (1, 4, 9, 9), **arguments)
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "slots"))
+    per_slot = [prebuild_conv2d(weight, (1, 4, 9, 9), slot=k, **arguments) for k in range(whole + 2)]
+    assert whole >= 2 and per_slot == [1] * whole + [0, 0]
+    names = {p.parent.name for p in (tmp_path / "whole").rglob("kernel.cubin")}
+    assert names == {p.parent.name for p in (tmp_path / "slots").rglob("kernel.cubin")}
+
+
 def test_the_disk_cache_off_means_nothing_is_prebuilt_for_a_model(cache, monkeypatch):
     monkeypatch.setenv("SPARSEFORGE_NO_CACHE", "1")
     layer = nn.Linear(32, 16)

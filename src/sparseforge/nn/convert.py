@@ -14,7 +14,7 @@ from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, SPARSE, UNSTRUCTURED, Decision
 from ..ops import conv_memory_format
-from ..tune.choose import TUNE_BUDGET_S, check_tune_budget, fastest_with_margin, tuning_budget
+from ..tune.choose import TOP, TUNE_BUDGET_S, check_tune_budget, fastest_with_margin, tuning_budget
 from .linear24 import SparseLinear24
 
 CHANNELS_LAST = "channels_last"  # the tag of a channels_last input shape in convert's per-layer shapes
@@ -450,7 +450,10 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                 if (shape[2], shape[3], channels_last) not in seen:
                     seen.add((shape[2], shape[3], channels_last))
                     arguments = sparse.kernel_args(shape, channels_last)
-                    jobs.append((f"{kind} {shape}", partial(prebuild_conv2d, **arguments, arch=target)))
+                    # a job a candidate: a layer's compiles (2-6 s each for large fp32 layers) run side by side,
+                    # not one after another in one worker, which made the slowest layer the pool's makespan
+                    jobs += [(f"{kind} {shape} #{slot}", partial(prebuild_conv2d, **arguments, arch=target, slot=slot))
+                             for slot in range(TOP if tune_budget is not None else 1)]
         else:
             jobs += [(f"{kind} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=target))
                      for n in sorted({math.prod(s[:-1]) for s in entries})]

@@ -104,10 +104,11 @@ def within_compile_limit(space: list, nnz: int) -> list:
     return fits or space
 
 
-def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
+def prebuild_plans(make, plans: list, tune_budget: float | None, slot: int | None = None) -> int:
     """Compile (into the disk cache) the candidates among `plans` that the chooser would compile: the shared
     half of prebuild_spmm and prebuild_conv2d. A candidate that fails to compile is left to the chooser,
-    which records the failure."""
+    which records the failure. slot: only the slot-th of them in the chooser's order (none past the last), so
+    that a pool runs one problem's compiles side by side, not one after another."""
     from ..runtime.compiler import CompileError, PtxasCompiler
 
     compiler = default_compiler()
@@ -118,6 +119,8 @@ def prebuild_plans(make, plans: list, tune_budget: float | None) -> int:
         to_compile(records, tune_budget)
     from ..runtime.prebuild import stop_requested
 
+    if slot is not None:
+        picked = picked[slot:slot + 1]
     built = 0
     for i in picked:
         plan = plans[i]
