@@ -120,6 +120,9 @@ def test_prebuild_slots_split_one_problem_into_its_candidates_and_cover_them_all
     assert whole >= 2 and per_slot == [1] * whole + [0, 0]
     names = {p.parent.name for p in (tmp_path / "whole").rglob("kernel.cubin")}
     assert names == {p.parent.name for p in (tmp_path / "slots").rglob("kernel.cubin")}
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ValueError, match="slot must be a candidate's place"):
+            prebuild_conv2d(weight, (1, 4, 9, 9), slot=bad, **arguments)
 
 
 def test_the_disk_cache_off_means_nothing_is_prebuilt_for_a_model(cache, monkeypatch):

@@ -111,6 +111,9 @@ def prebuild_plans(make, plans: list, tune_budget: float | None, slot: int | Non
     that a pool runs one problem's compiles side by side, not one after another."""
     from ..runtime.compiler import CompileError, PtxasCompiler
 
+    if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 0):
+        raise ValueError(f"slot must be a candidate's place in the chooser's order (an int >= 0) or None, got "
+                         f"{slot!r}")
     compiler = default_compiler()
     if not isinstance(compiler, PtxasCompiler):
         return 0
