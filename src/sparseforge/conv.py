@@ -22,11 +22,11 @@ from .mappings.registry import CONV, families, family_recorded, find_family
 from .plan import TileConfig
 from .plan.conv import ConvGeometry, make_conv_plan
 from .mappings.csr.plan import CsrColumnsConfig
-from .runtime import KernelCache, cache_key, compile_plan, default_compiler, kernel_key
+from .runtime import KernelCache, cache_key, default_compiler, kernel_key
 from .runtime.conv import ConvKernel, build_conv_kernel
 from .dtypes import kernel_dtype_name
-from .tune.pipeline import (checked_bias, config_record, describe, device_index, plans_of,
-                            prebuild_plans, predicted_best, renderable, within_compile_limit)
+from .tune.pipeline import (checked_bias, compile_candidate, config_record, describe, device_index, plans_of,
+                            prebuild_plans, predicted_best, within_compile_limit)
 from .tune.choose import TUNE_BUDGET_S, Choice, choose, chooser_digest, tuning_budget
 
 
@@ -154,7 +154,7 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     index, arch = device_index(device, "compile_conv2d", "sparseforge.plan.conv.execute_conv()")
     make = _planner(w, geometry, name, bias_values, relu, residual, arch)
     if config is not None:
-        return build_conv_kernel(make(config), index)
+        return build_conv_kernel(make(config, sketch=True), index, full_plan=lambda: make(config))
     started = time.perf_counter()
     cache, compiler = KernelCache(), default_compiler()
     key = _choice_key(w, geometry, name, bias_values, relu, residual, tune_budget, time_dense, arch, compiler)
@@ -162,8 +162,8 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
     cached = _cached(known)
     if cached is not None:
         winner, choice = cached
-        try:
-            kernel_obj = build_conv_kernel(make(winner), index)
+        try:  # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
+            kernel_obj = build_conv_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
         except (ValueError, RuntimeError):  # a record this version cannot build: choose again
             kernel_obj = None
         if kernel_obj is not None:
@@ -180,7 +180,7 @@ def compile_conv2d(W, input_shape, stride=1, padding=0, dilation=1, groups: int 
                                       compiler)
         kernel_obj.tune_seconds = time.perf_counter() - started - kernel_obj.compile_seconds
     kernel_obj.choice, kernel_obj.tuning = choice, choice.records
-    cache.put_tuned(key, arch, {**config_record(kernel_obj.plan.config), "records": choice.records,
+    cache.put_tuned(key, arch, {**config_record(kernel_obj.config), "records": choice.records,
                                 "choice": choice.as_dict()})
     return kernel_obj
 
@@ -237,11 +237,11 @@ def _measure(make, plans, geometry: ConvGeometry, w: SparseMatrix, name: str, in
         out = torch.empty(geometry.output_shape, device=f"cuda:{index}", dtype=torch_dtype, memory_format=memory)
 
         def compile_one(plan):
-            real = renderable(make, plan)  # a generated candidate was ranked as a sketch
-            return real, compile_plan(real, compiler=compiler)
+            return compile_candidate(make, plan, compiler)
 
         def load_and_time(plan, compiled):
-            kernel = ConvKernel(*compiled, index)
+            launch, built, full_plan = compiled
+            kernel = ConvKernel(launch, built, index, full_plan)
             extra = {"residual": residual} if plan.residual else {}
             return kernel, graph_time_us(lambda x: kernel(x, out=out, **extra), inputs)
 

@@ -31,3 +31,12 @@ def disk_cache_enabled() -> bool:
 def dump_source_dir() -> Path | None:
     value = os.environ.get("SPARSEFORGE_DUMP_SOURCE")
     return Path(value).expanduser() if value else None
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or taskset narrows), not the
+    host's count: what compiles side by side, and what a tuning budget's compile estimate is shared over."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1

@@ -125,7 +125,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
     w, n, name, make = problem.w, problem.n, problem.name, problem.make
     if config is not None:
         plan = make(config)
-        return load_candidate(plan, None, index, tune_budget) if is_composite(plan) else \
+        return load_candidate(plan, None, None, index, tune_budget) if is_composite(plan) else \
             build_kernel(plan, index)
     started = time.perf_counter()
     cache = KernelCache()
@@ -137,7 +137,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
     if cached_choice is not None:
         remember_clusters(w, known.get("clusters"))  # the winner's row clustering, as it was computed
         if family_of(winner).render is None:  # a composite: nothing of its own compiled, R's choice cached
-            kernel = load_candidate(make(winner), None, index, tune_budget)
+            kernel = load_candidate(make(winner), None, None, index, tune_budget)
         else:
             # the launch needs only the plan's counts (a sketch): the whole plan is made if the cubin is gone
             kernel = build_kernel(make(winner, sketch=True), index, full_plan=lambda: make(winner))
@@ -152,7 +152,7 @@ def compile_spmm(W, n: int, dtype="float32", layout: str = DEFAULT_LAYOUT, bias=
         kernel, choice = _measure(make, space, w, n, name, layout, index, tune_budget, time_dense, compiler)
         kernel.tune_seconds = time.perf_counter() - started - kernel.compile_seconds
     kernel.choice, kernel.tuning = choice, choice.records
-    winner = kernel.plan.config
+    winner = kernel.config
     clusters = clusters_of(w) if getattr(winner, "cluster_rows", False) else []
     cache.put_tuned(key, arch, {**config_record(winner), "records": choice.records, "choice": choice.as_dict(),
                                 "clusters": clusters})
@@ -287,7 +287,7 @@ def _measure_on_device(make, space, w, n, name, layout, index, budget, time_dens
 
     def load_and_time(plan, compiled):
         kernel = load_candidate(*compiled, index, budget)
-        extra = {"residual": residual} if getattr(kernel.plan, "residual", False) else {}
+        extra = {"residual": residual} if getattr(plan, "residual", False) else {}
         if not rotated:
             return kernel, graph_time_us(lambda b: kernel(b, out=out, **extra), inputs)
         copies = kernel_copies(kernel, weight_copies(kernel.weight_bytes + getattr(kernel, "code_bytes", 0)
@@ -347,14 +347,15 @@ def compile_gated_mlp(gate, up):
     return build_kernel(plan, up.device_index)
 
 
-def load_candidate(real, built, index: int, tune_budget: float | None = 1.0):
-    """The loaded kernel of a compiled candidate on device `index`: an SpmmKernel, or for split-24 the composite
-    (semi/split24.py: W24 compressed for cuSPARSELt, R's kernel chosen within tune_budget)."""
-    if is_composite(real):
+def load_candidate(plan, built, full_plan, index: int, tune_budget: float | None = 1.0):
+    """The loaded kernel of a compiled candidate (tune.pipeline.compile_candidate) on device `index`: an
+    SpmmKernel, or for split-24 the composite (semi/split24.py: W24 compressed for cuSPARSELt, R's kernel chosen
+    within tune_budget)."""
+    if is_composite(plan):
         from .semi.split24 import build_split24_kernel
 
-        return build_split24_kernel(real, index, tune_budget, compile_residual=compile_spmm)
-    return build_kernel(real, index, built=built)
+        return build_split24_kernel(plan, index, tune_budget, compile_residual=compile_spmm)
+    return build_kernel(plan, index, built=built, full_plan=full_plan)
 
 
 def spmm(W, B, layout: str = DEFAULT_LAYOUT, bias=None, relu: bool = False, out=None, tune_budget: float | None = None,

@@ -14,7 +14,7 @@ from sparseforge.nn.convert import CHANNELS_LAST
 from sparseforge.runtime import compile_plan
 from sparseforge.runtime.compiler import PtxasCompiler
 from sparseforge.spmm import _make_plan, _space
-from sparseforge.tune.pipeline import describe as _describe, plans_of as _plans, renderable as _renderable
+from sparseforge.tune.pipeline import compile_candidate, describe as _describe, plans_of as _plans, renderable as _renderable
 from sparseforge.tune.choose import rank, to_compile
 
 pytestmark = pytest.mark.skipif(not PtxasCompiler.available(), reason="needs the CUDA toolkit's ptxas")
@@ -107,6 +107,33 @@ def test_prebuild_conv2d_in_either_layout(cache):
         assert built == len(picked) == _cubins(cache) - before and _all_hit(make, plans, picked)
 
 
+def test_the_chooser_takes_a_prebuilt_candidate_without_making_its_whole_plan(cache):
+    """compile_candidate on a sketch: a prebuilt kernel is a cache hit that makes no whole plan (measuring a
+    large layer's candidates made one each, 0.1-0.7 s of Python); a miss makes it once, to render it, and keeps it."""
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((16, 8, 3, 3)) * (rng.random((16, 8, 3, 3)) < 0.3)
+    prebuild_conv2d(weight, (1, 8, 9, 9), padding=1, dtype="float32", arch=90, tune_budget=5.0)
+    w, geometry, name, bias = _conv_problem(weight, (1, 8, 9, 9), 1, 1, 1, 1, "float32", None, "nchw", None)
+    planner = _planner(w, geometry, name, bias, False, False, 90)
+    made = []
+
+    def make(config, sketch=False):
+        made.append(sketch)
+        return planner(config, sketch)
+
+    plans = _plans(make, _candidates(geometry, w))
+    picked = to_compile([_describe(p) for p in plans], 5.0)
+    sketches = [i for i in picked if getattr(plans[i], "sketch", False)]
+    assert sketches and made.count(False) == 0
+    for i in sketches:
+        launch, built, full_plan = compile_candidate(make, plans[i])
+        assert launch is plans[i] and built.hit and made.count(False) == 0
+    unbuilt = next(i for i, p in enumerate(plans) if getattr(p, "sketch", False) and i not in picked)
+    launch, built, full_plan = compile_candidate(make, plans[unbuilt])
+    assert not built.hit and made.count(False) == 1 and full_plan() is full_plan() and made.count(False) == 1
+    assert full_plan().groups and not full_plan().sketch
+
+
 def test_prebuild_slots_split_one_problem_into_its_candidates_and_cover_them_all(tmp_path, monkeypatch):
     """slot k compiles only the k-th of the candidates the chooser would compile: the slots together build
     what one unsplit prebuild builds, each exactly once, and a slot past the last builds nothing."""
@@ -178,3 +205,26 @@ def test_a_failed_prebuild_warns_and_the_rest_goes_on(cache, monkeypatch, tmp_pa
         built = prebuild_layers([(linear, [(4, 32), (8, 32)])], 5.0, arch=90, workers=2)
     calls = sorted(int(p.name) for p in (tmp_path / "calls").iterdir())
     assert calls == [4, 8] and built == _cubins(cache) > 0
+
+
+def test_prebuild_layers_hands_the_pool_the_largest_layers_first(cache, monkeypatch):
+    """Where W is the code a compile grows with the nonzeros: the largest layer's jobs go first, so that none
+    of them starts last and ends the pool's work alone."""
+    import importlib
+
+    prebuild = importlib.import_module("sparseforge.runtime.prebuild")
+    handed = []
+
+    def record(jobs, workers=None, what="", processes=False):
+        handed.extend(label for label, _ in jobs)
+        return prebuild.Prebuilt(0, len(jobs), (), 0, 1)
+
+    monkeypatch.setattr(prebuild, "run_prebuilds", record)
+    torch.manual_seed(2)
+    small, large, middle = nn.Linear(16, 8), nn.Conv2d(8, 16, 3, padding=1), nn.Linear(32, 16)  # 128, 1152, 512
+    for m in (small, large, middle):
+        with torch.no_grad():
+            m.weight.mul_(torch.rand(m.weight.shape) < 0.5)
+    prebuild_layers([(small, [(3, 16)]), (large, [(1, 8, 6, 6)]), (middle, [(5, 32)])], 5.0, arch=90)
+    assert len(handed) > 2 and all(label.startswith("Conv2d (1, 8, 6, 6) #") for label in handed[:-2])
+    assert handed[-2:] == ["Linear n=5", "Linear n=3"]

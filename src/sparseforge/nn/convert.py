@@ -429,7 +429,7 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
 
     if not prebuild_useful():
         return 0
-    jobs = []  # (label, prebuild call): arguments made here, one layer at a time; only compiles go to the pool
+    jobs = []  # (nonzeros, label, prebuild call): arguments made here, one layer at a time; only compiles go to the pool
     for module, entries in layers:
         conv = isinstance(module, nn.Conv2d)
         target = arch if arch is not None else _arch(module.weight.device) if module.weight.is_cuda else None
@@ -440,7 +440,7 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                                                                          tune_budget=tune_budget)
         except ValueError:
             continue
-        kind = type(module).__name__
+        kind, nnz = type(module).__name__, int(torch.count_nonzero(module.weight))
         if conv:  # the module keys its kernels by image size and layout: one prebuild for each
             seen = set()
             for entry in entries:
@@ -452,14 +452,19 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
                     arguments = sparse.kernel_args(shape, channels_last)
                     # a job a candidate: a layer's compiles (2-6 s each for large fp32 layers) run side by side,
                     # not one after another in one worker, which made the slowest layer the pool's makespan
-                    jobs += [(f"{kind} {shape} #{slot}", partial(prebuild_conv2d, **arguments, arch=target, slot=slot))
+                    jobs += [(nnz, f"{kind} {shape} #{slot}",
+                              partial(prebuild_conv2d, **arguments, arch=target, slot=slot))
                              for slot in range(TOP if tune_budget is not None else 1)]
         else:
-            jobs += [(f"{kind} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=target))
+            jobs += [(nnz, f"{kind} n={n}", partial(prebuild_spmm, **sparse.kernel_args(n), arch=target))
                      for n in sorted({math.prod(s[:-1]) for s in entries})]
         del sparse  # its device buffers: the jobs hold W on the host (the module's SparseMatrix)
+    # the largest layers first: where W is the code a kernel's compile grows with its nonzeros (ResNet-50's last
+    # 3x3 layers: 10-15 s each), and one started last would end the pool's work alone, long after the rest
+    jobs.sort(key=lambda job: -job[0])
     # forked workers: planning and rendering generated kernels is Python, serialized by one interpreter's GIL
-    return run_prebuilds(jobs, workers, what="layer shapes", processes=True).built
+    return run_prebuilds([(label, job) for _, label, job in jobs], workers, what="layer shapes",
+                         processes=True).built
 
 
 def _rescaled(decision, dense_us: float | None):

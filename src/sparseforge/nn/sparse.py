@@ -338,7 +338,7 @@ class _SparseWeight(nn.Module):
                     decision = decide(n, choice.sparse_us, choice.dense_us, MIN_SPEEDUP, path=UNSTRUCTURED,
                                       mode="graph")
                     if decision.path == DENSE:
-                        self._outpaced[key] = kernel.plan.config
+                        self._outpaced[key] = kernel.config
                         kernel = None
                     elif self._measures_eagerly(example):
                         self._decide_eagerly(key, n, kernel, example)
@@ -631,7 +631,7 @@ class SparseLinear(_SparseWeight):
 
     def kernel_configs(self) -> dict:
         """{token count: the config of the kernel it runs} for the token counts that run a kernel."""
-        return {n: kernel.plan.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
+        return {n: kernel.config for n, kernel in sorted(self._paths.items()) if kernel is not None}
 
     def timed_configs(self, key) -> list[TimedConfig]:
         """(config, microseconds, bytes of W as data) of every candidate the chooser timed for shape `key` (token
@@ -770,10 +770,10 @@ class SparseConv2d(_SparseWeight):
         from ..conv import compile_conv2d
 
         bias = None if self.bias is None else self.bias.detach().float().cpu().numpy()
-        return compile_conv2d(self.sparse_matrix(), kernel.plan.geometry.input_shape, self.stride, self.padding,
+        return compile_conv2d(self.sparse_matrix(), kernel.launch_plan.geometry.input_shape, self.stride, self.padding,
                               self.dilation, self.groups, self.weight_values.dtype, bias=bias, relu=self.relu,
                               residual=self.residual, layout=kernel.layout, device=self.device,
-                              kernel_size=self.kernel_size, config=kernel.plan.config)
+                              kernel_size=self.kernel_size, config=kernel.config)
 
     def dense_weight(self, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
         """W as the Conv2d weight (Cout, Cin/groups, kh, kw) in `memory_format`. cuDNN turns a weight that is

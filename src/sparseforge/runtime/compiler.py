@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from .. import env
+
 
 class CompileError(RuntimeError):
     """The generated source did not assemble or link; the message carries the tool's diagnostics."""
@@ -55,7 +57,7 @@ class PtxasCompiler:
 
     def __init__(self, ptxas: str, nvlink: str, jobs: int | None = None):
         self.ptxas, self.nvlink = ptxas, nvlink
-        self.jobs = jobs or os.cpu_count() or 1
+        self.jobs = jobs or env.cpu_cores()
 
     @classmethod
     def available(cls) -> "PtxasCompiler | None":

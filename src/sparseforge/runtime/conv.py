@@ -9,7 +9,7 @@ zero; a channels_last x is transposed by the same copy).
 """
 from __future__ import annotations
 
-from .kernel import Built, LoadedPlanKernel, check_tensor, compile_plan
+from .kernel import Built, LoadedPlanKernel, check_tensor, compile_sketch
 from .streams import current_stream_handle
 
 
@@ -36,14 +36,14 @@ class ConvKernel(LoadedPlanKernel):
     two streams or threads calling one kernel at once would share it: call a kernel from one thread (or give
     each thread its own kernel) and on one stream at a time."""
 
-    def __init__(self, plan, built: Built, device_index: int):
-        super().__init__(plan, built, device_index)
+    def __init__(self, plan, built: Built, device_index: int, full_plan=None):
+        super().__init__(plan, built, device_index, full_plan)
         self._init_call_state()
 
     def _init_call_state(self) -> None:
         """What a call keeps beside the loaded kernel: the shapes, the bordered buffer with its views and the
         buffers it outgrew, the lean call's signature (CPU tests stand a kernel up with this, no GPU)."""
-        plan = self.plan
+        plan = self.launch_plan
         g = plan.geometry
         self.in_shape = (g.channels, g.height, g.width)
         self.out_shape = (g.out_channels, g.out_height, g.out_width)
@@ -62,7 +62,7 @@ class ConvKernel(LoadedPlanKernel):
     @property
     def layout(self) -> str:
         """How x, the output and the residual lie in memory: "nchw" or "nhwc" (plan.geometry.layout)."""
-        return self.plan.geometry.layout
+        return self.launch_plan.geometry.layout
 
     def _bordered_buffer(self, batch: int):
         import torch
@@ -70,7 +70,7 @@ class ConvKernel(LoadedPlanKernel):
         # a normal tensor even when the first call runs under inference_mode: an inference tensor could not be
         # written by a later call outside it
         with torch.inference_mode(False):
-            return torch.zeros((batch, self.plan.shifts, self.plan.plane), dtype=self._dtype, device=self._device)
+            return torch.zeros((batch, self.launch_plan.shifts, self.launch_plan.plane), dtype=self._dtype, device=self._device)
 
     def bordered(self, x, batch: int):
         """x ([batch,] Cin x H x W, NCHW- or channels_last-contiguous) copied into the interior of the
@@ -83,7 +83,6 @@ class ConvKernel(LoadedPlanKernel):
 
         if self.reads_x_in_place and x.is_contiguous() and x.data_ptr() % 16 == 0:
             return x  # the kernel's vector loads want 16-byte alignment, which the buffer has and a view may not
-        g = self.plan.geometry
         if self._bordered.shape[0] < batch:
             if torch.cuda.is_current_stream_capturing():
                 raise ValueError(f"a batch of {batch} is larger than the {self._bordered.shape[0]} the kernel's "
@@ -115,7 +114,7 @@ class ConvKernel(LoadedPlanKernel):
 
         views = self._border_views.get(batch)
         if views is None:
-            g = self.plan.geometry
+            g = self.launch_plan.geometry
             (ph, pw), buffer = g.padding, self._bordered[:batch]
             shifts, plane = buffer.shape[1], buffer.shape[2]
             xp = buffer[:, 0].view(batch, g.channels, g.bordered_height, g.bordered_width)
@@ -144,7 +143,7 @@ class ConvKernel(LoadedPlanKernel):
         check_tensor(t, what, self._device, self._dtype)
         nhwc = self.layout == "nhwc"
         if t.dim() not in ((4,) if nhwc else (3, 4)) or tuple(t.shape[-3:]) != shape:
-            g = self.plan.geometry
+            g = self.launch_plan.geometry
             if nhwc and t.dim() == 3 and tuple(t.shape) == shape:
                 raise ValueError(f"{what} is 3-D {tuple(t.shape)}; this kernel was compiled with layout='nhwc', "
                                  "which takes 4-D channels_last tensors (torch has no channels_last for 3-D ones): "
@@ -177,8 +176,8 @@ class ConvKernel(LoadedPlanKernel):
 
         nhwc = self.layout == "nhwc"
         return (torch.Tensor, self._dtype, self._device, torch.Size(self.in_shape), self.out_shape,
-                torch.channels_last if nhwc else torch.contiguous_format, bool(self.plan.residual),
-                self.plan.output_alignment)
+                torch.channels_last if nhwc else torch.contiguous_format, bool(self.launch_plan.residual),
+                self.launch_plan.output_alignment)
 
     def __call__(self, x, out=None, residual=None):
         # The common call (a 4-D x as compiled, a fresh output, the residual where compiled with one) costs
@@ -218,7 +217,7 @@ class ConvKernel(LoadedPlanKernel):
         if batch > 65535:
             raise ValueError(f"x has a batch of {batch}; one launch takes at most 65535: split the batch")
         shape = (*x.shape[:-3], *self.out_shape)
-        if self.plan.residual:
+        if self.launch_plan.residual:
             if residual is None:
                 raise ValueError("the kernel was compiled with residual=True: pass residual= (a tensor shaped like "
                                  "the output), or compile without it")
@@ -248,13 +247,13 @@ class ConvKernel(LoadedPlanKernel):
             x = self.bordered(x, batch)
             # vector stores and residual loads: vec pixels (nchw), runs of channels (nhwc); the copies keep the
             # memory format (empty_like / clone preserve it)
-            align = self.plan.output_alignment
+            align = self.launch_plan.output_alignment
             if out.data_ptr() % align:
                 target = torch.empty_like(out)
             if residual is not None and residual.data_ptr() % align:
                 residual = residual.clone()
             self._zero_partial(target, target.dim() - 3)  # the channel dimension, a logical index in either layout
-        extra = (residual.data_ptr(),) if self.plan.residual else ()
+        extra = (residual.data_ptr(),) if self.launch_plan.residual else ()
         self.launch(x.data_ptr(), target.data_ptr(), batch, current_stream_handle(self.device_index),
                     *extra)
         if target is not out:
@@ -265,11 +264,11 @@ class ConvKernel(LoadedPlanKernel):
         """The raw launch (no checks): device pointers, the batch and a stream handle. For the generated
         mapping x_ptr is the zero-bordered input (k.bordered(x, batch)) and the split output channels
         (plan.partial_rows) are zeroed by the caller first."""
-        tiles, blocks = self.plan.grid
-        self._launch_plan((tiles, blocks, batch), self.plan.threads, stream, x_ptr, y_ptr, *residual_ptr)
+        tiles, blocks = self.launch_plan.grid
+        self._launch_plan((tiles, blocks, batch), self.launch_plan.threads, stream, x_ptr, y_ptr, *residual_ptr)
 
     def __repr__(self) -> str:
-        return (f"ConvKernel({self.plan.name}, compile {self.compile_seconds:.3f}s, "
+        return (f"ConvKernel({self.launch_plan.name}, compile {self.compile_seconds:.3f}s, "
                 f"{'cache hit' if self.cache_hit else 'built'})")
 
 
@@ -278,6 +277,10 @@ def _overlap(a, b) -> bool:
     return start < first + b.numel() * b.element_size() and first < start + a.numel() * a.element_size()
 
 
-def build_conv_kernel(plan, device_index: int, cache=None, compiler=None, built: Built | None = None) -> ConvKernel:
-    """Compile (or fetch from the disk cache) and load a direct convolution plan."""
-    return ConvKernel(plan, built or compile_plan(plan, cache, compiler), device_index)
+def build_conv_kernel(plan, device_index: int, cache=None, compiler=None, built: Built | None = None,
+                      full_plan=None) -> ConvKernel:
+    """Compile (or fetch from the disk cache) and load a direct convolution plan; plan may be a sketch where
+    full_plan makes the whole plan (runtime.kernel.compile_sketch: made only on a miss or when asked for)."""
+    if built is None:
+        built, full_plan = compile_sketch(plan, full_plan, cache, compiler)
+    return ConvKernel(plan, built, device_index, full_plan)

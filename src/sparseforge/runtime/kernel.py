@@ -28,10 +28,14 @@ class LoadedPlanKernel:
     _packed = None  # the launch's parameter block (runtime/launch.py PackedLaunch), built at the first launch
     _max_batch = 65535  # batch entries a launch takes (the grid's z dimension, or the plan's workspace)
 
-    def __init__(self, plan, built: "Built", device_index: int):
+    def __init__(self, plan, built: "Built", device_index: int, full_plan: Callable[[], object] | None = None):
+        """plan: what the launch needs (grid, threads, shapes, split rows); a sketch (plan.sketch) serves when
+        the cubin came from the cache, and `full_plan` then makes the whole plan if someone reads k.plan or
+        k.source (on a cache hit, planning every group's program would cost more than loading the kernel)."""
         import torch
 
         start = time.perf_counter()
+        self._make_full = full_plan
         self.plan, self._source, self.device_index = plan, built.source, device_index
         self._loaded = load_kernel(built.cubin, plan.name, device_index)
         # where W is the code, its size: what a copy of the kernel streams (with_own_weights loads the cubin again)
@@ -49,9 +53,37 @@ class LoadedPlanKernel:
         self._partial = torch.tensor(partial, dtype=torch.long, device=self._device) if partial else None
 
     @property
+    def plan(self):
+        """The kernel's plan (made on first use when the kernel was loaded from the cache by a sketch)."""
+        if self._full is None:
+            if self._make_full is None:
+                return self._launch
+            self._full = self._make_full()
+        return self._full
+
+    @plan.setter
+    def plan(self, plan) -> None:
+        """What the launch reads; the whole plan too unless it is a sketch."""
+        self._launch = plan
+        self._max_batch = min(65535, getattr(plan, "max_batch", 65535))
+        self._lean = None  # the fast call's signature, made again for this plan
+        self._full = None if getattr(plan, "sketch", False) else plan
+
+    @property
+    def launch_plan(self):
+        """What a launch reads (grid, threads, shapes, split rows): the plan, or its sketch where the kernel came
+        from the cache and nobody asked for the whole plan."""
+        return self._launch
+
+    @property
     def mapping(self) -> str:
         """Which mapping of the work this kernel is: see plan.mapping."""
-        return self.plan.mapping
+        return self._launch.mapping
+
+    @property
+    def config(self):
+        """The config the kernel was built from (its plan's, read without making the whole plan)."""
+        return self._launch.config
 
     @property
     def weight_bytes(self) -> int:
@@ -71,7 +103,7 @@ class LoadedPlanKernel:
         the copy is a second load of the kernel's cubin, which the caller passes (the kernel keeps none: it
         can be megabytes); release() unloads it once no graph replays it."""
         twin = copy.copy(self)
-        launch_plan = self._launch if hasattr(self, "_launch") else self.plan
+        launch_plan = self._launch
         twin._weight_tensors, twin._data, twin._workspace = weight_data(launch_plan, self._device, fresh=True)
         if self.code_bytes:
             if cubin is None:
@@ -93,7 +125,7 @@ class LoadedPlanKernel:
         """W dense in `out` (M x K, a torch tensor on the kernel's device) from the kernel's own device arrays,
         where its family can (mappings.registry: dense_writer, a kernel writing W over the same arrays; else
         densify, torch ops); None where it cannot (W is its code, or a family without either hook)."""
-        launch_plan = self._launch if hasattr(self, "_launch") else self.plan
+        launch_plan = self._launch
         family = plan_family(launch_plan)
         if not self._weight_tensors:
             return None
@@ -118,9 +150,7 @@ class LoadedPlanKernel:
             raise RuntimeError("the dense writer failed to build before")
         if twin is None:
             twin = copy.copy(self)
-            twin.plan = plan
-            if hasattr(self, "_launch"):
-                twin._launch = plan
+            twin._make_full, twin.plan = None, plan
             twin._loaded, twin._packed = load_kernel(compile_plan(plan).cubin, plan.name, self.device_index), None
             self.__dict__["_dense_writer"] = twin
         out.zero_()
@@ -148,7 +178,7 @@ class LoadedPlanKernel:
         """The launch of any loaded plan: input, output, W's device arrays where the kernel reads W as data
         (a generated kernel has none: W is its code), then the residual where the plan adds one."""
         args = (input_ptr, output_ptr, *(self._data or ()), *residual_ptr)
-        shared = getattr(self._launch if hasattr(self, "_launch") else self.plan, "dynamic_shared_bytes", 0)
+        shared = getattr(self._launch, "dynamic_shared_bytes", 0)
         packed = self._packed
         if packed is None or packed.shape != (threads, len(args), shared):
             packed = self._packed = self._loaded.packed(threads, len(args), shared)
@@ -212,35 +242,6 @@ class SpmmKernel(LoadedPlanKernel):
     """
 
     _lean = None  # the fast call's signature (_lean_signature), False where the plan never takes it
-
-    def __init__(self, plan, built: "Built", device_index: int, full_plan: Callable[[], object] | None = None):
-        """plan: what the launch needs (grid, threads, shapes, split rows); a sketch (plan.sketch) serves when
-        the cubin came from the cache, and `full_plan` then makes the whole plan if someone reads k.plan or
-        k.source (on a cache hit, planning every group's program would cost more than loading the kernel)."""
-        self._make_full = full_plan
-        super().__init__(plan, built, device_index)
-
-    @property
-    def plan(self):
-        """The kernel's plan (made on first use when the kernel was loaded from the cache by a sketch)."""
-        if self._full is None:
-            if self._make_full is None:
-                return self._launch
-            self._full = self._make_full()
-        return self._full
-
-    @plan.setter
-    def plan(self, plan) -> None:
-        """What the launch reads; the whole plan too unless it is a sketch."""
-        self._launch = plan
-        self._max_batch = min(65535, getattr(plan, "max_batch", 65535))
-        self._lean = None  # the fast call's signature (__call__), made again for this plan
-        self._full = None if getattr(plan, "sketch", False) else plan
-
-    @property
-    def mapping(self) -> str:
-        """Which mapping of the work this kernel is: see plan.mapping."""
-        return self._launch.mapping
 
     @property
     def dense_faster(self) -> bool | None:
@@ -562,22 +563,31 @@ def compile_plan(plan, cache: KernelCache | None = None, compiler=None) -> Built
     return compile_source(key, plan.arch, lambda: render(plan), cache, compiler)
 
 
+def compile_sketch(plan, full_plan: Callable[[], object] | None, cache: KernelCache | None = None, compiler=None
+                   ) -> tuple[Built, Callable[[], object] | None]:
+    """(the cubin of `plan`, what makes its whole plan, once). plan may be a sketch (plan.sketch) where full_plan
+    makes the whole plan: it is looked up by the sketch's key (the whole plan's), and the whole plan is made only
+    on a miss (to render it) or when asked for later. No CUDA call: the chooser runs it in threads."""
+    if not getattr(plan, "sketch", False):
+        return compile_plan(plan, cache, compiler), full_plan
+    if full_plan is None:
+        raise ValueError("a sketch plan cannot be rendered: pass full_plan (it makes the whole plan)")
+    made: list = []
+
+    def full():
+        if not made:
+            made.append(full_plan())
+        return made[0]
+
+    compiler = compiler or default_compiler()
+    return compile_source(plan_key(plan, compiler.version), plan.arch, lambda: render(full()), cache, compiler), full
+
+
 def build_kernel(plan, device_index: int, cache: KernelCache | None = None, compiler=None,
                  built: Built | None = None, full_plan: Callable[[], object] | None = None) -> SpmmKernel:
     """Compile (or fetch from the disk cache) and load the kernel of `plan` (built: already compiled).
     plan may be a sketch (plan.sketch) when full_plan makes the whole plan: it is made only if the cache
-    misses (to render it) or someone reads k.plan / k.source."""
-    if built is None and getattr(plan, "sketch", False):
-        if full_plan is None:
-            raise ValueError("a sketch plan cannot be rendered: pass full_plan (it makes the whole plan)")
-        made: list = []
-
-        def full():
-            if not made:
-                made.append(full_plan())
-            return made[0]
-
-        compiler = compiler or default_compiler()
-        built = compile_source(plan_key(plan, compiler.version), plan.arch, lambda: render(full()), cache, compiler)
-        return SpmmKernel(plan, built, device_index, full)
-    return SpmmKernel(plan, built or compile_plan(plan, cache, compiler), device_index, full_plan)
+    misses (to render it) or someone reads k.plan / k.source (compile_sketch)."""
+    if built is None:
+        built, full_plan = compile_sketch(plan, full_plan, cache, compiler)
+    return SpmmKernel(plan, built, device_index, full_plan)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import os
 import threading
 import time
 import warnings
@@ -23,6 +22,8 @@ from concurrent import futures
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
+
+from .. import env
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class PrebuildRun:
                  what: str = "problems", processes: bool = False):
         self._started = time.perf_counter()
         self._what, self._count = what, len(jobs)
-        self.workers = max(1, min(workers or os.cpu_count() or 1, max(1, len(jobs))))
+        self.workers = max(1, min(workers or env.cpu_cores(), max(1, len(jobs))))
         self._stop = threading.Event()
         self._number = None
         if processes and can_fork() and len(jobs) > 1:

@@ -35,6 +35,11 @@ class Split24Kernel:
 
     mapping = "split-24"
     layout = "nk"
+
+    @property
+    def config(self):
+        """The split-24 config the kernel was built from (as an SpmmKernel's config)."""
+        return self.plan.config
     takes_rows_unchecked = False  # nn.SparseLinear's lean path hands rows to SpmmKernels only
 
     def __init__(self, plan, device_index: int, tune_budget: float | None = 1.0, residual_kernel=None,

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
+
+from .. import env
 
 # A sparse path is taken over dense only when it measured at least this much faster: medians of repeated
 # CUDA-event timings still move by ~1-2% between runs, and a tie is better served by the path with no
@@ -208,7 +209,7 @@ def to_compile(records: Sequence[dict], budget_s: float, top: int = TOP, cores: 
 def within_budget(records: Sequence[dict], order: list[int], budget_s: float, cores: int | None = None) -> list[int]:
     """The prefix of `order` whose predicted compile seconds (records[i]["predicted_compile_s"]), spread over
     the machine's cores, fit in budget_s; never empty."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or env.cpu_cores()
     kept, spent = [], 0.0
     for i in order:
         spent += records[i].get("predicted_compile_s", 0.0) / cores

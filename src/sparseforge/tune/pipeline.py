@@ -12,7 +12,7 @@ import numpy as np
 from ..codegen import render
 from ..mappings.registry import CONV, SPMM, families, family_of, family_recorded, find_family, plan_family
 from ..plan.plan import fp32_bias
-from ..runtime import compile_plan, default_compiler
+from ..runtime import compile_plan, compile_sketch, default_compiler
 from ..runtime.kernel import compile_source, plan_key
 from .choose import Choice, rank, to_compile
 from .cost import estimate
@@ -174,7 +174,11 @@ def describe(plan) -> dict:
 
 
 def compile_candidate(make, plan, compiler=None):
-    """(the renderable plan, its compiled cubin) of a candidate: what the chooser compiles, in a thread (no CUDA
-    call). A split-24 candidate compiles nothing of its own (R's kernel is chosen when it is loaded): None."""
-    real = renderable(make, plan)
-    return real, None if is_composite(real) else compile_plan(real, compiler=compiler)
+    """(the plan a launch reads, its compiled cubin, what makes the whole plan or None) of a candidate: what the
+    chooser compiles, in a thread (no CUDA call). A generated candidate ranked as a sketch is looked up by the
+    sketch's key, and its whole plan is made only where the cache misses (to render it) or something reads
+    k.plan: a prebuilt candidate is loaded and timed without it (a large layer's whole plan takes 0.1-0.7 s of
+    Python). A split-24 candidate compiles nothing of its own (R's kernel is chosen when it is loaded): None."""
+    if getattr(plan, "sketch", False):
+        return (plan, *compile_sketch(plan, lambda: make(plan.config), compiler=compiler))
+    return plan, None if is_composite(plan) else compile_plan(plan, compiler=compiler), None

@@ -214,15 +214,13 @@ class _Choice:
 
 
 class _FakeKernel:
-    """What _path needs of a kernel: its chooser's graph-replay times, a mapping name, its plan's config, and a
+    """What _path needs of a kernel: its chooser's graph-replay times, a mapping name, its config, and a
     call."""
     mapping, weight_bytes = "fake", 0
 
     def __init__(self, layer, sparse_us, dense_us):
-        from types import SimpleNamespace
-
         self.choice, self.layer, self.calls = _Choice(sparse_us, dense_us), layer, 0
-        self.plan = SimpleNamespace(config=CsrConfig())
+        self.config = CsrConfig()
 
     def __call__(self, x, residual=None):
         self.calls += 1
@@ -279,7 +277,7 @@ def test_a_width_dense_in_a_graph_is_not_timed_eagerly(monkeypatch):
     assert layer._path(3, torch.randn(3, 32)) is None
     assert layer.decisions[0].path == "dense" and layer.eager_decisions == []
     # the kernel that lost is remembered for callers that keep no dense W (a decoder layer runs it anyway)
-    assert layer.kernel_configs() == {} and layer.fastest_kernel_configs() == {3: kernel.plan.config}
+    assert layer.kernel_configs() == {} and layer.fastest_kernel_configs() == {3: kernel.config}
     assert layer.timed_configs(3) == [TimedConfig(CsrConfig(), 9.0)] and layer.timed_configs(5) == []
 
 

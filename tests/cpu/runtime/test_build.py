@@ -113,3 +113,44 @@ def test_a_sketch_on_a_cache_miss_renders_the_whole_plan_once(tmp_path, fake_gpu
     assert not kernel.cache_hit and made == [1] and "fma.rn.f32" in kernel.source and made == [1]
     with pytest.raises(ValueError, match="pass full_plan"):
         kernel_module.build_kernel(sketch_plan(w, 32), 0, cache=KernelCache(tmp_path, enabled=True))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_conv_sketch_loads_the_cached_kernel_and_makes_the_whole_plan_only_when_asked(tmp_path, fake_gpu,
+                                                                                        monkeypatch, layout):
+    """A convolution's cached winner and the chooser's prebuilt candidates load from the sketch: its key, name
+    and every launch figure are the whole plan's, and the whole plan (0.1-0.7 s of Python on a large layer) is
+    made only when k.plan is read."""
+    import torch
+
+    from sparseforge.conv import _conv_problem, _planner
+    from sparseforge.runtime import conv as conv_runtime
+    from sparseforge.runtime.kernel import plan_key
+
+    rng = np.random.default_rng(6)
+    weight = rng.standard_normal((16, 8, 3, 3)) * (rng.random((16, 8, 3, 3)) < 0.3)
+    w, geometry, name, bias = _conv_problem(weight, (2, 8, 10, 10), 1, 1, 1, 1, "float16", np.arange(16.0), layout,
+                                            None)
+    make = _planner(w, geometry, name, bias, False, False, 90)
+    for config in (TileConfig(4, 2, 2, 8, 1, 5), TileConfig(4, 2, 2)):  # split groups (rows zeroed first), whole
+        full, sketch = make(config), make(config, sketch=True)
+        assert sketch.sketch and not full.sketch and bool(full.partial_rows) == bool(config.segment_nnz)
+        assert plan_key(sketch, "v") == plan_key(full, "v") and sketch.name == full.name
+        for figure in ("grid", "threads", "partial_rows", "shifts", "plane", "output_alignment", "output_strides",
+                       "residual", "bordered", "config"):
+            assert getattr(sketch, figure) == getattr(full, figure), figure
+    monkeypatch.setattr(conv_runtime.ConvKernel, "_bordered_buffer", lambda self, batch: torch.zeros(1))
+    monkeypatch.setattr(kernel_module, "weight_data", lambda plan, device, fresh=False: ((), None, None))
+    cache, compiler = KernelCache(tmp_path, enabled=True), PtxasCompiler.available()
+    conv_runtime.build_conv_kernel(full, 0, cache=cache, compiler=compiler)
+    made = []
+
+    def whole():
+        made.append(1)
+        return make(config)
+
+    monkeypatch.setattr(kernel_module, "render", lambda plan: (_ for _ in ()).throw(AssertionError("rendered")))
+    hit = conv_runtime.build_conv_kernel(sketch, 0, cache=cache, compiler=compiler, full_plan=whole)
+    assert hit.cache_hit and hit.launch_plan is sketch and hit.config == full.config and hit.layout == layout
+    assert hit.mapping == full.mapping and hit.in_shape == (8, 10, 10) and not made
+    assert hit.plan.groups == full.groups and made == [1] and hit.plan is hit.plan

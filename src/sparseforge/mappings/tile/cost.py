@@ -52,7 +52,7 @@ def groups_estimate(plan, batch: int, gpu: Gpu) -> Estimate:
         border = gpu.border_copy_us * (1 if copies == 1 else 2) \
             + 2 * copies * g.channels * g.height * g.width * es * batch / gpu.hbm_bytes_per_s * 1e6
         terms["border"] = border
-    compile_s = tile_compile_seconds(plan.nnz, vec, c.inline)
+    compile_s = tile_compile_seconds(plan.nnz, vec, c.inline, bordered=plan.bordered)
     return Estimate(gpu.launch_us + border + max(v for k, v in terms.items() if k != "border"), terms, compile_s)
 
 
@@ -65,12 +65,16 @@ def _nhwc_store_spread(plan) -> float:
     return max(1.0, min(32, plan.M * plan.element_bytes) / max(run_bytes, 1))
 
 
-def tile_compile_seconds(nnz: int, vec: int, inline: bool) -> float:
+def tile_compile_seconds(nnz: int, vec: int, inline: bool, bordered: bool = False) -> float:
     """Predicted cold compile of a generated kernel with `nnz` nonzeros at vector width `vec` (one FMA a
     nonzero and column of the vector): known from the config and W's nonzero count alone, so a config can be
-    dropped before its plan is made."""
+    dropped before its plan is made. bordered: a convolution's, whose every distinct (channel, tap) is a load
+    at its own offset into the bordered image: about 95 bytes of PTX a nonzero against an SpMM's fewer."""
     if inline:  # one module compiled whole, superlinear (ptxas 13.0: 0.17 s at 1.6k FMAs, 4.1 s at 30k)
         return 0.05 + (nnz * vec) ** 1.1 / 2e4
+    if bordered:  # measured with ptxas 13.0, its plan and render included, one core: 99 rn50 90% candidates,
+        # 0.3 s at 6.5k nonzeros x vec, 1.3 s at 26k, 2.5 s at 52k, 5-6 s at 105k, 14 s at 236k
+        return 0.08 + nnz * vec / 2.0e4
     return 0.3 + nnz * vec / 6e4  # measured: median 0.8 s per rn50 90% matrix (20-50k nonzeros) on 2-16 cores
 
 

@@ -69,7 +69,8 @@ def test_it_compiles_nothing_of_its_own_and_its_record_round_trips(tmp_path, mon
     monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path))
     w = _w(32, 64, 0.2)
     make = lambda cfg, sketch=False: _make_plan(w, 256, "float16", "nk", cfg, None, False, 90, sketch)  # noqa: E731
-    real, built = compile_candidate(make, make(Split24Config()))
+    real, built, full_plan = compile_candidate(make, make(Split24Config()))
+    assert full_plan is None
     assert real.family == "split-24" and built is None and not list(tmp_path.rglob("*.cubin"))
     record = _config_record(Split24Config())
     assert record == {"family": "split-24", "config": {}} and _config_from_record(record) == Split24Config()
