@@ -6,9 +6,10 @@
 # Stages (each step runs under `timeout`; a benchmark rewrites its JSON after every case, so a cut step keeps
 # what it measured):
 #   probe         GPU, driver, ptxas, torch and cuSPARSELt versions
-#   tests         the whole tests/gpu suite (16 xdist workers, 366 s; TESTS_S 480), then the tests that time (marker
-#                 serial) alone; GPU_TESTS names some of its files instead (those the code changed since the last
-#                 whole run touches)
+#   tests         the whole tests/gpu suite (16 xdist workers: 366 s on one H200, more than 430 s on another), then
+#                 the tests that time (marker serial) alone; GPU_TESTS names some of its files instead (those the code
+#                 changed since the last whole run touches); GPU_TESTS_SHARD=k/n runs every n-th file from the k-th,
+#                 so that the suite spreads over n commands (1/2 then 2/2)
 #   sample        `sparseforge bench` on the bundled 24-matrix DLMC sample, every dtype
 #   spmm          DLMC ResNet-50 layers at batch $BATCH, $SPARSITIES x $DTYPES (the chooser, kn)
 #   transformer   the DLMC Transformer layer-0 matrices (16 a sparsity) at N = 256, $SPARSITIES x $DTYPES, kn
@@ -122,9 +123,14 @@ stage() {
       python3 -c "import nvmath; from nvmath.bindings import cusparseLt as L; print('nvmath', nvmath.__version__, \
 'cuSPARSELt', L.get_version(L.init()))" || echo "no cuSPARSELt: carry .whl for the 2:4 path" ;;
     tests)
-      STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider -n 16 \
-        --dist worksteal -m "not serial"
-      run gpu_tests_serial python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider -m serial ;;
+      local files=${GPU_TESTS:-tests/gpu}
+      if [ -n "${GPU_TESTS_SHARD:-}" ]; then  # k/n: every n-th file of tests/gpu from the k-th (a part per command)
+        local k=${GPU_TESTS_SHARD%/*} n=${GPU_TESTS_SHARD#*/}
+        files=$(ls tests/gpu/test_*.py | awk -v k="$k" -v n="$n" '(NR - k) % n == 0')
+      fi
+      STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest $files -q -p no:cacheprovider -n 16 \
+        --dist worksteal -m "not serial" -rf
+      run gpu_tests_serial python3 -m pytest $files -q -p no:cacheprovider -m serial -rf ;;
     sample)
       run sample $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget "$TUNE" --out "$OUT/sample.json" ;;
     spmm)

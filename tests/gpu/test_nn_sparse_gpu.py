@@ -343,9 +343,9 @@ def test_convert_prebuilds_every_candidate_so_measuring_compiles_nothing(tmp_pat
     loaded = []
     real = kernel_module.LoadedPlanKernel.__init__
 
-    def record(self, plan, built, device_index):
+    def record(self, plan, built, device_index, full_plan=None):
         loaded.append(built.hit)
-        real(self, plan, built, device_index)
+        real(self, plan, built, device_index, full_plan)
 
     monkeypatch.setattr(kernel_module.LoadedPlanKernel, "__init__", record)
     report = convert(model, x, tune_budget=1.0, time_model=False)
