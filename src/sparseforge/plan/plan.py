@@ -338,6 +338,31 @@ def split_group(group: RowGroup, segment_nnz: int) -> list[RowGroup]:
     return [RowGroup(group.rows, columns, i, len(cuts)) for i, columns in enumerate(cuts)]
 
 
+def split_counts(uses: np.ndarray, segment_nnz: int) -> list[tuple[int, int]]:
+    """(nonzeros, distinct k) of each piece split_group cuts a group into, from its columns' use counts in k
+    order, without building the columns: a cut i falls on the first column after cut i - 1 whose running load
+    reaches i / pieces of the group's, so one heavy column can take two cuts' share and leave fewer pieces."""
+    load = np.cumsum(uses)
+    total = int(load[-1]) if len(load) else 0
+    if not segment_nnz or total <= segment_nnz:
+        return [(total, len(uses))]
+    pieces = math.ceil(total / segment_nnz)
+    target = total / pieces
+    ends, start = [], 0  # the last column of each piece
+    while len(ends) < pieces - 1 and start < len(load):
+        column = start + int(np.searchsorted(load[start:], target * (len(ends) + 1), side="left"))
+        if column >= len(load):
+            break
+        ends.append(column)
+        start = column + 1
+    if start < len(load):
+        ends.append(len(load) - 1)
+    if len(ends) == 1:
+        return [(total, len(uses))]
+    bounds = [-1, *ends]
+    return [(int(load[b] - (load[a] if a >= 0 else 0)), b - a) for a, b in zip(bounds, bounds[1:])]
+
+
 def _check_split(config: TileConfig, relu: bool, dtype: str, arch: int) -> None:
     if not config.segment_nnz:
         return
@@ -466,14 +491,17 @@ def sketch_plan(w: SparseMatrix, n: int, dtype: str = "float32", layout: str = D
         keys = np.sort(group_of_nonzero * w.shape[1] + w.indices)
         keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if keys.size else keys
         width = np.bincount(keys // w.shape[1], minlength=len(rows))
+    uses = None
+    if config.segment_nnz and (nnz > config.segment_nnz).any():  # each (group, k)'s uses, in k order per group
+        keys, counts = np.unique(group_of_nonzero * w.shape[1] + w.indices, return_counts=True)
+        starts = np.searchsorted(keys // w.shape[1], np.arange(len(rows) + 1))
+        uses = (counts, starts)
     groups = []
-    for members, count, distinct in zip(rows, nnz.tolist(), width.tolist()):
-        pieces = 1
-        if config.segment_nnz and count > config.segment_nnz:  # cut along distinct k, as split_group does
-            pieces = max(1, min(math.ceil(count / config.segment_nnz), distinct))
-        # the pieces partition the group's nonzeros and its distinct k: the first ones take the remainders
-        groups += [GroupSketch(members, count // pieces + (i < count % pieces), distinct // pieces + (i < distinct % pieces),
-                               i, pieces) for i in range(pieces)]
+    for g, (members, count, distinct) in enumerate(zip(rows, nnz.tolist(), width.tolist())):
+        pieces = [(count, distinct)]
+        if uses is not None and count > config.segment_nnz:  # cut where split_group cuts: the launch reads the grid
+            pieces = split_counts(uses[0][uses[1][g]:uses[1][g + 1]], config.segment_nnz)
+        groups += [GroupSketch(members, c, d, i, len(pieces)) for i, (c, d) in enumerate(pieces)]
     plan = Plan(w.shape[0], w.shape[1], n, layout, dtype, config, tuple(groups), bias_values, relu, arch, w.digest())
     check_launch(plan.grid)
     return plan

@@ -27,6 +27,7 @@ class LoadedPlanKernel:
 
     _packed = None  # the launch's parameter block (runtime/launch.py PackedLaunch), built at the first launch
     _max_batch = 65535  # batch entries a launch takes (the grid's z dimension, or the plan's workspace)
+    _make_full = None  # what makes the whole plan where the kernel was loaded from a sketch
 
     def __init__(self, plan, built: "Built", device_index: int, full_plan: Callable[[], object] | None = None):
         """plan: what the launch needs (grid, threads, shapes, split rows); a sketch (plan.sketch) serves when
