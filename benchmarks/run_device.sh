@@ -60,7 +60,8 @@
 #   gated_mlp     the Llama MLP's gate and up in one kernel against the pair apart and dense, 14336 x 4096 at
 #                 50 / 70 / 90%, fp16, weights rotated: bitmap-tc at N = 8, then delta-runs at N = 1
 #                 (benchmarks/gated_mlp.py)
-#   timing        graph timing beside busy Python threads, held and unheld (benchmarks/timing_contention.py)
+#   timing        graph timing beside busy Python threads, held and unheld; then beside a thread syncing on the
+#                 default stream, held on the current stream or on one of its own (benchmarks/timing_contention.py)
 #   bench24       2:4 on Sparse Tensor Cores against cuBLAS and torch's semi-structured path
 #   minilm24      examples/minilm_24.py on the GPU (needs .minilm/model)
 #
