@@ -9,7 +9,8 @@
 #   tests         the whole tests/gpu suite (16 xdist workers: 366 s on one H200, more than 430 s on another), then
 #                 the tests that time (marker serial) alone; GPU_TESTS names some of its files instead (those the code
 #                 changed since the last whole run touches); GPU_TESTS_SHARD=k/n runs every n-th file from the k-th,
-#                 so that the suite spreads over n commands (1/2 then 2/2)
+#                 so that the suite spreads over n commands (1/2 then 2/2); GPU_TESTS_ARGS adds pytest options
+#                 (e.g. "-v --durations=20": which test ran how long)
 #   sample        `sparseforge bench` on the bundled 24-matrix DLMC sample, every dtype
 #   spmm          DLMC ResNet-50 layers at batch $BATCH, $SPARSITIES x $DTYPES (the chooser, kn)
 #   transformer   the DLMC Transformer layer-0 matrices (16 a sparsity) at N = 256, $SPARSITIES x $DTYPES, kn
@@ -33,6 +34,7 @@
 #                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
 #   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70%, 50%, then 2:4
 #                 (LLAMA_HF_PATTERNS picks some of them)
+#   llama_hf_24   llama_hf_b1 for 2:4 alone, its decode step only (one conversion, no generate): the shortest 2:4 run
 #   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
 #   llama_hf_memory  llama_hf_b1 with memory_slack 0.07 (a layer may give 7% of its decode time for fewer bytes of
 #                 W), 70% then 50%: the decoder Linears' memory against their speed
@@ -130,8 +132,8 @@ stage() {
         files=$(ls tests/gpu/test_*.py | awk -v k="$k" -v n="$n" '(NR - k) % n == 0')
       fi
       STEP_S=${TESTS_S:-480} run gpu_tests python3 -m pytest $files -q -p no:cacheprovider -n 16 \
-        --dist worksteal -m "not serial" -rf
-      run gpu_tests_serial python3 -m pytest $files -q -p no:cacheprovider -m serial -rf ;;
+        --dist worksteal -m "not serial" -rf ${GPU_TESTS_ARGS:-}
+      run gpu_tests_serial python3 -m pytest $files -q -p no:cacheprovider -m serial -rf ${GPU_TESTS_ARGS:-} ;;
     sample)
       run sample $SF bench src/sparseforge/data/dlmc_sample --dtype all --tune-budget "$TUNE" --out "$OUT/sample.json" ;;
     spmm)
@@ -197,6 +199,9 @@ stage() {
     llama_hf_b1)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns "${LLAMA_HF_PATTERNS:-0.7,0.5,2:4}" \
         --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_b1_fp16.json" ;;
+    llama_hf_24)
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_24_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 2:4 \
+        --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --no-warm --out "$OUT/llama_hf_24_fp16.json" ;;
     llama_hf_memory)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_memory_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 \
         --patterns 0.7,0.5 --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --memory-slack 0.07 \
