@@ -62,7 +62,10 @@ def _record(module: nn.Module) -> dict | None:
     if isinstance(module, SparseLinear24):
         return {"class": "SparseLinear24", "in_features": module.in_features, "out_features": module.out_features,
                 "bias": module.bias is not None, "dtype": _dtype_name(module.weight.dtype), "policy": module.policy,
-                "min_speedup": module.min_speedup, "decisions": [d.as_dict() for d in module.decisions]}
+                "min_speedup": module.min_speedup, "decisions": [d.as_dict() for d in module.decisions],
+                # the paths it runs (measured or pinned), so that loading times nothing again
+                "pinned": {str(n): list(paths) for n, paths in sorted({**module.chosen_paths(),
+                                                                       **module.pinned}.items())}}
     if isinstance(module, SparseConv2d):
         return {"class": "SparseConv2d", "in_channels": module.in_channels, "out_channels": module.out_channels,
                 "kernel_size": list(module.kernel_size), "stride": list(module.stride),
@@ -95,8 +98,14 @@ def _build(record: dict, device) -> nn.Module:
         layer.pin(pinned)
         return layer
     if kind == "SparseLinear24":
-        return SparseLinear24(record["in_features"], record["out_features"], record["bias"], device, dtype,
-                              record["policy"], record["min_speedup"])
+        layer = SparseLinear24(record["in_features"], record["out_features"], record["bias"], device, dtype,
+                               record["policy"], record["min_speedup"])
+        try:
+            layer.pin({int(n): tuple(paths) for n, paths in record.get("pinned", {}).items()})
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise SavedModelError(f"a saved 2:4 layer's pinned paths are not readable ({exc}): save the model "
+                                  "again") from exc
+        return layer
     if kind == "SparseConv2d":
         return SparseConv2d(record["in_channels"], record["out_channels"], tuple(record["kernel_size"]),
                             tuple(record["stride"]), tuple(record["padding"]), tuple(record["dilation"]),

@@ -297,3 +297,64 @@ def test_a_gated_mlp_at_eight_tokens_runs_the_bitmap_tc_gated_kernel():
         for got in (eager, captured):
             assert torch.isfinite(got).all()
             assert ((got.double() - want).norm() / want.norm()).item() <= 5e-3, n
+
+
+def test_2of4_groups_run_their_first_layers_paths_saved_reused_and_counted(tmp_path, monkeypatch):
+    """A 2:4-pruned model whose decoder Linears the chooser takes to 2:4 (forced here: the tiny shapes may not
+    pay): every later layer of a shape runs the paths its first layer measured (pinned, nothing timed), the
+    copies of W no chosen path reads are released and the rest counted, a second conversion measures nothing,
+    and a saved model loads with the same paths; the logits stay within the dense model's own error."""
+    from sparseforge.nn import SparseLinear24, convert as convert_module
+    from sparseforge.semi import decide as decide_module
+    from sparseforge.semi.decide import GEMV, SPARSE
+    from sparseforge.tune import choose
+
+    real = choose.fastest_with_margin
+
+    def two_four_first(times, baseline, margin):  # the faster 2:4 path wherever one is timed
+        paths = [path for path in times if path in (SPARSE, GEMV)]
+        if not paths:
+            return real(times, baseline, margin)
+        path = min(paths, key=times.get)
+        return path, times[baseline] / times[path]
+
+    for module in (choose, convert_module, decide_module):
+        monkeypatch.setattr(module, "fastest_with_margin", two_four_first)
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).eval()
+    prune_model(dense, nm="2:4", include=r"^model\.layers\.", keep_masks=False)
+    dense = dense.to("cuda", torch.float16)
+    model = copy.deepcopy(dense)
+    report = sparseforge.convert(model, tokens=(1, 8), tune_budget=0.5, progress=False)
+    two_four = [layer for layer in report.layers if layer.choice == SPARSE]
+    assert len(two_four) == 14, [(layer.name, layer.choice, layer.reason) for layer in report.layers]
+    by_shape = {}
+    for layer in two_four:
+        inner = model.get_submodule(layer.name).inner
+        assert isinstance(inner, SparseLinear24)
+        paths = inner.chosen_paths()
+        first = by_shape.setdefault(tuple(layer.weight_shape), (layer.name, paths))
+        assert paths and all(first[1][n] == pair for n, pair in paths.items()), (layer.name, paths, first)
+        if layer.name != first[0]:
+            assert inner.pinned == paths and layer.reason.startswith(f"as {first[0]}"), layer.reason
+        held = inner.runtime().device_bytes()
+        used = {path for pair in paths.values() for path in pair}
+        assert (held["compressed"] > 0) == (SPARSE in used) and (held["packed"] > 0) == (GEMV in used)
+        bias = 0 if inner.bias is None else inner.bias.numel() * 2
+        assert inner.memory_bytes()["total"] == inner.weight.numel() * 2 + bias + sum(held.values())
+    ids = _ids(1, 5)
+    with torch.no_grad():
+        want = copy.deepcopy(dense).double()(ids).logits
+        dense_error = ((dense(ids).logits.double() - want).norm() / want.norm()).item()
+        error = ((model(ids).logits.double() - want).norm() / want.norm()).item()
+    assert error <= 1.5 * dense_error + 1e-4, (error, dense_error)
+    again = copy.deepcopy(dense)
+    second = sparseforge.convert(again, tokens=(1, 8), tune_budget=0.5, progress=False)
+    assert second.measured == 0 and [layer.choice for layer in second.layers] == [layer.choice for layer in report.layers]
+    loaded = sparseforge.load(sparseforge.save(model, tmp_path / "tiny24"), device="cuda")
+    for layer in two_four:
+        original, copied = model.get_submodule(layer.name).inner, loaded.get_submodule(layer.name).inner
+        assert copied.pinned == {**original.chosen_paths(), **original.pinned}
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-3, atol=1e-3)

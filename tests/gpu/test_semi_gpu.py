@@ -250,7 +250,8 @@ def test_modes_that_differ_run_their_own_path_eagerly_and_in_a_graph(monkeypatch
         Decision(n, "dense", "forced by the test", mode="eager"), Decision(n, "2:4", "forced by the test", mode="graph")))
     ran = []
     real = runtime_module._run_padded
-    monkeypatch.setattr(runtime_module, "_run_padded", lambda plan, x: ran.append(x.shape[0]) or real(plan, x))
+    monkeypatch.setattr(runtime_module, "_run_padded", lambda plan, x, compressed=None: ran.append(x.shape[0]) or
+                        real(plan, x, compressed))
     w = weight_24(256, 512, torch.float16)
     runtime = Linear24Runtime(w, None)
     x = torch.randn(32, 512, device="cuda").half()
@@ -301,3 +302,56 @@ def test_a_fresh_process_captures_a_width_that_falls_back_to_dense():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_copies_of_w_that_timing_rotates_give_the_same_product(dtype):
+    """cuSPARSELt's plan run on a copy of its compressed bytes, and the GEMV on its own copy of the packed W,
+    compute what the originals do (the rotated timings time the same product); a copy of the wrong size is
+    refused."""
+    from sparseforge.semi.gemv import Gemv24
+
+    w = weight_24(512, 256, dtype)
+    x = torch.randn(8, 256, device="cuda").to(dtype)
+    ref = x.double() @ w.double().T
+    compressed = CompressedWeight(w)
+    plan = MatmulPlan(compressed, 8)
+    copy = compressed.data.clone()
+    compressed.data.zero_()  # the plan's own bytes: what a run from the copy must not read
+    out = torch.full((512, plan.padded_n), float("nan"), device="cuda", dtype=dtype)
+    plan.run(padded_input(plan, x), out, copy)
+    assert rel_err(transpose_columns(out, 8), ref) <= TOL[dtype]
+    with pytest.raises(Sparse24Error, match="compressed bytes"):
+        plan.run(padded_input(plan, x), out, copy[:-16])
+    gemv = Gemv24(w)
+    twin = gemv.with_copy_of_w()
+    gemv.packed.values.zero_()
+    assert twin.packed.values.data_ptr() != gemv.packed.values.data_ptr()
+    assert rel_err(twin(x), ref) <= TOL[dtype]
+
+
+def test_pinned_widths_run_their_paths_without_timing_and_release_the_rest(monkeypatch):
+    """A layer pinned to the paths its group's first layer measured times nothing, runs those paths right, and
+    after release_unused holds only what they read."""
+    from sparseforge.semi import runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "_both_us", lambda calls: pytest.fail("a pinned width was timed"))
+    linear = nn.Linear(512, 1024, device="cuda")
+    sparsify_24(nn.Sequential(linear))
+    layer = SparseLinear24.from_dense(linear.half())
+    layer.pin({1: ("2:4-gemv", "2:4-gemv"), 16: ("2:4", "2:4")})
+    for n in (1, 16):
+        x = torch.randn(n, 512, device="cuda").half()
+        with torch.no_grad():
+            got = layer(x)
+        assert rel_err(got, F.linear(x.double(), layer.weight.double(), layer.bias.double())) <= TOL[torch.float16]
+    assert {(d.n, d.path) for d in layer.decisions} == {(1, "2:4-gemv"), (16, "2:4")}
+    runtime = layer.runtime()
+    runtime.release_unused()
+    held = runtime.device_bytes()
+    assert held["compressed"] > 0 and held["packed"] > 0
+    layer.pin({16: ("dense", "dense")})
+    layer(torch.randn(1, 512, device="cuda").half())
+    layer(torch.randn(16, 512, device="cuda").half())
+    layer.runtime().release_unused()
+    assert layer.runtime().device_bytes()["compressed"] == 0 and layer.memory_bytes()["kernels"] > 0

@@ -379,10 +379,9 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
             for n in widths:
                 x = torch.randn(n, module.in_features, generator=generator).to(weight.device, weight.dtype)
                 made += [d for d in semi.runtime().prepare(x)[0].decisions() if d.mode in ("graph", "any")]
-            # The 2:4 runtime times dense beside itself with one copy of W in L2, while the unstructured side
-            # times decode widths with weights rotated through HBM (runtime.timing.ROTATED_MAX_N): each 2:4
-            # width is put on the unstructured side's scale by the ratio of that width's two dense times, so
-            # the paths compare by their speedups over their own dense.
+            # The 2:4 runtime times its paths and dense itself (at decode widths, like the unstructured side,
+            # with weights rotated through HBM): each 2:4 width is put on the unstructured side's scale by the
+            # ratio of that width's two dense times, so the paths compare by their speedups over their own dense.
             own_dense = {d.n: d.dense_us for d in decisions}
             made = [_rescaled(d, own_dense.get(d.n)) for d in made]
             layer.times_us[SPARSE] = _summed(made, "chosen")

@@ -9,7 +9,7 @@ from torch import nn
 from ..ops import register
 from ..semi.cusparselt import ALIGN_BYTES, Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, Decision, fixed
-from ..semi.runtime import Linear24Runtime, check_policy
+from ..semi.runtime import Linear24Runtime, check_pinned, check_policy
 
 
 
@@ -30,7 +30,7 @@ class SparseLinear24(nn.Module):
     paths multiply only the kept weights and may leave them finite. Rely on neither.
 
     Memory: the masked dense weight is kept next to the compressed one (about 0.56x of it), since dense
-    is the fallback."""
+    is the fallback; memory_bytes() counts both, and the packed GEMV weight where a decision uses it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=torch.float16, policy: str = "measure", min_speedup: float = MIN_SPEEDUP):
@@ -45,6 +45,7 @@ class SparseLinear24(nn.Module):
         self._runtime: Linear24Runtime | None = None
         self._runtime_key: tuple | None = None
         self._capture_fallbacks: dict[int, Decision] = {}
+        self._pinned: dict[int, tuple[str, str]] = {}
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, policy: str = "measure",
@@ -69,6 +70,32 @@ class SparseLinear24(nn.Module):
             if self.bias is not None:
                 linear.bias.copy_(self.bias)
         return linear
+
+    def pin(self, paths: dict) -> None:
+        """Run these paths, one (eager, graph) pair per input width ({n: ("2:4-gemv", "2:4-gemv")}, e.g. what a
+        layer of the same shape measured: chosen_paths()), nothing timed; the widths not given are decided as
+        the policy says."""
+        self._pinned = {**self.pinned, **check_pinned(paths)}
+        self._runtime, self._runtime_key = None, None  # decided again, from the pins, at the next call or prepare
+
+    @property
+    def pinned(self) -> dict[int, tuple[str, str]]:
+        """{input width: (eager path, graph path)} given to pin."""
+        return dict(self.__dict__.get("_pinned", {}))  # a layer pickled before pins had none
+
+    def chosen_paths(self) -> dict[int, tuple[str, str]]:
+        """{input width: (eager path, graph path)} the runtime decided (outside a CUDA graph capture), for pin on
+        a layer of the same shape."""
+        return {} if self._runtime is None else self._runtime.chosen_paths()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes the layer holds on its device: its dense W ("weight", the fallback, a parameter), the copies of W
+        its runtime holds ("kernels": cuSPARSELt's compressed W, the packed GEMV weight, the plans' workspaces),
+        the bias. "dense" is a dense W beyond the parameters (none: the weight is one)."""
+        weight = self.weight.numel() * self.weight.element_size()
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        kernels = 0 if self._runtime is None else sum(self._runtime.device_bytes().values())
+        return {"weight": weight, "kernels": kernels, "dense": 0, "bias": bias, "total": weight + kernels + bias}
 
     @property
     def decisions(self) -> list[Decision]:
@@ -128,7 +155,7 @@ class SparseLinear24(nn.Module):
                                 "a CUDA device (model.cuda())")
         if torch.cuda.is_current_stream_capturing():
             return None
-        self._runtime = Linear24Runtime(self.weight, self.bias, self.policy, self.min_speedup)
+        self._runtime = Linear24Runtime(self.weight, self.bias, self.policy, self.min_speedup, self.pinned)
         self._runtime_key = self._current_key()
         return self._runtime
 

@@ -36,6 +36,7 @@ from ..ops import register
 from ..prune.targets import LayerFilter, Skipped, select_layers
 from ..runtime.compiler import CompileError
 from ..semi.cusparselt import Sparse24Error, check_weight
+from ..semi.runtime import check_pinned
 from ..semi.decide import DENSE, SPARSE, UNSTRUCTURED
 from ..tune.choose import TUNE_BUDGET_S, tuning_budget
 from .convert import LayerReport, ModelReport, measure_layer, prebuild_layers
@@ -189,9 +190,11 @@ class DecodeLinear(nn.Module):
             return
         if inner.weight.is_cuda:
             generator = torch.Generator(device="cpu").manual_seed(0)
-            for n in widths:
-                inner.runtime().prepare(torch.randn(n, self.in_features, generator=generator).to(inner.weight.device,
-                                                                                                 inner.weight.dtype))
+            runtime = inner.runtime()
+            for n in (n for n in widths if not runtime.decided(n)):  # decided at conversion: kept
+                runtime.prepare(torch.randn(n, self.in_features, generator=generator).to(inner.weight.device,
+                                                                                         inner.weight.dtype))
+            runtime.release_unused(widths)  # the widths it runs on 2:4: the copies of W no path of theirs reads go
 
     def dense_weight(self, x: torch.Tensor | None = None) -> torch.Tensor:
         """W dense (out_features x in_features) for a dense call on `x`: a SparseLinear24's own weight, else the
@@ -226,9 +229,7 @@ class DecodeLinear(nn.Module):
         """Bytes the layer holds on its device (the kernels' copies of W included; the shared prefill
         workspace not: prefill_workspace_bytes counts it once per shape)."""
         inner = self.inner
-        if isinstance(inner, SparseLinear):
-            return inner.memory_bytes()["total"]
-        return sum(t.numel() * t.element_size() for t in (*inner.parameters(), *inner.buffers()))
+        return inner.memory_bytes()["total"]
 
 
 class GatedDecodeMLP(nn.Module):
@@ -405,9 +406,9 @@ def model_bytes(model: nn.Module) -> int:
     copies of W, a dense W), less the CSR buffers a SparseLinear keeps in host memory."""
     total = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     for module in model.modules():
-        if isinstance(module, SparseLinear):
+        if isinstance(module, (SparseLinear, SparseLinear24)):
             held = module.memory_bytes()
-            total += held["kernels"] + held["dense"] - held["csr_host"]
+            total += held["kernels"] + held["dense"] - held.get("csr_host", 0)
     return total
 
 
@@ -636,9 +637,10 @@ def store_group_decision(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[st
     report = {"name": first.name, "sparsity": first.sparsity, "input_shapes": first.input_shapes,
               "choice": first.choice, "times_us": first.times_us, "kernel_us": first.kernel_us,
               "mapping": first.mapping, "reason": first.reason}
+    # a kernel config per width, or for 2:4 the (eager, graph) paths per width
+    records = {str(n): list(c) if first.choice == SPARSE else config_record(c) for n, c in configs.items()}
     KernelCache().put_tuned(group_decision_key(key, tokens, tuning, gpu), gpu[1],
-                            {"widths": sorted(widths), "configs": {str(n): config_record(c) for n, c in configs.items()},
-                             "report": report})
+                            {"widths": sorted(widths), "configs": records, "report": report})
 
 
 def load_group_decision(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str, int]) -> tuple | None:
@@ -653,7 +655,10 @@ def load_group_decision(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str
     if record is None:
         return None
     try:
-        configs = {int(n): config_from_record(c) for n, c in record["configs"].items()}
+        if record["report"]["choice"] == SPARSE:
+            configs = check_pinned({int(n): c for n, c in record["configs"].items()})
+        else:
+            configs = {int(n): config_from_record(c) for n, c in record["configs"].items()}
         widths = {int(n) for n in record["widths"]}
         r = record["report"]
         first = LayerReport(f"{r['name']} (an earlier conversion's decision)", "Linear", tuple(key[0]),
@@ -666,6 +671,8 @@ def load_group_decision(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str
         return None
     if first.choice == UNSTRUCTURED and not set(configs) == widths == set(tokens):
         return None  # a decoder layer runs a kernel at every decode width: a record of fewer is not one of ours
+    if first.choice == SPARSE and set(configs) != widths:
+        return None  # 2:4 without its paths at every width it runs (an older record): measured again
     return first, widths, configs
 
 
@@ -892,13 +899,18 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         widths = set()
         if replacement is not None:
             widths = {d.n for d in replacement.decisions if d.path != DENSE and d.mode in ("graph", "any")}
-        configs = replacement.kernel_configs() if isinstance(replacement, SparseLinear) else {}
+        # what the group's other layers run: the kernel configs, or 2:4's paths (cuSPARSELt or the GEMV) per width
+        configs = replacement.kernel_configs() if isinstance(replacement, SparseLinear) else \
+            replacement.chosen_paths() if isinstance(replacement, SparseLinear24) else {}
         decided[group] = (measured, widths, {n: c for n, c in configs.items() if n in widths})
         if not widths:
             if measured.choice != DENSE:
                 measured.choice, measured.reason = DENSE, f"{measured.reason}, but at no decode width: kept dense"
             return measured, None
-        return measured, DecodeLinear(replacement, widths)
+        decode = DecodeLinear(replacement, widths)
+        if isinstance(replacement, SparseLinear24):
+            decode.prepare()  # its widths are decided: this only drops the copies of W no chosen path reads
+        return measured, decode
     first, widths, configs = decided[group]
     layer.choice, layer.times_us, layer.kernel_us = first.choice, dict(first.times_us), dict(first.kernel_us)
     layer.mapping = first.mapping
@@ -911,12 +923,12 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         except Sparse24Error as exc:  # its group is 2:4, this weight is not: kept dense, not guessed
             layer.choice, layer.reason = DENSE, f"not 2:4 as {first.name} is ({exc}): kept dense"
             return layer, None
-        inner = SparseLinear24.from_dense(module, policy="sparse")
-        generator = torch.Generator(device="cpu").manual_seed(0)
-        for n in sorted(widths):
-            inner.runtime().prepare(torch.randn(n, shape[1], generator=generator).to(module.weight.device,
-                                                                                     module.weight.dtype))
-        return layer, DecodeLinear(inner, widths)
+        # the paths the group's first layer measured (the GEMV or cuSPARSELt, per width and mode), nothing timed
+        inner = SparseLinear24.from_dense(module, policy="measure")
+        inner.pin(configs)
+        replacement = DecodeLinear(inner, widths)
+        replacement.prepare()
+        return layer, replacement
     # The measured layer's kernel configs, compiled for this layer's W: one measurement a group, nothing timed
     # here (the same shape and sparsity run alike whatever the pattern).
     if not configs:  # the group's winner ran no kernel of its own here (nothing to pin): dense, not guessed

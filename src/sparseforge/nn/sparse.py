@@ -35,7 +35,7 @@ from ..formats import SparseFormatError, SparseMatrix
 from ..formats.device import DeviceCsr
 from ..ops import conv_memory_format, register
 from ..runtime.streams import ready_dense_fallback
-from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed
+from ..semi.decide import DENSE, MIN_SPEEDUP, UNSTRUCTURED, Decision, decide, fixed, width_key
 from ..tune.choose import TUNE_BUDGET_S, fastest_with_margin, tuning_budget
 
 POLICIES = ("measure", "sparse", "dense")
@@ -585,18 +585,11 @@ class SparseLinear(_SparseWeight):
         """Run these kernel configs, one per token count ({n: config}, e.g. what a layer of the same shape and
         sparsity measured: kernel_configs()), compiled for this layer's W without choosing or timing; the
         token counts not given are decided as the policy says."""
-        import operator
-
         from ..mappings.registry import family_of
 
         checked = {}
         for n, config in configs.items():
-            try:
-                count = operator.index(n)
-            except TypeError:
-                count = 0
-            if isinstance(n, bool) or count < 1:
-                raise ValueError(f"pin takes {{token count: config}}; got the key {n!r}")
+            count = width_key(n, "pin takes {token count: config}")
             family_of(config)  # TypeError naming the config classes
             checked[count] = config
         self.__dict__.setdefault("_pinned", {}).update(checked)

@@ -233,19 +233,26 @@ class MatmulPlan:
         self.workspace = self._workspace()
         return self.config_id
 
-    def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
+    def run(self, x: torch.Tensor, out: torch.Tensor, compressed: torch.Tensor | None = None) -> None:
         """out = W @ x^T (+ bias) on torch's current stream. x is a contiguous (padded_n x K) and out a
-        contiguous (M x padded_n) tensor of the weight's dtype and device, both 16-byte aligned."""
-        self._call(self._matmul, x, out)
+        contiguous (M x padded_n) tensor of the weight's dtype and device, both 16-byte aligned. `compressed`:
+        another copy of the plan's compressed bytes (`weight.data.clone()`) to read W from instead, so that
+        a timing loop can rotate copies of W through HBM with one plan."""
+        if compressed is not None and (compressed.numel() != self.weight.data.numel() or
+                                       compressed.device != self.weight.data.device or
+                                       compressed.dtype != torch.uint8 or compressed.data_ptr() % ALIGN_BYTES):
+            raise Sparse24Error(f"compressed must be a {ALIGN_BYTES}-byte aligned uint8 copy of the plan's "
+                                f"{self.weight.data.numel()} compressed bytes on {self.weight.data.device}")
+        self._call(self._matmul, x, out, None if compressed is None else compressed.data_ptr())
 
-    def _call(self, fn, x: torch.Tensor, out: torch.Tensor) -> None:
+    def _call(self, fn, x: torch.Tensor, out: torch.Tensor, a_ptr: int | None = None) -> None:
         if torch.cuda.current_device() != self._device_index:  # the library runs on the current device
             with torch.cuda.device(self._device_index):
-                return self._call(fn, x, out)
+                return self._call(fn, x, out, a_ptr)
         alpha, beta, streams = self._scalars
         self._streams[0] = current_stream_handle(self._device_index)
         d = out.data_ptr()
-        fn(self._handle, self.plan, alpha, self._a_ptr, x.data_ptr(), beta, d, d, self.workspace.data_ptr(),
-           streams, 1)
+        fn(self._handle, self.plan, alpha, self._a_ptr if a_ptr is None else a_ptr, x.data_ptr(), beta, d, d,
+           self.workspace.data_ptr(), streams, 1)
 
 

@@ -52,6 +52,20 @@ def decide(n: int, sparse_us: float, dense_us: float, min_speedup: float = MIN_S
                     sparse_us, dense_us, **extra)
 
 
+def width_key(n, usage: str) -> int:
+    """n as an input width (a positive int; numpy ints too, bools not) for a {width: ...} mapping, else a
+    ValueError naming the key and `usage` (what the mapping takes)."""
+    import operator
+
+    try:
+        count = operator.index(n)
+    except TypeError:
+        count = 0
+    if isinstance(n, bool) or count < 1:
+        raise ValueError(f"{usage}; got the key {n!r}")
+    return count
+
+
 def fixed(n: int, path: str, reason: str) -> Decision:
     """A decision made without measuring (policy, capture, unsupported shape or device)."""
     if path not in PATHS:

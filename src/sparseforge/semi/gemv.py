@@ -11,13 +11,15 @@ timing it there would only lengthen each decision.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..codegen.gemv24 import MAX_N, WARPS, kernel_name, render_gemv24
 from ..dtypes import dtype_name
 from ..runtime.streams import current_stream_handle
 from .cusparselt import Sparse24Error
-from .packed import pack_24
+from .packed import Packed24, pack_24
 
 USE_IN_DECISIONS = True
 DECISION_MAX_N = 8
@@ -47,6 +49,19 @@ class Gemv24:
             built = compile_source(key, arch, lambda: render_gemv24(dtype, n, bias, arch), compiler=compiler)
             self._kernels[n] = load_kernel(built.cubin, kernel_name(dtype, n, bias), self.index)
         return self._kernels[n]
+
+    def with_copy_of_w(self) -> "Gemv24":
+        """The same GEMV reading its own copy of the packed W (the compiled kernels shared): what a timing
+        loop rotates through HBM."""
+        twin = copy.copy(self)
+        twin.packed = Packed24(self.packed.values.clone(), self.packed.meta.clone(), self.packed.rows,
+                               self.packed.cols)
+        twin._launches = {}  # their fixed parameters point at this copy's arrays
+        return twin
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x: (n, K) contiguous, n <= MAX_N, the weight's dtype and device, 16-byte aligned."""

@@ -2,12 +2,14 @@
 (2:4 or dense, by measurement) with its cuSPARSELt plan. Built once, looked up on every call."""
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 import torch.nn.functional as F
 
 from .cusparselt import CompressedWeight, MatmulPlan, Sparse24Error
 from . import gemv as gemv_module
-from .decide import DENSE, GEMV, MIN_SPEEDUP, SPARSE, Decision, WidthChoice, decide_modes, fixed
+from .decide import DENSE, GEMV, MIN_SPEEDUP, SPARSE, Decision, WidthChoice, decide_modes, fixed, width_key
 from .transpose import transpose_columns
 from ..runtime.streams import ready_dense_fallback
 
@@ -26,11 +28,16 @@ class Linear24Runtime:
     `bias` stay referenced: dense is the fallback wherever 2:4 does not pay."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, policy: str = "measure",
-                 min_speedup: float = MIN_SPEEDUP):
+                 min_speedup: float = MIN_SPEEDUP, pinned: dict | None = None):
         self.policy = check_policy(policy)
         self.min_speedup = min_speedup
+        # {n: (eager path, graph path)}: widths run as another layer of the same shape decided, nothing timed
+        self.pinned = check_pinned(pinned or {})
         self.weight, self.bias = weight, bias
-        self.compressed = CompressedWeight(weight)
+        # compressed now (a weight cuSPARSELt refuses is named at once), unless every width is pinned off it
+        off_cusparselt = bool(self.pinned) and all(SPARSE not in paths for paths in self.pinned.values())
+        self._compressed: CompressedWeight | None = None if off_cusparselt else CompressedWeight(weight)
+        self._captured: set[int] = set()  # widths first seen in a capture: dense until prepared outside one
         self.entries: dict[int, tuple[WidthChoice, MatmulPlan | None]] = {}
         # per width, the callables (eager, graph) the decisions chose: one dict lookup per call, and no
         # capture query where both modes chose the same path (host time is what small eager layers pay)
@@ -41,6 +48,42 @@ class Linear24Runtime:
     @property
     def decisions(self) -> list[Decision]:
         return [d for choice, _ in self.entries.values() for d in choice.decisions()]
+
+    @property
+    def compressed(self) -> CompressedWeight:
+        """cuSPARSELt's compressed W; compressed again from the dense W if release_unused dropped it."""
+        if self._compressed is None:
+            self._compressed = CompressedWeight(self.weight)
+        return self._compressed
+
+    def decided(self, n: int) -> bool:
+        """Whether width n has a decision made outside a CUDA graph capture (measured, pinned or by policy)."""
+        return n in self.entries and n not in self._captured
+
+    def chosen_paths(self) -> dict[int, tuple[str, str]]:
+        """{width: (eager path, graph path)} of the widths decided outside a capture."""
+        return {n: (choice.eager.path, choice.graph.path) for n, (choice, _) in self.entries.items()
+                if n not in self._captured}
+
+    def release_unused(self, widths: Iterable[int] | None = None) -> None:
+        """Drop the copies of W that no decision of `widths` (default: every width decided) runs: cuSPARSELt's
+        compressed W where each of them chose the GEMV or dense, the packed GEMV weight where none chose it. A
+        width decided later builds again what it needs. Call once the widths a model runs are decided
+        (nn.DecodeLinear.prepare does, with its kernel widths)."""
+        keep = set(self.entries) if widths is None else set(widths)
+        used = {d.path for n, (choice, _) in self.entries.items() if n in keep for d in choice.decisions()}
+        if SPARSE not in used:
+            self._compressed = None
+        if GEMV not in used:
+            self.gemv = None
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes held on the device beyond the dense W and bias: cuSPARSELt's compressed W, the packed GEMV
+        weight, and the plans' workspaces."""
+        plans = [plan for _, plan in self.entries.values() if plan is not None]
+        return {"compressed": 0 if self._compressed is None else self._compressed.nbytes,
+                "packed": 0 if self.gemv is None else self.gemv.nbytes,
+                "workspace": sum(plan.workspace.numel() for plan in plans)}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, K) contiguous, 16-byte aligned, the weight's dtype and device. Returns (n, M)."""
@@ -66,13 +109,17 @@ class Linear24Runtime:
     def prepare(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:
         """Decide (and build the plan) for x's width; later calls of that width only look it up."""
         n = x.shape[0]
+        self._captured.discard(n)
         if torch.cuda.is_current_stream_capturing():
             # Nothing can be timed or searched inside a capture; dense is never slower than dense.
             entry = (WidthChoice.both(fixed(n, DENSE, "first seen during CUDA graph capture, where nothing can be "
                                                       "measured; call sparseforge.prepare(model, widths) before "
                                                       "capturing")), None)
+            self._captured.add(n)
         elif self.policy == "dense":
             entry = (WidthChoice.both(fixed(n, DENSE, "policy 'dense'")), None)
+        elif n in self.pinned:
+            entry = self._as_pinned(x, *self.pinned[n])
         else:
             entry = self._measured(x)
         self.entries[n] = entry
@@ -81,6 +128,31 @@ class Linear24Runtime:
         self._calls[n] = (eager, eager if choice.graph.path == choice.eager.path else
                           self._callable(choice.graph.path, plan))
         return entry
+
+    def _as_pinned(self, x: torch.Tensor, eager: str, graph: str) -> tuple[WidthChoice, MatmulPlan | None]:
+        """x's width on the pinned paths, nothing timed: cuSPARSELt's plan (its algorithm searched) where a
+        mode runs it, the packed GEMV built where one does."""
+        n, plan, extra = x.shape[0], None, {}
+        if SPARSE in (eager, graph):
+            try:
+                plan = MatmulPlan(self.compressed, n, self.bias)
+                out = torch.empty(self.compressed.rows, plan.padded_n, dtype=x.dtype, device=x.device)
+                plan.search(padded_input(plan, x), out)
+            except Sparse24Error as exc:
+                return WidthChoice.both(fixed(n, DENSE, f"pinned to 2:4, but cuSPARSELt cannot run this width: "
+                                                        f"{exc}")), None
+            extra = {"config_id": plan.config_id, "padded_n": plan.padded_n if plan.padded_n != n else None}
+        if GEMV in (eager, graph):
+            if n > gemv_module.MAX_N:
+                return WidthChoice.both(fixed(n, DENSE, f"pinned to the 2:4 GEMV, which takes at most "
+                                                        f"{gemv_module.MAX_N} rows")), None
+            self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
+            self.gemv(x)  # its kernel loaded now: the first call may be a CUDA graph capture
+        if plan is not None:
+            _run_padded(plan, x)  # the same for the transpose after it
+        made = [Decision(n, path, "pinned: as a layer of the same shape measured", mode=mode, **extra)
+                for mode, path in (("eager", eager), ("graph", graph))]
+        return WidthChoice(*made), plan
 
     def _measured(self, x: torch.Tensor) -> tuple[WidthChoice, MatmulPlan | None]:
         n = x.shape[0]
@@ -95,13 +167,49 @@ class Linear24Runtime:
         if self.policy == "sparse":
             return WidthChoice.both(Decision(n, SPARSE, "policy 'sparse': 2:4 without comparing to dense",
                                              **extra)), plan
-        timed = {SPARSE: _both_us(lambda: _run_padded(plan, x))}
+        # decode widths: each path timed over copies of what it reads, rotated through HBM, as the unstructured
+        # kernels and dense are (runtime.timing.ROTATED_MAX_N); one copy in L2 flattered the path of fewer
+        # bytes: a Llama-3-8B's 2:4 Linears were predicted 1.74x faster than dense and ran 1.11x in the model
+        # (each path's copies freed before the next path's are made: together they would hold about 2x W)
+        count = _copies_to_rotate(n, x)
+        copies = [None] + [self.compressed.data.clone() for _ in range(count(self.compressed.nbytes) - 1)]
+        timed = {SPARSE: _both_us([lambda c=c: _run_padded(plan, x, c) for c in copies])}
+        del copies
         if gemv_module.USE_IN_DECISIONS and n <= gemv_module.DECISION_MAX_N:
             self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
-            timed[GEMV] = _both_us(lambda: self.gemv(x))
-        choice = decide_modes(n, timed, _both_us(lambda: F.linear(x, self.weight, self.bias)), self.min_speedup,
-                              **extra)
+            gemvs = [self.gemv] + [self.gemv.with_copy_of_w() for _ in range(count(self.gemv.nbytes) - 1)]
+            timed[GEMV] = _both_us([lambda g=g: g(x) for g in gemvs])
+            del gemvs
+        weights = [self.weight] + [self.weight.clone()
+                                   for _ in range(count(self.weight.numel() * self.weight.element_size()) - 1)]
+        dense = _both_us([lambda w=w: F.linear(x, w, self.bias) for w in weights])
+        del weights
+        choice = decide_modes(n, timed, dense, self.min_speedup, **extra)
         return choice, (plan if choice.uses(SPARSE) else None)
+
+
+def _copies_to_rotate(n: int, x: torch.Tensor):
+    """count(nbytes): how many copies of a W of nbytes a timing loop on x rotates through so that none is read
+    from L2 (runtime.timing.weight_copies, X's bytes counted) at decode widths (n <= ROTATED_MAX_N); 1 above."""
+    from ..runtime.timing import ROTATED_MAX_N, l2_bytes, weight_copies
+
+    if n > ROTATED_MAX_N:
+        return lambda nbytes: 1
+    l2, in_bytes = l2_bytes(x.device), x.numel() * x.element_size()
+    return lambda nbytes: weight_copies(nbytes + in_bytes, l2)
+
+
+def check_pinned(pinned: dict) -> dict[int, tuple[str, str]]:
+    """{n: (eager path, graph path)} with n a positive int and each path 2:4's, the GEMV's or dense."""
+    checked = {}
+    for n, paths in pinned.items():
+        count = width_key(n, "pinned takes {input width: (eager path, graph path)}")
+        if not (isinstance(paths, (tuple, list)) and len(paths) == 2 and
+                all(path in (SPARSE, GEMV, DENSE) for path in paths)):
+            raise ValueError(f"pinned[{count}] must be (eager path, graph path), each one of "
+                             f"{(SPARSE, GEMV, DENSE)}; got {paths!r}")
+        checked[count] = (str(paths[0]), str(paths[1]))
+    return checked
 
 
 def padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
@@ -113,31 +221,34 @@ def padded_input(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
     return padded
 
 
-def _run_padded(plan: MatmulPlan, x: torch.Tensor) -> torch.Tensor:
+def _run_padded(plan: MatmulPlan, x: torch.Tensor, compressed: torch.Tensor | None = None) -> torch.Tensor:
     out_t = torch.empty(plan.weight.rows, plan.padded_n, dtype=x.dtype, device=x.device)
-    plan.run(padded_input(plan, x), out_t)
+    plan.run(padded_input(plan, x), out_t, compressed)
     return transpose_columns(out_t, x.shape[0])
 
 
-def _graph_us(fn) -> float:
-    """Median GPU microseconds per call under CUDA-graph replay (what a graph-captured model sees)."""
-    from ..runtime.timing import TimingContention, eager_time_us, graph_time_us
+def _graph_us(calls: list) -> float:
+    """Median GPU microseconds per call under CUDA-graph replay (what a graph-captured model sees), the
+    graph calling each of `calls` (zero-argument callables, e.g. one a copy of W) in turn."""
+    from ..runtime.timing import TimingContention, rotating_graph_time_us
 
     try:
-        return graph_time_us(lambda _: fn(), [None], calls_per_graph=10, repeats=15)
+        return rotating_graph_time_us(lambda call: call(), calls, repeats=15)
     except TimingContention:
         raise
     except RuntimeError:  # not capturable: the eager figure is the honest one
-        return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)
+        return _eager_us(calls)
 
 
-def _both_us(fn) -> tuple[float, float]:
-    """(graph replay, eager) medians of fn."""
-    return _graph_us(fn), _eager_us(fn)
+def _both_us(calls: list) -> tuple[float, float]:
+    """(graph replay, eager) medians over `calls`: the first reads the W the layer runs with, the others
+    copies of it, so that each call streams W from HBM."""
+    return _graph_us(calls), _eager_us(calls)
 
 
-def _eager_us(fn) -> float:
-    """Median microseconds per call issued eagerly, back to back: host time included where it dominates."""
+def _eager_us(calls: list) -> float:
+    """Median microseconds per call issued eagerly, back to back, each of `calls` in turn (at least 10 a
+    sample): host time included where it dominates."""
     from ..runtime.timing import eager_time_us
 
-    return eager_time_us(lambda _: fn(), [None] * 10, repeats=15)
+    return eager_time_us(lambda call: call(), calls * max(1, -(-10 // len(calls))), repeats=15)

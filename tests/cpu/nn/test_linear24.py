@@ -246,3 +246,32 @@ def test_prepare_and_to_sparse24_name_bad_arguments():
         prepare(model, [1.5])  # was read as 1
     with pytest.raises(ValueError, match="policy must be one of"):
         to_sparse24(nn.Sequential(nn.Linear(8, 8)), policy="fast")  # was ignored with no 2:4 layer to build
+
+
+def test_pin_checks_merges_and_forgets_the_runtime():
+    from sparseforge.semi.decide import DENSE, GEMV, SPARSE
+
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    assert layer.pinned == {} and layer.chosen_paths() == {}
+    layer._runtime, layer._runtime_key = RecordingRuntime(layer.weight), layer._current_key()
+    layer.pin({1: (GEMV, GEMV)})
+    layer.pin({8: [DENSE, SPARSE]})
+    assert layer.pinned == {1: (GEMV, GEMV), 8: (DENSE, SPARSE)}
+    assert layer._runtime is None  # built again, from the pins, on the next CUDA call
+    with pytest.raises(ValueError, match=r"pinned\[2\] must be"):
+        layer.pin({2: ("csr", "csr")})
+    assert layer.pinned == {1: (GEMV, GEMV), 8: (DENSE, SPARSE)}  # a refused pin changes nothing
+
+
+def test_memory_bytes_counts_the_runtimes_copies_of_w():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    weight, bias = 48 * 32 * 2, 48 * 2
+    assert layer.memory_bytes() == {"weight": weight, "kernels": 0, "dense": 0, "bias": bias,
+                                    "total": weight + bias}
+
+    class Held(RecordingRuntime):
+        def device_bytes(self):
+            return {"compressed": 864, "packed": 864, "workspace": 100}
+
+    layer._runtime = Held(layer.weight)
+    assert layer.memory_bytes()["kernels"] == 1828 and layer.memory_bytes()["total"] == weight + bias + 1828

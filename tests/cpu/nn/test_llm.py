@@ -385,6 +385,34 @@ def test_group_decisions_round_trip_through_the_disk_cache(monkeypatch, tmp_path
     assert llm.load_group_decision(key, (1, 8), (1.0, 0.0), gpu) is None
 
 
+def test_2of4_group_decisions_keep_their_paths_through_the_disk_cache(monkeypatch, tmp_path):
+    """A 2:4 group's record holds the (eager, graph) paths its first layer measured at each width it runs, so
+    the group's layers are pinned to them in a later conversion; a record without them (or with a path this
+    version does not run) is no decision: the group is measured again."""
+    from sparseforge.nn import llm
+    from sparseforge.runtime import KernelCache
+    from sparseforge.semi.decide import DENSE, GEMV, SPARSE
+
+    monkeypatch.setenv("SPARSEFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    key = ((14336, 4096), False, torch.float16, 0.5, 10, True)
+    gpu, tuning = ("NVIDIA H200", 90), (1.0, 0.0)
+    first = llm.LayerReport("model.layers.0.mlp.gate_proj", "Linear", (14336, 4096), 0.5, [[1, 4096], [8, 4096]],
+                            SPARSE, {"dense": 40.0, SPARSE: 30.0}, {SPARSE: 30.0}, None, "faster")
+    paths = {1: (DENSE, GEMV), 8: (SPARSE, SPARSE)}
+    llm.store_group_decision(key, (1, 8), tuning, gpu, (first, {1, 8}, paths))
+    loaded, widths, again = llm.load_group_decision(key, (1, 8), tuning, gpu)
+    assert widths == {1, 8} and again == paths and loaded.choice == SPARSE
+    path_key = llm.group_decision_key(key, (1, 8), tuning, gpu)
+    report = {"name": first.name, "sparsity": 0.5, "input_shapes": first.input_shapes, "choice": SPARSE,
+              "times_us": first.times_us, "kernel_us": first.kernel_us, "mapping": None, "reason": "faster"}
+    KernelCache().put_tuned(path_key, 90, {"widths": [1, 8], "configs": {"1": list(paths[1]), "8": list(paths[8])},
+                                           "report": report})
+    assert llm.load_group_decision(key, (1, 8), tuning, gpu)[2] == paths  # the record as written here is read
+    for configs in ({}, {"1": ["2:4", "2:4"]}, {"1": ["csr", "csr"], "8": ["2:4", "2:4"]}):
+        KernelCache().put_tuned(path_key, 90, {"widths": [1, 8], "configs": configs, "report": report})
+        assert llm.load_group_decision(key, (1, 8), tuning, gpu) is None
+
+
 def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
     from sparseforge.nn import SparseLinear24
 
@@ -401,6 +429,35 @@ def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
         assert isinstance(loaded[0], SparseLinear24) and loaded[0].policy == "sparse"
         assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {1, 4}
         assert torch.equal(loaded(x), want)
+
+
+def test_2of4_paths_pinned_or_measured_save_and_load_pinned(tmp_path):
+    """What a 2:4 layer runs at each width (measured, or pinned from its group's first layer) is saved, so a
+    loaded model times nothing again; a corrupt record is refused by name."""
+    from sparseforge.nn import SparseLinear24
+    from sparseforge.saving import SavedModelError
+    from sparseforge.semi.decide import DENSE, GEMV, SPARSE
+
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32)).half()  # noqa: E731
+    model = make()
+    prune_model(model, nm="2:4", keep_masks=False)
+    model[0] = SparseLinear24.from_dense(model[0])
+    model[0].pin({1: (GEMV, GEMV)})
+    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [1, 4])
+    model[1].inner.chosen_paths = lambda: {4: (DENSE, SPARSE)}  # as a measured runtime reports them
+    path = sparseforge.save(model, tmp_path / "m")
+    loaded = sparseforge.load(path, model=make())
+    assert loaded[0].pinned == {1: (GEMV, GEMV)} and loaded[1].inner.pinned == {4: (DENSE, SPARSE)}
+    edited = 0
+    for record in (f for f in path.iterdir() if f.suffix == ".json"):
+        text = record.read_text()
+        if '"2:4-gemv"' in text:
+            record.write_text(text.replace('"2:4-gemv"', '"csr"'))
+            edited += 1
+    assert edited == 1
+    with pytest.raises(SavedModelError, match="pinned paths"):
+        sparseforge.load(path, model=make())
 
 
 def test_pinned_configs_save_and_load(tmp_path):
