@@ -304,10 +304,14 @@ def test_2of4_groups_run_their_first_layers_paths_saved_reused_and_counted(tmp_p
     pay): every later layer of a shape runs the paths its first layer measured (pinned, nothing timed), the
     copies of W no chosen path reads are released and the rest counted, a second conversion measures nothing,
     and a saved model loads with the same paths; the logits stay within the dense model's own error."""
-    from sparseforge.nn import SparseLinear24, convert as convert_module
-    from sparseforge.semi import decide as decide_module
+    import importlib
+
+    from sparseforge.nn import SparseLinear24
     from sparseforge.semi.decide import GEMV, SPARSE
-    from sparseforge.tune import choose
+
+    # the modules (sparseforge.nn and sparseforge.tune export functions of these names)
+    choose, convert_module, decide_module = (importlib.import_module(f"sparseforge.{name}")
+                                             for name in ("tune.choose", "nn.convert", "semi.decide"))
 
     real = choose.fastest_with_margin
 
@@ -347,8 +351,11 @@ def test_2of4_groups_run_their_first_layers_paths_saved_reused_and_counted(tmp_p
     with torch.no_grad():
         want = copy.deepcopy(dense).double()(ids).logits
         dense_error = ((dense(ids).logits.double() - want).norm() / want.norm()).item()
-        error = ((model(ids).logits.double() - want).norm() / want.norm()).item()
-    assert error <= 1.5 * dense_error + 1e-4, (error, dense_error)
+
+        def error_of(converted) -> float:
+            return ((converted(ids).logits.double() - want).norm() / want.norm()).item()
+
+        assert error_of(model) <= 1.5 * dense_error + 1e-4, (error_of(model), dense_error)
     again = copy.deepcopy(dense)
     second = sparseforge.convert(again, tokens=(1, 8), tune_budget=0.5, progress=False)
     assert second.measured == 0 and [layer.choice for layer in second.layers] == [layer.choice for layer in report.layers]
@@ -356,5 +363,5 @@ def test_2of4_groups_run_their_first_layers_paths_saved_reused_and_counted(tmp_p
     for layer in two_four:
         original, copied = model.get_submodule(layer.name).inner, loaded.get_submodule(layer.name).inner
         assert copied.pinned == {**original.chosen_paths(), **original.pinned}
-    with torch.no_grad():
-        assert torch.allclose(loaded(ids).logits, model(ids).logits, rtol=1e-3, atol=1e-3)
+    with torch.no_grad():  # cuSPARSELt searches its algorithm again on load (split K may sum in another order)
+        assert error_of(loaded) <= 1.5 * dense_error + 1e-4, (error_of(loaded), dense_error)

@@ -614,13 +614,15 @@ def group_decision_key(key: tuple, tokens: tuple, tuning: tuple, gpu: tuple[str,
 @lru_cache(maxsize=1)
 def _decision_digest() -> str:
     """sha256 of the code that turns a layer's measurements into a decoder layer's decision (this module, the
-    per-layer measurement, the layer's per-width decisions): editing it invalidates kept group decisions."""
+    per-layer measurement, the layer's per-width decisions, 2:4's paths and how they are timed): editing it
+    invalidates kept group decisions."""
     import hashlib
     from pathlib import Path
 
-    here = Path(__file__).parent
-    return hashlib.sha256(b"".join((here / name).read_bytes() for name in ("llm.py", "convert.py", "sparse.py")
-                                   )).hexdigest()
+    nn_dir = Path(__file__).parent
+    files = [nn_dir / name for name in ("llm.py", "convert.py", "sparse.py", "linear24.py")] + \
+        [nn_dir.parent / "semi" / name for name in ("runtime.py", "decide.py", "gemv.py")]
+    return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()
 
 
 def _is_group_record(record) -> bool:

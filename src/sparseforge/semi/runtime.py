@@ -71,7 +71,11 @@ class Linear24Runtime:
         width decided later builds again what it needs. Call once the widths a model runs are decided
         (nn.DecodeLinear.prepare does, with its kernel widths)."""
         keep = set(self.entries) if widths is None else set(widths)
-        used = {d.path for n, (choice, _) in self.entries.items() if n in keep for d in choice.decisions()}
+        for n in set(self.entries) - keep:  # forgotten (their plans and GEMV calls hold copies): decided again if run
+            self.entries.pop(n)
+            self._calls.pop(n, None)
+            self._captured.discard(n)
+        used = {d.path for choice, _ in self.entries.values() for d in choice.decisions()}
         if SPARSE not in used:
             self._compressed = None
         if GEMV not in used:
@@ -131,26 +135,26 @@ class Linear24Runtime:
 
     def _as_pinned(self, x: torch.Tensor, eager: str, graph: str) -> tuple[WidthChoice, MatmulPlan | None]:
         """x's width on the pinned paths, nothing timed: cuSPARSELt's plan (its algorithm searched) where a
-        mode runs it, the packed GEMV built where one does."""
-        n, plan, extra = x.shape[0], None, {}
+        mode runs it, the packed GEMV built where one does; a path that cannot run this width runs dense,
+        said so in its decision."""
+        n, plan, why, extra = x.shape[0], None, {}, {}
+        if GEMV in (eager, graph) and n > gemv_module.MAX_N:
+            why[GEMV] = f"pinned to the 2:4 GEMV, which takes at most {gemv_module.MAX_N} rows: dense"
         if SPARSE in (eager, graph):
             try:
                 plan = MatmulPlan(self.compressed, n, self.bias)
                 out = torch.empty(self.compressed.rows, plan.padded_n, dtype=x.dtype, device=x.device)
                 plan.search(padded_input(plan, x), out)
+                _run_padded(plan, x)  # loaded now, the transpose after it too: the first call may be a capture
+                extra = {"config_id": plan.config_id, "padded_n": plan.padded_n if plan.padded_n != n else None}
             except Sparse24Error as exc:
-                return WidthChoice.both(fixed(n, DENSE, f"pinned to 2:4, but cuSPARSELt cannot run this width: "
-                                                        f"{exc}")), None
-            extra = {"config_id": plan.config_id, "padded_n": plan.padded_n if plan.padded_n != n else None}
-        if GEMV in (eager, graph):
-            if n > gemv_module.MAX_N:
-                return WidthChoice.both(fixed(n, DENSE, f"pinned to the 2:4 GEMV, which takes at most "
-                                                        f"{gemv_module.MAX_N} rows")), None
+                plan, why[SPARSE] = None, f"pinned to 2:4, but cuSPARSELt cannot run this width ({exc}): dense"
+        if GEMV in (eager, graph) and GEMV not in why:
             self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
-            self.gemv(x)  # its kernel loaded now: the first call may be a CUDA graph capture
-        if plan is not None:
-            _run_padded(plan, x)  # the same for the transpose after it
-        made = [Decision(n, path, "pinned: as a layer of the same shape measured", mode=mode, **extra)
+            self.gemv(x)  # the same for its kernel
+        made = [Decision(n, DENSE, why[path], mode=mode) if path in why else
+                Decision(n, path, "pinned: as a layer of the same shape measured", mode=mode,
+                         **(extra if path == SPARSE else {}))
                 for mode, path in (("eager", eager), ("graph", graph))]
         return WidthChoice(*made), plan
 

@@ -118,10 +118,13 @@ def test_pinned_widths_time_nothing_and_build_only_what_they_run(fakes):
     assert runtime.device_bytes()["compressed"] > 0 and runtime.device_bytes()["packed"] > 0
 
 
-def test_a_pinned_gemv_beyond_its_widths_runs_dense(fakes):
-    runtime = rt.Linear24Runtime(weight_24(), None, pinned={32: (GEMV, GEMV)})
+def test_a_pinned_gemv_beyond_its_widths_runs_dense_and_the_other_mode_its_own_path(fakes):
+    runtime = rt.Linear24Runtime(weight_24(), None, pinned={32: (GEMV, GEMV), 48: (GEMV, SPARSE)})
     choice, _ = runtime.prepare(torch.randn(32, 256).to(torch.float16))
     assert choice.graph.path == DENSE and "at most" in choice.graph.reason and FakeGemv.built == 0
+    mixed, plan = runtime.prepare(torch.randn(48, 256).to(torch.float16))
+    assert (mixed.eager.path, mixed.graph.path) == (DENSE, SPARSE) and plan is not None
+    assert mixed.graph.config_id == 7 and mixed.eager.config_id is None and "at most" in mixed.eager.reason
 
 
 @pytest.mark.parametrize("pinned,match", [
@@ -186,8 +189,12 @@ def test_release_unused_of_some_widths_keeps_only_what_they_read(fakes):
     runtime = rt.Linear24Runtime(weight_24(), None, pinned={1: (GEMV, GEMV), 8: (SPARSE, SPARSE)})
     for n in (1, 8):
         runtime.prepare(torch.randn(n, 256).to(torch.float16))
+    plan = runtime.entries[8][1]
     runtime.release_unused([1])  # width 8 is never sent here (not a kernel width): its cuSPARSELt copy goes
     assert runtime._compressed is None and runtime.device_bytes()["packed"] > 0
+    # with its plan and call (which held that copy): decided again if it is ever run
+    assert not runtime.decided(8) and 8 not in runtime._calls and runtime.chosen_paths() == {1: (GEMV, GEMV)}
+    assert plan is not None and all(p is not plan for _, p in runtime.entries.values())
 
 
 def test_a_runtime_pinned_off_cusparselt_compresses_nothing(fakes, monkeypatch):
