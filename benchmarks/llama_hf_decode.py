@@ -297,6 +297,19 @@ def geomean(values) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
+def two_four_paths(model) -> dict:
+    """How many 2:4 layers run each (eager path, graph path) at each width, e.g. {"1: 2:4-gemv / 2:4-gemv": 224}:
+    whether every layer of a shape runs what its first layer measured."""
+    from collections import Counter
+
+    from sparseforge.nn import DecodeLinear, SparseLinear24
+
+    counts = Counter(f"{n}: {eager} / {graph}" for module in model.modules()
+                     if isinstance(module, DecodeLinear) and isinstance(module.inner, SparseLinear24)
+                     for n, (eager, graph) in sorted(module.inner.chosen_paths().items()))
+    return dict(sorted(counts.items()))
+
+
 def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
     import sparseforge
     from sparseforge.nn.llm import decoder_linear_names, linear_bytes
@@ -327,6 +340,7 @@ def run_pattern(pattern: str, args, device) -> tuple[list[dict], dict]:
                   "fused_mlps": len(report.fused_mlps),
                   "choices": {c: sum(layer.choice == c for layer in report.layers)
                               for c in {layer.choice for layer in report.layers}}}
+    conversion["two_four_paths"] = two_four_paths(model)
     phase(f"{pattern}: converted in {report.seconds:.1f} s ({report.measured} shapes measured, choices "
           f"{conversion['choices']})")
     bytes_after = linear_bytes(model, names)

@@ -30,6 +30,7 @@ def test_tiny_run_writes_summary_rows_and_cases(tmp_path, capsys):
     assert all(case["sparseforge_prefill_s"] > 0 and case["dense_tbps"] > 0 for case in result["cases"])
     assert result["notes"] == []
     assert all(p["conversion"]["replaced"] == 14 for p in result["patterns"])
+    assert all(p["conversion"]["two_four_paths"] == {} for p in result["patterns"])  # the CPU path: unstructured
     for p in result["patterns"]:  # where the warm conversion's seconds went, the conversion itself at the top
         profile = p["conversion"]["warm_profile"]
         assert len(profile) == 25 and any(" convert" in row["function"] for row in profile[:5])
@@ -59,3 +60,34 @@ def test_a_16_bit_run_checks_logits_against_a_float32_copy(tmp_path, capsys):
     assert 0 < case["dense_rel_error_vs_float32"] < 0.05 and case["error_ok"]
     assert case["rel_error_vs_float32"] <= script.ERROR_FACTOR * case["dense_rel_error_vs_float32"]
 
+
+
+def test_two_four_paths_counts_each_widths_paths_over_the_2of4_layers():
+    import torch
+    from torch import nn
+
+    from sparseforge.nn import DecodeLinear, SparseLinear24
+    from sparseforge.prune import nm_mask
+
+    spec = importlib.util.spec_from_file_location("llama_hf_decode", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    class Decided:
+        def __init__(self, paths):
+            self.paths = paths
+
+        def chosen_paths(self):
+            return self.paths
+
+    def layer(paths):
+        linear = nn.Linear(32, 16).half()
+        with torch.no_grad():
+            linear.weight.mul_(nm_mask(linear.weight.float()).half())
+        inner = SparseLinear24.from_dense(linear)
+        inner._runtime = Decided(paths)
+        return DecodeLinear(inner, [1])
+
+    model = nn.Sequential(layer({1: ("dense", "2:4-gemv")}), layer({1: ("dense", "2:4-gemv"), 8: ("2:4", "2:4")}),
+                          nn.Linear(16, 16))
+    assert script.two_four_paths(model) == {"1: dense / 2:4-gemv": 2, "8: 2:4 / 2:4": 1}
