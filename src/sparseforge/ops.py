@@ -40,19 +40,22 @@ def conv_memory_format(x: torch.Tensor) -> torch.memory_format:
 
 
 @torch.library.custom_op("sparseforge::linear24", mutates_args=())
-def linear24(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layer_id: int) -> torch.Tensor:
-    """SparseLinear24 `layer_id`'s forward: x (..., K) -> (..., M), 2:4 or dense as that layer decided."""
+def linear24(x: torch.Tensor, anchor: torch.Tensor, bias: torch.Tensor | None, layer_id: int,
+             out_features: int) -> torch.Tensor:
+    """SparseLinear24 `layer_id`'s forward: x (..., K) -> (..., out_features), 2:4 or dense as that layer
+    decided. `anchor`: the layer's empty device anchor, standing for W (which may wait in host memory:
+    SparseLinear24.release_dense), so that every tensor the op sees is on the device it runs on."""
     import torch.nn.functional as F
 
-    if x.device.type != "cuda":
-        return F.linear(x, weight, bias)
     layer = _layer("linear24", layer_id)
+    if x.device.type != "cuda":
+        return F.linear(x, layer.dense_weight(), bias)
     return layer.sparse_forward(x)
 
 
 @linear24.register_fake
-def _(x, weight, bias, layer_id):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x, anchor, bias, layer_id, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 @torch.library.custom_op("sparseforge::sparse_linear", mutates_args=())

@@ -355,3 +355,95 @@ def test_pinned_widths_run_their_paths_without_timing_and_release_the_rest(monke
     layer(torch.randn(16, 512, device="cuda").half())
     layer.runtime().release_unused()
     assert layer.runtime().device_bytes()["compressed"] == 0 and layer.memory_bytes()["kernels"] > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k", [(16, 16), (45, 48), (4096, 14336)])
+def test_packed_densify_writes_w_into_poisoned_output(dtype, m, k):
+    """The packed copy's dense writer gives W back, every element written (pruned ones zero)."""
+    from sparseforge.semi.gemv import Gemv24
+
+    w = weight_24(m, k, dtype)
+    gemv = Gemv24(w)
+    out = torch.full_like(w, float("nan"))
+    assert gemv.densify(out) is out
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and torch.equal(out, w)
+    with pytest.raises(Sparse24Error, match="not contiguous"):
+        gemv.densify(torch.empty(k, m, device="cuda", dtype=dtype).t())
+    with pytest.raises(Sparse24Error, match="densify writes"):
+        gemv.densify(torch.empty(m, k, device="cuda", dtype=torch.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_decode_layer_keeps_no_dense_w_on_the_gpu_and_prefills_from_the_workspace(dtype, tmp_path):
+    """A 2:4 DecodeLinear after prepare: its dense W in host memory, the packed copy (and cuSPARSELt's where a
+    width runs it) on the GPU; decode widths, a width padded up to one, a prefill and a graph replay all match
+    float64; a width whose eager call was pinned dense runs its graph path eagerly; prepare keeps it
+    released; a copy must be prepared before a capture, and is released by it; an edit of W brings W back to
+    the GPU until the next prepare; the layer saves and loads released."""
+    import copy
+
+    import sparseforge
+    from sparseforge.nn import DecodeLinear
+
+    linear = nn.Linear(1024, 512, device="cuda")
+    sparsify_24(nn.Sequential(linear))
+    linear = linear.to(dtype).requires_grad_(False)
+    w, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
+    inner = SparseLinear24.from_dense(linear)
+    inner.pin({1: ("dense", "2:4-gemv"), 8: ("2:4", "2:4")})
+    layer = DecodeLinear(inner, [1, 8])
+    layer.prepare()
+    assert inner.dense_on_host and inner.weight.device.type == "cpu" and torch.equal(inner.weight.cuda(), w)
+    held = inner.memory_bytes()
+    assert held["weight"] == 0 and held["weight_host"] == w.numel() * 2 and held["dense"] == 0
+    assert 0 < held["kernels"] < 1.25 * w.numel() * 2  # packed 0.5625x + compressed ~0.56x + plan workspace
+    made = {(d.n, d.mode): d for d in inner.decisions}
+    assert {key: d.path for key, d in made.items()} == {(1, "eager"): "2:4-gemv", (1, "graph"): "2:4-gemv",
+                                                         (8, "eager"): "2:4", (8, "graph"): "2:4"}
+    assert "keeps no dense W" in made[1, "eager"].reason
+
+    def check(model, weight, n):
+        x = torch.randn(n, 1024, device="cuda").to(dtype)
+        with torch.no_grad():
+            got = model(x)
+        assert rel_err(got, x.double() @ weight.double().T + bias.double()) <= TOL[dtype], n
+
+    for n in (1, 3, 8, 37):  # decode, padded to 8, decode, prefill (from the workspace)
+        check(layer, w, n)
+    def captured(model, n):  # a graph of `model` on n tokens, replayed on fresh ones, against float64
+        static = torch.randn(n, 1024, device="cuda").to(dtype)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = model(static)
+        fresh = torch.randn(n, 1024, device="cuda").to(dtype)
+        static.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, fresh.double() @ w.double().T + bias.double()) <= TOL[dtype]
+
+    captured(layer, 1)
+    captured(layer, 37)  # a prefill width: one launch from the packed copy into the shared workspace
+    assert len(sparseforge.prepare(nn.Sequential(layer), [1, 8])) == 4 and inner.dense_on_host
+    twin = copy.deepcopy(layer)  # a copy rebuilds its runtime: not before a capture
+    x = torch.randn(1, 1024, device="cuda").to(dtype)
+    with pytest.raises(RuntimeError, match="prepare"), torch.no_grad(), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        twin(x)
+    twin.prepare()
+    assert twin.inner.dense_on_host
+    captured(twin, 1)
+    saved = sparseforge.save(nn.Sequential(layer), tmp_path / "released")
+    loaded = sparseforge.load(saved, model=nn.Sequential(nn.Linear(1024, 512)), device="cuda")
+    assert loaded[0].inner.dense_on_host
+    check(loaded, w, 1)
+    check(loaded, w, 37)
+    with torch.no_grad():
+        inner.weight.mul_(2)  # an edit in host memory: the layer is built again from a W on the GPU
+    check(layer, 2 * w, 1)
+    assert not inner.dense_on_host and inner.weight.is_cuda
+    layer.prepare()
+    assert inner.dense_on_host
+    check(layer, 2 * w, 37)

@@ -9,6 +9,9 @@ their positions (one 16-bit load) and, for each of the n inputs, the chunk's 16 
 loads, coalesced across the warp, L1-resident: X is small). A kept value's x is picked from the two words
 of its group with one `prmt` whose selector comes from the 2-bit position. fp32 accumulation, a butterfly
 reduction, lane 0 stores. render_gemv24 is pure: the same arguments always give the same text.
+
+render_unpack24 is the format's dense writer: W (M x K) back from the packed arrays, one thread a chunk, for
+the dense calls (prefill) of a layer that keeps no dense W of its own.
 """
 from __future__ import annotations
 
@@ -119,3 +122,47 @@ def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90) -> KernelSourc
         "    .param .u64 p_y,", "    .param .u64 p_bias,", "    .param .u32 p_m,", "    .param .u32 p_k", ")",
         f".maxntid {WARPS * 32}, 1, 1", "{"] + ["    " + d for d in decl] + [e.text(), "}", ""])
     return KernelSource(name, (text,), 0)
+
+
+UNPACK_THREADS = 256
+UNPACK_NAME = "unpack24_b16"
+
+
+def render_unpack24(arch: int = 90) -> KernelSource:
+    """PTX of the dense writer: out (M x K, 16-bit, contiguous) = W from the packed values (M x K/2) and meta
+    (M x K/16), every element written (pruned ones zero), so `out` needs no zeroing. One thread per 16-column
+    chunk (chunk c: values bytes 16c.., meta bytes 2c.., out bytes 32c..: the three arrays are row-major in
+    the same chunk order, so no row arithmetic). A group's two kept values land at 16-bit slots p0 and p1 of
+    its 64 output bits by two shifts (pack_24 keeps p0 != p1). Bits are copied, never converted: one kernel
+    serves float16 and bfloat16 (a kept -0.0 stays -0.0; a pruned one, never packed, comes back +0.0). Parameters: values, meta, out pointers, the chunk
+    count (M * K / 16). Launch: UNPACK_THREADS threads, ceil(chunks / UNPACK_THREADS) blocks."""
+    e = Emitter()
+    e.lines(["ld.param.u32 %rn, [p_chunks];", "mov.u32 %rc, %ctaid.x;", "mov.u32 %rt, %tid.x;",
+             f"mad.lo.u32 %rc, %rc, {UNPACK_THREADS}, %rt;", "setp.ge.u32 %pl, %rc, %rn;", "@%pl bra DONE;",
+             "ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
+             "mul.wide.u32 %rdt, %rc, 16;", "add.s64 %rdv, %rdv, %rdt;",
+             "ld.param.u64 %rdm, [p_meta];", "cvta.to.global.u64 %rdm, %rdm;",
+             "mul.wide.u32 %rdt, %rc, 2;", "add.s64 %rdm, %rdm, %rdt;",
+             "ld.param.u64 %rdo, [p_out];", "cvta.to.global.u64 %rdo, %rdo;",
+             "mul.wide.u32 %rdt, %rc, 32;", "add.s64 %rdo, %rdo, %rdt;",
+             "ld.global.nc.v4.b32 {%v0, %v1, %v2, %v3}, [%rdv];", "ld.global.nc.u16 %rm16, [%rdm];",
+             "cvt.u32.u16 %rm, %rm16;"])
+    for j in range(4):
+        e.comment(f"group {j}: its first kept value to 16-bit slot p0, its second to p1")
+        e.lines([f"bfe.u32 %s0, %rm, {4 * j}, 2;", "shl.b32 %s0, %s0, 4;",
+                 f"bfe.u32 %s1, %rm, {4 * j + 2}, 2;", "shl.b32 %s1, %s1, 4;",
+                 f"and.b32 %t, %v{j}, 65535;", "cvt.u64.u32 %rda, %t;", "shl.b64 %rda, %rda, %s0;",
+                 f"shr.b32 %t, %v{j}, 16;", "cvt.u64.u32 %rdb, %t;", "shl.b64 %rdb, %rdb, %s1;",
+                 "or.b64 %rda, %rda, %rdb;", f"mov.b64 {{%o{2 * j}, %o{2 * j + 1}}}, %rda;"])
+    e.lines(["st.global.v4.b32 [%rdo], {%o0, %o1, %o2, %o3};", "st.global.v4.b32 [%rdo+16], {%o4, %o5, %o6, %o7};"])
+    e.label("DONE")
+    e.line("ret;")
+    decl = [".reg .pred %pl;", ".reg .b32 %rn, %rc, %rt, %rm, %s0, %s1, %t, %v<4>, %o<8>;", ".reg .b16 %rm16;",
+            ".reg .b64 %rdv, %rdm, %rdo, %rdt, %rda, %rdb;"]
+    text = "\n".join([
+        f"// sparseforge generated kernel: {UNPACK_NAME}", "// packed 2:4 W written dense (bits copied)",
+        f".version {PTX_VERSION}", f".target sm_{arch}", ".address_size 64", "",
+        f".visible .entry {UNPACK_NAME}(", "    .param .u64 p_values,", "    .param .u64 p_meta,",
+        "    .param .u64 p_out,", "    .param .u32 p_chunks", ")", f".maxntid {UNPACK_THREADS}, 1, 1", "{"]
+        + ["    " + d for d in decl] + [e.text(), "}", ""])
+    return KernelSource(UNPACK_NAME, (text,), 0)

@@ -95,21 +95,14 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
     from .sparse import SparseLinear
 
     made = []
-    generator = torch.Generator(device="cpu").manual_seed(seed)
     for module in model.modules():
         if isinstance(module, SparseLinear):
             if module.device.type != "cuda":
                 raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")
             made.extend(module.prepare(widths))
             continue
-        if not isinstance(module, SparseLinear24):
-            continue
-        if module.weight.device.type != "cuda":
-            raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")
-        runtime = module.runtime()
-        for n in widths:
-            x = torch.randn(n, module.in_features, generator=generator).to(module.weight.device, module.weight.dtype)
-            made.extend(runtime.prepare(x)[0].decisions())
+        if isinstance(module, SparseLinear24):
+            made.extend(module.prepare(widths, seed))
     return made
 
 
@@ -241,7 +234,7 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
                          "example_inputs there first (model.cuda()), or pass policy='sparse' / 'dense'")
     model.eval()
     _check_model_runs(model, inputs)
-    report = ModelReport(memory_before_bytes=_model_bytes(model))
+    report = ModelReport(memory_before_bytes=model_bytes(model))
     if time_model and on_gpu:
         report.latency_before_us = model_latency_us(model, inputs)
     if fold_bn and policy != "dense":  # "dense" changes nothing
@@ -269,7 +262,7 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
         if replacement is not None:
             for alias in _names_of(model, module):  # a module shared under several names: every one
                 _replace(model, alias, replacement)
-    report.memory_after_bytes = _model_bytes(model)
+    report.memory_after_bytes = model_bytes(model)
     if time_model and on_gpu:
         report.latency_after_us = model_latency_us(model, inputs)
     report.seconds = time.perf_counter() - started
@@ -516,14 +509,14 @@ def _input_shapes(model: nn.Module, inputs, modules) -> dict:
     return seen
 
 
-def _model_bytes(model: nn.Module) -> int:
+def model_bytes(model: nn.Module) -> int:
     """Parameters and buffers, plus what sparse modules hold beyond them (their kernels' copies, dense W),
-    less the CSR buffers a sparse module holds in host memory (memory_bytes()['csr_host'])."""
+    less the weights a sparse module holds in host memory (memory_bytes()['csr_host'], ['weight_host'])."""
     total = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
     for module in model.modules():
         if hasattr(module, "memory_bytes"):
             extra = module.memory_bytes()
-            total += extra["kernels"] + extra["dense"] - extra.get("csr_host", 0)
+            total += extra["kernels"] + extra["dense"] - extra.get("csr_host", 0) - extra.get("weight_host", 0)
     return total
 
 

@@ -39,7 +39,7 @@ from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.runtime import check_pinned
 from ..semi.decide import DENSE, SPARSE, UNSTRUCTURED
 from ..tune.choose import TUNE_BUDGET_S, tuning_budget
-from .convert import LayerReport, ModelReport, measure_layer, prebuild_layers
+from .convert import LayerReport, ModelReport, measure_layer, model_bytes, prebuild_layers
 from .linear24 import SparseLinear24
 from .sparse import SparseLinear, SparseShapeError
 
@@ -133,10 +133,11 @@ class DecodeLinear(nn.Module):
     Sparse Tensor Cores); a width below the largest of them runs on the next larger one's kernel, its input
     padded with zero rows (rows are independent, and a decode kernel's time is W's bytes, not the tokens:
     batch 4 on a model converted for (1, 8) takes the 8-token kernel, nothing compiled or timed); wider
-    inputs (the prefill) run dense. For a SparseLinear the dense W is scattered from its
-    CSR buffers into a workspace shared by every DecodeLinear of that shape (prefill is compute-bound: the
-    scatter is small beside the matmul, and no layer keeps a dense W); a SparseLinear24 keeps its dense
-    weight anyway (its own fallback) and uses it. Input x: (..., in_features) in the layer's dtype and device.
+    inputs (the prefill) run dense, W written into a workspace shared by every DecodeLinear of that shape
+    (prefill is compute-bound: writing W is small beside the matmul, and no layer keeps a dense W): a
+    SparseLinear's W scattered from its CSR buffers, a SparseLinear24's from its packed 2:4 copy (one
+    kernel; prepare moved its dense weight to host memory: SparseLinear24.release_dense). Input x:
+    (..., in_features) in the layer's dtype and device.
 
     Once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one copy of W on the device), so
     the workspace is filled from the kernel's own device arrays where its family can (runtime.kernel densify:
@@ -163,6 +164,12 @@ class DecodeLinear(nn.Module):
     def decisions(self):
         return self.inner.decisions
 
+    @property
+    def uses_workspace(self) -> bool:
+        """Whether its prefill reads the workspace its shape shares (not a dense W of the inner layer's own)."""
+        inner = self.inner
+        return isinstance(inner, SparseLinear) or inner.dense_on_host
+
     def extra_repr(self) -> str:
         return f"kernel_widths={sorted(self.kernel_widths)}"
 
@@ -188,30 +195,29 @@ class DecodeLinear(nn.Module):
             if inner.device.type == "cuda":
                 inner.prepare(widths)
             return
-        if inner.weight.is_cuda:
-            generator = torch.Generator(device="cpu").manual_seed(0)
-            runtime = inner.runtime()
-            for n in (n for n in widths if not runtime.decided(n)):  # decided at conversion: kept
-                runtime.prepare(torch.randn(n, self.in_features, generator=generator).to(inner.weight.device,
-                                                                                         inner.weight.dtype))
-            runtime.release_unused(widths)  # the widths it runs on 2:4: the copies of W no path of theirs reads go
+        if inner.device.type == "cuda":
+            inner.prepare(widths)  # widths decided at conversion are kept
+            inner.runtime().release_unused(widths)  # the copies of W no path of its widths reads go
+            inner.release_dense()  # and the dense W to host memory: prefill writes W into the shared workspace
 
     def dense_weight(self, x: torch.Tensor | None = None) -> torch.Tensor:
-        """W dense (out_features x in_features) for a dense call on `x`: a SparseLinear24's own weight, else the
-        shared workspace of this shape filled from the CSR buffers (a tensor of its own where autograd would
-        save it, or under torch.compile)."""
+        """W dense (out_features x in_features) for a dense call on `x`: the shared workspace of this shape
+        filled from the inner layer's own copy of W (a tensor of its own where autograd would save it, or under
+        torch.compile); a SparseLinear24 that still holds its dense weight on the device gives that."""
         inner = self.inner
-        if isinstance(inner, SparseLinear24):
-            return inner.weight
-        device, dtype = inner.device, inner.weight_values.dtype
+        device, dtype = inner.device, self.dtype
         if x is not None and (x.device != device or (x.dtype != dtype and not torch.is_autocast_enabled(device.type))):
             raise SparseShapeError(f"input is {x.dtype} on {x.device}; this layer is {dtype} on {device}: cast or move "
                                    "one of them")
+        own = torch.compiler.is_compiling() or (x is not None and torch.is_grad_enabled() and x.requires_grad)
+        if isinstance(inner, SparseLinear24):  # its W or one launch from its packed copy: a capture may take either
+            if not inner.dense_on_host or own:
+                return inner.dense_weight()
+            return inner.densify_into(_workspace(self.out_features, self.in_features, dtype, device))
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             n = None if x is None else x.numel() // self.in_features
             raise RuntimeError(f"a CUDA graph captures this layer on {n} tokens, a width not given at conversion "
                                f"(kernel widths {sorted(self.kernel_widths)}): convert with tokens including {n}")
-        own = torch.compiler.is_compiling() or (x is not None and torch.is_grad_enabled() and x.requires_grad)
         if not own and device.type == "cuda":  # from the kernel's own copy on the GPU, where it can (it zeroes)
             out = _workspace(self.out_features, self.in_features, dtype, device)
             if inner.densify_into(out):
@@ -382,7 +388,7 @@ def prefill_workspace_bytes(model: nn.Module) -> int:
     """The bytes of the dense workspaces the model's DecodeLinears share (one per shape, dtype and device),
     whether or not a prefill has made them yet."""
     shapes = {(m.out_features, m.in_features, m.dtype, m.inner.device) for m in model.modules()
-              if isinstance(m, DecodeLinear) and isinstance(m.inner, SparseLinear)}
+              if isinstance(m, DecodeLinear) and m.uses_workspace}
     return sum(rows * cols * dtype.itemsize for rows, cols, dtype, _ in shapes)
 
 
@@ -394,22 +400,11 @@ def linear_bytes(model: nn.Module, names: Iterable[str]) -> int:
         module = model.get_submodule(name)
         if isinstance(module, DecodeLinear):
             total += module.device_bytes()
-            if isinstance(module.inner, SparseLinear):
+            if module.uses_workspace:
                 shapes.add((module.out_features, module.in_features, module.dtype))
         else:
             total += sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
     return total + sum(rows * cols * dtype.itemsize for rows, cols, dtype in shapes)
-
-
-def model_bytes(model: nn.Module) -> int:
-    """Parameters and buffers on their devices, plus what sparse modules hold beyond them (their kernels'
-    copies of W, a dense W), less the CSR buffers a SparseLinear keeps in host memory."""
-    total = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    for module in model.modules():
-        if isinstance(module, (SparseLinear, SparseLinear24)):
-            held = module.memory_bytes()
-            total += held["kernels"] + held["dense"] - held.get("csr_host", 0)
-    return total
 
 
 def decoder_linear_names(model: nn.Module) -> list[str]:

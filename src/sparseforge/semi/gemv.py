@@ -15,7 +15,7 @@ import copy
 
 import torch
 
-from ..codegen.gemv24 import MAX_N, WARPS, kernel_name, render_gemv24
+from ..codegen.gemv24 import MAX_N, UNPACK_NAME, UNPACK_THREADS, WARPS, kernel_name, render_gemv24, render_unpack24
 from ..dtypes import dtype_name
 from ..runtime.streams import current_stream_handle
 from .cusparselt import Sparse24Error
@@ -34,21 +34,47 @@ class Gemv24:
         self.index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         self._kernels: dict[int, object] = {}
         self._launches: dict[int, object] = {}  # n -> runtime.launch.PackedLaunch
+        self._unpack = None  # the dense writer's launch (densify), its W pointers fixed
 
     def kernel(self, n: int):
         """The loaded kernel for n inputs (compiled, or taken from the disk cache, on first use)."""
         if n not in self._kernels:
-            from ..runtime.compiler import default_compiler
-            from ..runtime.kernel import compile_source, kernel_key, load_kernel
-
-            major, minor = torch.cuda.get_device_capability(self.index)
-            arch = major * 10 + minor
             dtype, bias = dtype_name(self.dtype), self.bias is not None
-            compiler = default_compiler()
-            key = kernel_key("gemv24", f"{dtype}|{n}|{bias}", arch, compiler.version)
-            built = compile_source(key, arch, lambda: render_gemv24(dtype, n, bias, arch), compiler=compiler)
-            self._kernels[n] = load_kernel(built.cubin, kernel_name(dtype, n, bias), self.index)
+            self._kernels[n] = self._load("gemv24", f"{dtype}|{n}|{bias}", kernel_name(dtype, n, bias),
+                                          lambda arch: render_gemv24(dtype, n, bias, arch))
         return self._kernels[n]
+
+    def _load(self, kind: str, spec: str, name: str, render):
+        from ..runtime.compiler import default_compiler
+        from ..runtime.kernel import compile_source, kernel_key, load_kernel
+
+        major, minor = torch.cuda.get_device_capability(self.index)
+        arch, compiler = major * 10 + minor, default_compiler()
+        built = compile_source(kernel_key(kind, spec, arch, compiler.version), arch, lambda: render(arch),
+                               compiler=compiler)
+        return load_kernel(built.cubin, name, self.index)
+
+    def densify(self, out: torch.Tensor) -> torch.Tensor:
+        """W dense into `out` (M x K, contiguous, 16-byte aligned, the weight's dtype and device) from the packed
+        arrays: every element written, the kept values bit for bit (codegen/gemv24.py render_unpack24: one launch on
+        the current stream, no host sync, reads 0.5625x and writes 1x W's bytes). Returns `out`."""
+        m, k = self.packed.rows, self.packed.cols
+        if tuple(out.shape) != (m, k) or out.dtype != self.dtype or out.device != self.device or \
+                not out.is_contiguous() or out.data_ptr() % 16:  # 16-byte stores
+            raise Sparse24Error(f"densify writes a contiguous, 16-byte aligned {m} x {k} {self.dtype} tensor on "
+                                f"{self.device}; got {tuple(out.shape)} {out.dtype} on {out.device}"
+                                f"{'' if out.is_contiguous() else ', not contiguous'}"
+                                f"{', misaligned' if out.data_ptr() % 16 else ''}")
+        launch = self._unpack
+        if launch is None:
+            launch = self._load("unpack24", "b16", UNPACK_NAME, render_unpack24).packed(UNPACK_THREADS, 4)
+            for index, value in ((0, self.packed.values.data_ptr()), (1, self.packed.meta.data_ptr()),
+                                 (3, m * k // 16)):
+                launch.fix(index, value)
+            self._unpack = launch
+        chunks = m * k // 16
+        launch((-(-chunks // UNPACK_THREADS), 1, 1), current_stream_handle(self.index), out.data_ptr(), first=2)
+        return out
 
     def with_copy_of_w(self) -> "Gemv24":
         """The same GEMV reading its own copy of the packed W (the compiled kernels shared): what a timing
@@ -56,7 +82,7 @@ class Gemv24:
         twin = copy.copy(self)
         twin.packed = Packed24(self.packed.values.clone(), self.packed.meta.clone(), self.packed.rows,
                                self.packed.cols)
-        twin._launches = {}  # their fixed parameters point at this copy's arrays
+        twin._launches, twin._unpack = {}, None  # their fixed parameters point at this copy's arrays
         return twin
 
     @property

@@ -2,6 +2,7 @@
 (2:4 or dense, by measurement) with its cuSPARSELt plan. Built once, looked up on every call."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 import torch
@@ -25,7 +26,8 @@ def check_policy(policy: str) -> str:
 
 class Linear24Runtime:
     """Y = X W^T + b for a 2:4 weight on one CUDA device. `weight` (M x K, the masked dense weight) and
-    `bias` stay referenced: dense is the fallback wherever 2:4 does not pay."""
+    `bias` stay referenced: dense is the fallback wherever 2:4 does not pay, until drop_dense lets go of W
+    (every decided width runs a 2:4 path; the packed copy then stands for W: densify)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, policy: str = "measure",
                  min_speedup: float = MIN_SPEEDUP, pinned: dict | None = None):
@@ -33,7 +35,8 @@ class Linear24Runtime:
         self.min_speedup = min_speedup
         # {n: (eager path, graph path)}: widths run as another layer of the same shape decided, nothing timed
         self.pinned = check_pinned(pinned or {})
-        self.weight, self.bias = weight, bias
+        self.weight, self.bias = weight, bias  # weight: None once drop_dense let go of it
+        self._own_dense = False  # weight made again from the packed copy after drop_dense (device_bytes counts it)
         # compressed now (a weight cuSPARSELt refuses is named at once), unless every width is pinned off it
         off_cusparselt = bool(self.pinned) and all(SPARSE not in paths for paths in self.pinned.values())
         self._compressed: CompressedWeight | None = None if off_cusparselt else CompressedWeight(weight)
@@ -53,8 +56,62 @@ class Linear24Runtime:
     def compressed(self) -> CompressedWeight:
         """cuSPARSELt's compressed W; compressed again from the dense W if release_unused dropped it."""
         if self._compressed is None:
-            self._compressed = CompressedWeight(self.weight)
+            # from the packed copy where W was dropped: a dense W only while compressing
+            weight = self.weight if self.weight is not None else self.densify(torch.empty(
+                self.gemv.packed.rows, self.gemv.packed.cols, dtype=self.gemv.dtype, device=self.gemv.device))
+            self._compressed = CompressedWeight(weight)
         return self._compressed
+
+    @property
+    def holds_dense(self) -> bool:
+        """Whether the runtime references a dense W (False after drop_dense, until a new width needs one)."""
+        return self.weight is not None
+
+    def dense_weight(self) -> torch.Tensor:
+        """The dense W a dense call or a measurement reads: the layer's, or, after drop_dense, made again from
+        the packed copy and kept (a width decided after the drop: the memory drop_dense saved comes back)."""
+        if self.weight is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("a CUDA graph captures this 2:4 layer on a width it never ran, and the layer "
+                                   "keeps no dense W to run it on: run (or prepare) that width before capturing")
+            packed = self.gemv.packed
+            self.weight = self.densify(torch.empty(packed.rows, packed.cols, dtype=self.gemv.dtype,
+                                                   device=self.gemv.device))
+            self._own_dense = True
+        return self.weight
+
+    def densify(self, out: torch.Tensor) -> torch.Tensor:
+        """W dense into `out` (M x K, contiguous, W's dtype and device): from the packed copy where there is one
+        (one kernel, no host sync), else copied from the dense W."""
+        if self.gemv is not None:
+            return self.gemv.densify(out)
+        return out.copy_(self.weight)
+
+    def drop_dense(self) -> bool:
+        """Let go of the dense W where every decided width runs a 2:4 path under graph replay (DecodeLinear's
+        decode widths: its prefill densifies into a workspace shared by the layers of its shape). A width whose
+        eager call measured dense faster then runs its graph path eagerly too, said so in its decision. The
+        packed copy stays (built here if no decision uses the GEMV): it writes W back (densify) for prefill and
+        for a width decided later. Returns whether no dense W is referenced now; False (W kept) with nothing
+        decided, under policy "dense", or where a width runs dense under graph replay."""
+        if self.weight is None:
+            return True
+        if self.policy == "dense" or not self.entries or any(
+                n in self._captured or choice.graph.path == DENSE for n, (choice, _) in self.entries.items()):
+            return False
+        self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
+        for n, (choice, plan) in list(self.entries.items()):
+            if choice.eager.path != DENSE:
+                continue
+            graph, eager = choice.graph, choice.eager
+            runs = Decision(n, graph.path, f"{graph.path} eagerly too: dense measured faster called eagerly "
+                                           f"({eager.reason}), but the layer keeps no dense W",
+                            None, eager.dense_us, graph.config_id, graph.padded_n, mode="eager")
+            self.entries[n] = (dataclasses.replace(choice, eager=runs), plan)
+            call = self._calls[n][1]
+            self._calls[n] = (call, call)
+        self.weight, self._own_dense = None, False
+        return True
 
     def decided(self, n: int) -> bool:
         """Whether width n has a decision made outside a CUDA graph capture (measured, pinned or by policy)."""
@@ -78,16 +135,17 @@ class Linear24Runtime:
         used = {d.path for choice, _ in self.entries.values() for d in choice.decisions()}
         if SPARSE not in used:
             self._compressed = None
-        if GEMV not in used:
+        if GEMV not in used and self.weight is not None:  # without a dense W the packed copy stands for it
             self.gemv = None
 
     def device_bytes(self) -> dict[str, int]:
         """Bytes held on the device beyond the dense W and bias: cuSPARSELt's compressed W, the packed GEMV
         weight, and the plans' workspaces."""
         plans = [plan for _, plan in self.entries.values() if plan is not None]
+        dense = self.weight.numel() * self.weight.element_size() if self._own_dense else 0
         return {"compressed": 0 if self._compressed is None else self._compressed.nbytes,
                 "packed": 0 if self.gemv is None else self.gemv.nbytes,
-                "workspace": sum(plan.workspace.numel() for plan in plans)}
+                "workspace": sum(plan.workspace.numel() for plan in plans), "dense": dense}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n, K) contiguous, 16-byte aligned, the weight's dtype and device. Returns (n, M)."""
@@ -101,7 +159,7 @@ class Linear24Runtime:
         return (graph if torch.cuda.is_current_stream_capturing() else eager)(x)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.dense_weight(), self.bias)
 
     def _callable(self, path: str, plan: MatmulPlan | None):
         if path == SPARSE:
@@ -150,7 +208,7 @@ class Linear24Runtime:
             except Sparse24Error as exc:
                 plan, why[SPARSE] = None, f"pinned to 2:4, but cuSPARSELt cannot run this width ({exc}): dense"
         if GEMV in (eager, graph) and GEMV not in why:
-            self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
+            self.gemv = self.gemv or gemv_module.Gemv24(self.dense_weight(), self.bias)
             self.gemv(x)  # the same for its kernel
         made = [Decision(n, DENSE, why[path], mode=mode) if path in why else
                 Decision(n, path, "pinned: as a layer of the same shape measured", mode=mode,
@@ -180,12 +238,12 @@ class Linear24Runtime:
         timed = {SPARSE: _both_us([lambda c=c: _run_padded(plan, x, c) for c in copies])}
         del copies
         if gemv_module.USE_IN_DECISIONS and n <= gemv_module.DECISION_MAX_N:
-            self.gemv = self.gemv or gemv_module.Gemv24(self.weight, self.bias)
+            self.gemv = self.gemv or gemv_module.Gemv24(self.dense_weight(), self.bias)
             gemvs = [self.gemv] + [self.gemv.with_copy_of_w() for _ in range(count(self.gemv.nbytes) - 1)]
             timed[GEMV] = _both_us([lambda g=g: g(x) for g in gemvs])
             del gemvs
-        weights = [self.weight] + [self.weight.clone()
-                                   for _ in range(count(self.weight.numel() * self.weight.element_size()) - 1)]
+        weight = self.dense_weight()
+        weights = [weight] + [weight.clone() for _ in range(count(weight.numel() * weight.element_size()) - 1)]
         dense = _both_us([lambda w=w: F.linear(x, w, self.bias) for w in weights])
         del weights
         choice = decide_modes(n, timed, dense, self.min_speedup, **extra)

@@ -1,6 +1,6 @@
-"""A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV): integer
-address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte permutes,
-fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly, indexed and up warp shuffles (a block's
+"""A small interpreter for the PTX subset sparseforge's generators emit (SpMM, packed 2:4 GEMV and its dense
+writer): integer address arithmetic, branches and jump tables, calls with .param blocks, 16-bit widening, byte
+permutes, 64-bit shifts and word unpacking, fp32 FMAs, stores and atomic adds; shared memory with bar.sync and butterfly, indexed and up warp shuffles (a block's
 warps run one at a time as far as barriers let them, the lowest or the highest first, turning at each barrier; a barrier holds
 its threads until all arrive, a shuffle needs every live lane of the warp at it, and loads and stores must be aligned to their size). It lets CI run generated kernels numerically,
 not just assemble them.
@@ -338,7 +338,12 @@ class Thread:
             r[args[0]] = word.bit_length() - 1 if word else 0xFFFFFFFF
             return
         if op == "mov.b64":
-            r[args[0]] = v(args[1]) & _MASK[64]
+            if args[0].startswith("{"):  # unpack a 64-bit value into two 32-bit words (low first)
+                lo, hi = _vector(args[0])
+                word = v(args[1]) & _MASK[64]
+                r[lo], r[hi] = word & _MASK[32], word >> 32
+            else:
+                r[args[0]] = v(args[1]) & _MASK[64]
             return
         if op == "mov.b16":
             r[args[0]] = v(args[1]) & 0xFFFF

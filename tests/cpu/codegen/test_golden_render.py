@@ -19,7 +19,7 @@ import pytest
 
 from sparseforge import SparseMatrix
 from sparseforge.codegen import render
-from sparseforge.codegen.gemv24 import render_gemv24
+from sparseforge.codegen.gemv24 import render_gemv24, render_unpack24
 from sparseforge.plan import TileConfig, make_plan
 from sparseforge.mappings.bitmap.plan import BitmapConfig, make_bitmap_plan
 from sparseforge.plan.conv import ConvGeometry, make_conv_plan
@@ -145,6 +145,8 @@ def _gemv24_cases():
                 for arch in ARCHES:
                     yield (f"gemv24/n{n}/{dtype}/{'bias' if bias else 'plain'}/sm{arch}",
                            lambda dtype=dtype, n=n, bias=bias, arch=arch: render_gemv24(dtype, n, bias, arch))
+    for arch in ARCHES:
+        yield f"unpack24/sm{arch}", lambda arch=arch: render_unpack24(arch)
 
 
 SAMPLE = ("rn50/magnitude_pruning/0.95/initial_conv.smtx",
@@ -208,7 +210,7 @@ def test_golden_cases_cover_every_family_and_render_most():
     rendered = [case for case, h in want.items() if not h.startswith("refused")]
     assert len(rendered) >= 0.7 * len(want)
     for prefix in ("tile/row-per-block", "tile/split-k", "tile/inline", "csr/", "csr-staged/", "csr-prefetch/",
-                   "csr-columns/", "bitmap/", "tc-scatter/", "conv/3x3p1/tile/", "conv/3x3p1/columns1/", "gemv24/",
+                   "csr-columns/", "bitmap/", "tc-scatter/", "conv/3x3p1/tile/", "conv/3x3p1/columns1/", "gemv24/", "unpack24/",
                    "sample/"):
         assert any(case.startswith(prefix) for case in rendered), prefix
     for arch in ARCHES:

@@ -518,3 +518,36 @@ def test_packed_24_gemv_propagates_nan_and_inf_through_kept_weights_only():
     assert np.array_equal(got[4, uses17], np.sign(dense[uses17, 17]) * np.inf)
     assert np.isnan(got[2, uses5]).all() and np.isfinite(got[2, ~uses5]).all() and np.isfinite(got[4, ~uses17]).all()
     assert np.isfinite(np.delete(got, [2, 4], axis=0)).all()
+
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_packed_24_dense_writer_gives_the_weight_bit_for_bit(dtype):
+    """The packed 2:4 dense writer (codegen/gemv24.py render_unpack24): every element written over a
+    NaN-poisoned output, the kept values' bits at their positions (the extremes of the dtype and a kept -0.0
+    included), zeros elsewhere; groups with fewer than two nonzeros, and a chunk count that leaves most of
+    the block idle."""
+    import torch
+
+    from sparseforge.codegen.gemv24 import UNPACK_NAME, UNPACK_THREADS, render_unpack24
+    from sparseforge.prune import nm_mask
+    from sparseforge.semi.packed import pack_24, unpack_24
+
+    torch_dtype = getattr(torch, dtype)
+    info = torch.finfo(torch_dtype)
+    m, k = 5, 64  # 20 chunks
+    w = torch.randn(m, k, generator=torch.Generator().manual_seed(3))
+    w = (w * nm_mask(w)).to(torch_dtype)
+    w[0, :4] = 0                                                             # no nonzero
+    w[1, 4:8] = torch.tensor([0.0, 0.0, 0.0, 1.5])                           # one, at the last position
+    w[2, 8:12] = torch.tensor([0.0, info.max, 0.0, -info.tiny / 4])          # the largest and a subnormal
+    w[3, 12:16] = torch.tensor([-0.0, 0.0, 2.0, 0.0])                        # a -0.0 kept beside the 2.0
+    packed = pack_24(w)
+    bits = lambda t: t.contiguous().view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    out = np.full((m, k), 0xFFFF, np.uint16)  # NaN in both dtypes
+    chunks = m * k // 16
+    launch(render_unpack24().text, UNPACK_NAME, (-(-chunks // UNPACK_THREADS), 1, 1), UNPACK_THREADS,
+           bits(packed.values), packed.meta.numpy(), out, chunks)
+    assert np.array_equal(out, bits(unpack_24(packed)))
+    assert torch.equal(torch.from_numpy(out.view(np.int16)).view(torch_dtype), w)
+    assert out[3, 12] == 0x8000  # the kept -0.0's sign bit

@@ -128,19 +128,20 @@ def test_torch_library_op_passes_opcheck():
     layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
     x = torch.randn(4, 3, 32, dtype=torch.float16)
     result = torch.library.opcheck(torch.ops.sparseforge.linear24.default,
-                                   (x, layer.weight.detach(), layer.bias.detach(), layer.layer_id))
+                                   (x, layer._buffers["_device_anchor"], layer.bias.detach(), layer.layer_id, 48))
     assert set(result.values()) == {"SUCCESS"}
 
 
 def test_torch_library_op_fake_shape_and_cpu_impl():
     layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
     x = torch.randn(4, 3, 32, dtype=torch.float16)
-    out = torch.ops.sparseforge.linear24(x, layer.weight, layer.bias, layer.layer_id)
+    anchor = layer._buffers["_device_anchor"]
+    out = torch.ops.sparseforge.linear24(x, anchor, layer.bias, layer.layer_id, 48)
     assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        fake = torch.ops.sparseforge.linear24(mode.from_tensor(x), mode.from_tensor(layer.weight), None, 0)
+        fake = torch.ops.sparseforge.linear24(mode.from_tensor(x), mode.from_tensor(anchor), None, 0, 48)
     assert fake.shape == (4, 3, 48)
 
 
@@ -266,7 +267,7 @@ def test_pin_checks_merges_and_forgets_the_runtime():
 def test_memory_bytes_counts_the_runtimes_copies_of_w():
     layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
     weight, bias = 48 * 32 * 2, 48 * 2
-    assert layer.memory_bytes() == {"weight": weight, "kernels": 0, "dense": 0, "bias": bias,
+    assert layer.memory_bytes() == {"weight": weight, "weight_host": 0, "kernels": 0, "dense": 0, "bias": bias,
                                     "total": weight + bias}
 
     class Held(RecordingRuntime):
@@ -275,3 +276,98 @@ def test_memory_bytes_counts_the_runtimes_copies_of_w():
 
     layer._runtime = Held(layer.weight)
     assert layer.memory_bytes()["kernels"] == 1828 and layer.memory_bytes()["total"] == weight + bias + 1828
+
+
+class PackedRuntime(RecordingRuntime):
+    """A runtime whose packed copy writes W back, and which lets go of its dense W when asked."""
+
+    def __init__(self, weight, drops=True):
+        super().__init__(weight)
+        self.gemv, self.drops, self.densified = object(), drops, 0
+
+    def drop_dense(self):
+        return self.drops
+
+    def densify(self, out):
+        self.densified += 1
+        return out.copy_(self.weight)
+
+    def device_bytes(self):
+        return {"compressed": 0, "packed": 864, "workspace": 0, "dense": 0}
+
+
+def test_release_dense_is_refused_without_a_runtime_that_drops_it_and_on_a_cpu():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    assert not layer.release_dense() and not layer.dense_on_host  # no runtime (nothing decided)
+    layer._runtime, layer._runtime_key = PackedRuntime(layer.weight, drops=False), layer._current_key()
+    assert not layer.release_dense() and layer.weight.device.type == "cpu"  # a width runs dense: W kept
+    layer._runtime.drops = True
+    assert not layer.release_dense() and not layer.dense_on_host  # on a CPU there is no other memory to move to
+
+
+def test_a_layer_computing_elsewhere_than_its_weight_reads_w_from_the_packed_copy():
+    """The glue of a layer whose dense W waits in host memory (its device anchor elsewhere: "meta" stands for
+    the GPU here): memory counts the weight as host bytes, dense calls and densify_into read the packed copy,
+    inputs are checked against the device it computes on, the torch.library op gets the anchor."""
+    w = weight_24(48, 32)
+    layer = SparseLinear24.from_dense(linear_from(w))
+    layer._buffers["_device_anchor"] = torch.empty(0, dtype=torch.float16, device="meta")
+    runtime = PackedRuntime(w)
+    layer._runtime, layer._runtime_key = runtime, layer._current_key()
+    assert layer.dense_on_host and layer.release_dense()  # already there: nothing to do
+    assert layer.device.type == "meta"
+    held = layer.memory_bytes()
+    assert held["weight"] == 0 and held["weight_host"] == 48 * 32 * 2 and held["kernels"] == 864
+    assert held["total"] == 864 + 48 * 2
+    with pytest.raises(Sparse24Error, match="input on cpu, layer on meta"):
+        layer(torch.randn(3, 32, dtype=torch.float16))
+    out = torch.full((48, 32), float("nan"), dtype=torch.float16)
+    assert layer.densify_into(out) is out and torch.equal(out, w) and runtime.densified == 1
+    with torch.no_grad():
+        layer.weight.mul_(2)  # an edit: the runtime no longer describes W, so W itself is read
+    out.fill_(float("nan"))
+    assert torch.equal(layer.densify_into(out), 2 * w) and runtime.densified == 1
+
+
+def test_a_layer_pickled_before_it_had_a_device_anchor_gets_one_where_its_weight_is():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    state = layer.__dict__.copy()
+    state["_buffers"] = {k: v for k, v in state["_buffers"].items() if k != "_device_anchor"}
+    old = SparseLinear24.__new__(SparseLinear24)
+    old.__setstate__(state)
+    assert old.device == layer.weight.device and not old.dense_on_host
+    assert "_device_anchor" not in old.state_dict()
+
+
+def test_assigning_a_state_dict_moves_the_device_anchor_with_the_weight():
+    """saving.load builds layers on "meta" and assigns the saved tensors: the layer computes where they are."""
+    w = weight_24(48, 32)
+    source = SparseLinear24.from_dense(linear_from(w))
+    with torch.device("meta"):
+        layer = SparseLinear24(32, 48, dtype=torch.float16)
+    assert layer.device.type == "meta"
+    layer.load_state_dict(source.state_dict(), assign=True)
+    assert layer.device.type == "cpu" and torch.equal(layer.weight, w) and not layer.dense_on_host
+
+
+def test_prepare_needs_a_cuda_device_and_release_waits_for_graphs_captured_before_prepare():
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    with pytest.raises(ValueError, match="CUDA device"):
+        layer.prepare([1])
+    runtime = PackedRuntime(layer.weight)
+    runtime.drop_dense = lambda: pytest.fail("a graph captured before prepare may still read the device W")
+    layer._runtime, layer._runtime_key = runtime, layer._current_key()
+    layer._capture_fallbacks[1] = "dense in a graph captured before prepare"
+    assert not layer.release_dense()
+
+
+def test_a_state_dict_without_the_weight_leaves_a_host_weight_where_it_is():
+    """load_state_dict(strict=False) of the bias alone (an adapter, say) moves nothing and keeps the runtime's W
+    key; the same Parameter object stays the layer's weight."""
+    w = weight_24(48, 32)
+    layer = SparseLinear24.from_dense(linear_from(w))
+    layer._buffers["_device_anchor"] = torch.empty(0, dtype=torch.float16, device="meta")  # stands for the GPU
+    weight = layer.weight
+    layer.load_state_dict({"bias": torch.ones(48, dtype=torch.float16)}, strict=False)
+    assert layer.weight is weight and layer.weight.device.type == "cpu" and torch.equal(layer.weight, w)
+    assert torch.equal(layer.bias, torch.ones(48, dtype=torch.float16))

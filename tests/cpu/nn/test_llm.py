@@ -509,6 +509,48 @@ def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode(
     assert layers[0].dense_weight().data_ptr() == layers[1].dense_weight().data_ptr()  # one buffer per shape
 
 
+def test_a_2of4_layer_without_its_dense_w_prefills_from_the_shared_workspace():
+    """A 2:4 DecodeLinear whose dense W is off the device (its weight stands in host memory: a meta tensor
+    here, which holds no values, so that only the packed copy can give W) runs its prefill on the workspace
+    of its shape, written by the runtime's packed copy; its memory counts no dense W, the workspace once."""
+    from sparseforge.nn import SparseLinear24
+    from sparseforge.nn.llm import linear_bytes, prefill_workspace_bytes
+    from sparseforge.prune import nm_mask
+    from sparseforge.semi.packed import pack_24, unpack_24
+
+    class PackedOnly:  # the runtime after drop_dense: W only as its packed copy
+        def __init__(self, weight):
+            self.gemv = pack_24(weight)
+
+        def densify(self, out):
+            return out.copy_(unpack_24(self.gemv))
+
+        def device_bytes(self):
+            return {"compressed": 0, "packed": self.gemv.nbytes, "workspace": 0, "dense": 0}
+
+    model = nn.Sequential()
+    weights = []
+    for seed in range(2):
+        w = torch.randn(32, 64, generator=torch.Generator().manual_seed(seed))
+        weights.append((w * nm_mask(w)).to(torch.float16))
+        linear = nn.Linear(64, 32, bias=False).half().requires_grad_(False)
+        linear.weight.copy_(weights[-1])
+        inner = SparseLinear24.from_dense(linear)
+        inner._parameters["weight"] = nn.Parameter(torch.empty(32, 64, dtype=torch.float16, device="meta"),
+                                                   requires_grad=False)
+        inner._runtime, inner._runtime_key = PackedOnly(weights[-1]), inner._current_key()
+        model.append(DecodeLinear(inner, [1]))
+    assert all(layer.inner.dense_on_host and layer.uses_workspace for layer in model)
+    x = torch.randn(5, 64, dtype=torch.float16)  # 5 tokens: not a decode width, so dense from the workspace
+    for layer, w in zip(model, weights):
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, w))
+    assert model[0].dense_weight().data_ptr() == model[1].dense_weight().data_ptr()  # one buffer per shape
+    packed = pack_24(weights[0]).nbytes
+    assert model[0].device_bytes() == packed
+    assert prefill_workspace_bytes(model) == 32 * 64 * 2
+    assert linear_bytes(model, ["0", "1"]) == 2 * packed + 32 * 64 * 2
+
+
 def test_a_2of4_weight_and_an_unstructured_one_of_its_sparsity_are_different_groups():
     from sparseforge.nn import llm
     from sparseforge.prune import prune_model

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparseforge.codegen.gemv24 import render_gemv24
+from sparseforge.codegen.gemv24 import render_gemv24, render_unpack24
 from sparseforge.prune import nm_mask
 from sparseforge.runtime import find_tool
 from sparseforge.semi import Sparse24Error
@@ -90,6 +90,16 @@ def test_kernel_arithmetic_emulated_matches_dense(dtype):
 def test_gemv_ptx_assembles_without_spills(arch, dtype, n, bias):
     source = render_gemv24(dtype, n, bias, arch)
     assert source.modules[0].count("fma.rn.f32") == 8 * n and source.modules[0].count("prmt.b32") == 8 * n
+    done = subprocess.run([find_tool("ptxas"), f"-arch=sm_{arch}", "-c", "-v", "-o", "/dev/null", "-"],
+                          input=source.modules[0], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"[1-9]\d* bytes spill", done.stderr) is None, done.stderr
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_dense_writer_ptx_assembles_without_spills(arch):
+    source = render_unpack24(arch)
+    assert source.modules[0].count("st.global.v4.b32") == 2  # 32 bytes a chunk, every element written
     done = subprocess.run([find_tool("ptxas"), f"-arch=sm_{arch}", "-c", "-v", "-o", "/dev/null", "-"],
                           input=source.modules[0], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

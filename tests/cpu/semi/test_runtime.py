@@ -8,6 +8,7 @@ from sparseforge.prune import nm_mask
 from sparseforge.runtime import timing
 from sparseforge.semi import runtime as rt
 from sparseforge.semi.decide import DENSE, GEMV, SPARSE
+from sparseforge.semi.packed import pack_24, unpack_24
 
 L2 = 1 << 20  # a 1 MiB L2: a 64 x 256 fp16 W (32 KiB) needs many copies to leave it
 
@@ -41,10 +42,14 @@ class FakeGemv:
 
     def __init__(self, weight, bias):
         FakeGemv.built += 1
-        self.weight, self.nbytes = weight, weight.numel() * weight.element_size() * 9 // 16
+        self.packed, self.dtype, self.device = pack_24(weight), weight.dtype, weight.device
+        self.nbytes = self.packed.nbytes
 
     def with_copy_of_w(self):
         return FakeGemv.__new__(FakeGemv)
+
+    def densify(self, out):
+        return out.copy_(unpack_24(self.packed))
 
     def __call__(self, x):
         return x
@@ -102,7 +107,7 @@ def test_release_unused_drops_the_copies_no_decision_reads_and_stops_counting_th
     held = runtime.device_bytes()
     assert held["compressed"] > 0 and held["packed"] > 0 and held["workspace"] == 0
     runtime.release_unused()
-    assert runtime.device_bytes() == {"compressed": 0, "packed": held["packed"], "workspace": 0}
+    assert runtime.device_bytes() == {"compressed": 0, "packed": held["packed"], "workspace": 0, "dense": 0}
     assert runtime._compressed is None and runtime.compressed is not None  # built again on demand
 
 
@@ -204,3 +209,63 @@ def test_a_runtime_pinned_off_cusparselt_compresses_nothing(fakes, monkeypatch):
     assert made == []
     rt.Linear24Runtime(weight_24(), None, pinned={1: (GEMV, SPARSE)})
     assert len(made) == 1
+
+
+def test_drop_dense_lets_go_of_w_once_every_width_runs_2_4_in_graphs(fakes):
+    """The default timings: the GEMV wins under graph replay, dense called eagerly. Dropping W makes the eager
+    call run the GEMV too (said so), keeps the packed copy (it stands for W) through release_unused, and
+    densify writes W back bit for bit."""
+    w = weight_24()
+    runtime = rt.Linear24Runtime(w, None)
+    runtime.prepare(torch.randn(1, 256).to(torch.float16))
+    assert runtime.entries[1][0].eager.path == DENSE
+    assert runtime.drop_dense() and not runtime.holds_dense and runtime.weight is None
+    choice, _ = runtime.entries[1]
+    assert (choice.eager.path, choice.graph.path) == (GEMV, GEMV)
+    assert "keeps no dense W" in choice.eager.reason and "called eagerly" in choice.eager.reason
+    assert runtime._calls[1][0] is runtime._calls[1][1] is runtime.gemv
+    assert runtime.chosen_paths() == {1: (GEMV, GEMV)}
+    runtime.release_unused()
+    assert runtime.gemv is not None and runtime.device_bytes()["dense"] == 0
+    out = torch.full_like(w, float("nan"))
+    assert torch.equal(runtime.densify(out), w)
+    assert runtime.drop_dense()  # again: nothing to do
+
+
+def test_drop_dense_builds_the_packed_copy_where_only_cusparselt_runs(fakes):
+    runtime = rt.Linear24Runtime(weight_24(), None, pinned={8: (SPARSE, SPARSE)})
+    runtime.prepare(torch.randn(8, 256).to(torch.float16))
+    assert runtime.gemv is None and runtime.drop_dense() and runtime.gemv is not None
+    runtime.release_unused()
+    assert runtime.device_bytes()["compressed"] > 0 and runtime.device_bytes()["packed"] > 0
+
+
+@pytest.mark.parametrize("case", ["nothing decided", "a width dense in graphs", "policy dense", "captured width"])
+def test_drop_dense_keeps_w_where_a_width_may_run_dense(fakes, monkeypatch, case):
+    w = weight_24()
+    x = torch.randn(1, 256).to(torch.float16)
+    runtime = rt.Linear24Runtime(w, None, policy="dense" if case == "policy dense" else "measure",
+                                 pinned={1: (GEMV, DENSE)} if case == "a width dense in graphs" else None)
+    if case == "captured width":
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    if case != "nothing decided":
+        runtime.prepare(x)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert not runtime.drop_dense() and runtime.weight is w and runtime.holds_dense
+
+
+def test_a_width_decided_after_drop_dense_makes_w_again_and_counts_it(fakes, monkeypatch):
+    w = weight_24()
+    made = []
+    monkeypatch.setattr(rt, "CompressedWeight", lambda weight: made.append(weight.clone()) or FakeCompressed(weight))
+    runtime = rt.Linear24Runtime(w, None, pinned={1: (GEMV, GEMV)})
+    runtime.prepare(torch.randn(1, 256).to(torch.float16))
+    assert made == [] and runtime.drop_dense()
+    assert runtime.compressed is not None and torch.equal(made[0], w)  # compressed from W written back
+    assert runtime.weight is None  # which was not kept
+    runtime.prepare(torch.randn(4, 256).to(torch.float16))  # measured: dense is timed, so W is back
+    assert torch.equal(runtime.weight, w) and runtime.device_bytes()["dense"] == w.numel() * 2
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    runtime.weight, runtime._own_dense = None, False
+    with pytest.raises(RuntimeError, match="keeps no dense W"):
+        runtime.dense_weight()
