@@ -5,8 +5,9 @@ Qwen2) replaced by a DecodeLinear where the sparse kernels measured faster than 
 Decoding calls each Linear on batch x 1 tokens, so the decode widths are given at conversion (`tokens=(1, 8)`:
 batch 1 and 8) and decided then; `generate` never compiles or times anything. A width between them runs on the
 next larger width's kernel (its input padded with zero rows); a wider one (the prefill: batch x prompt tokens)
-runs dense, from one workspace per (shape, dtype, device) shared by every layer of that
-shape, so no layer keeps a dense W of its own.
+runs dense, W written into one workspace per (dtype, device) that every layer shares (the layers run one after
+another on a stream: each reads W before the next writes its own), sized to the largest shape, so no layer
+keeps a dense W of its own.
 
 Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket, 2:4 or not): the first layer of a
 group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
@@ -113,18 +114,36 @@ def check_tokens(tokens) -> tuple[int, ...]:
 
 # -- the module ----------------------------------------------------------------------------------------------
 
-_WORKSPACES: dict = {}  # (out_features, in_features, dtype, device) -> the dense W scratch prefill calls share
+# (dtype, device) -> [the flat dense-W scratch every prefill call shares, whether a CUDA graph captured a use]
+_WORKSPACES: dict = {}
+_RETIRED: list = []  # outgrown workspaces a captured graph may still write: kept while the process lives
 
 
-def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (rows, cols, dtype, device)
+def reserve_workspace(numel: int, dtype: torch.dtype, device: torch.device) -> list:
+    """The shared workspace of (dtype, device), grown to `numel` elements if smaller (DecodeLinear.prepare
+    reserves its shape's size, so a capture finds it grown). An outgrown one is freed unless a captured graph
+    used it."""
+    key = (dtype, torch.device(device))
     found = _WORKSPACES.get(key)
-    if found is None:
+    if found is None or found[0].numel() < numel:
+        if key[1].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a CUDA graph captures a prefill wider than the shared workspace holds: prepare the "
+                               "model (DecodeLinear.prepare, or sparseforge.load onto the GPU) before capturing")
+        if found is not None and found[1]:
+            _RETIRED.append(found[0])
         # outside inference mode: a workspace made by a first call under inference_mode (an inference tensor)
         # could not be written by a later call outside it
         with torch.inference_mode(False):
-            found = _WORKSPACES[key] = torch.empty(rows, cols, dtype=dtype, device=device)
+            found = _WORKSPACES[key] = [torch.empty(numel, dtype=dtype, device=device), False]
     return found
+
+
+def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A rows x cols view of the shared workspace (contiguous, at its start: 16-byte aligned)."""
+    found = reserve_workspace(rows * cols, dtype, device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        found[1] = True  # the graph writes this buffer at every replay: never freed
+    return found[0][: rows * cols].view(rows, cols)
 
 
 class DecodeLinear(nn.Module):
@@ -189,21 +208,23 @@ class DecodeLinear(nn.Module):
     def prepare(self) -> None:
         """Build the kernels of the decode widths now, on a CUDA device (from the kernel cache; the inner layer
         of a converted or loaded model times nothing), so that the first decode step, which may be a CUDA graph
-        capture, finds them. Does nothing on a CPU."""
+        capture, finds them; the shared prefill workspace is grown to its shape now, for the same reason. Does
+        nothing on a CPU."""
         inner, widths = self.inner, sorted(self.kernel_widths)
-        if isinstance(inner, SparseLinear):
-            if inner.device.type == "cuda":
-                inner.prepare(widths)
+        if inner.device.type != "cuda":
             return
-        if inner.device.type == "cuda":
-            inner.prepare(widths)  # widths decided at conversion are kept
+        inner.prepare(widths)  # widths decided at conversion are kept
+        if isinstance(inner, SparseLinear24):
             inner.runtime().release_unused(widths)  # the copies of W no path of its widths reads go
             inner.release_dense()  # and the dense W to host memory: prefill writes W into the shared workspace
+        if self.uses_workspace:
+            reserve_workspace(self.out_features * self.in_features, self.dtype, inner.device)
 
     def dense_weight(self, x: torch.Tensor | None = None) -> torch.Tensor:
-        """W dense (out_features x in_features) for a dense call on `x`: the shared workspace of this shape
-        filled from the inner layer's own copy of W (a tensor of its own where autograd would save it, or under
-        torch.compile); a SparseLinear24 that still holds its dense weight on the device gives that."""
+        """W dense (out_features x in_features) for a dense call on `x`: the shared workspace (valid until the
+        next layer's dense call) filled from the inner layer's own copy of W (a tensor of its own where autograd
+        would save it, or under torch.compile); a SparseLinear24 that still holds its dense weight on the device
+        gives that."""
         inner = self.inner
         device, dtype = inner.device, self.dtype
         if x is not None and (x.device != device or (x.dtype != dtype and not torch.is_autocast_enabled(device.type))):
@@ -233,7 +254,7 @@ class DecodeLinear(nn.Module):
 
     def device_bytes(self) -> int:
         """Bytes the layer holds on its device (the kernels' copies of W included; the shared prefill
-        workspace not: prefill_workspace_bytes counts it once per shape)."""
+        workspace not: prefill_workspace_bytes counts it once)."""
         inner = self.inner
         return inner.memory_bytes()["total"]
 
@@ -384,27 +405,33 @@ def fuse_gated_mlps(model: nn.Module) -> list[str]:
     return fused
 
 
+def _workspace_bytes(layers: Iterable[nn.Module]) -> int:
+    """Bytes of the workspaces `layers` (DecodeLinears) share for their prefill: one per dtype and device, of the
+    largest shape among them."""
+    largest: dict = {}
+    for m in layers:
+        if isinstance(m, DecodeLinear) and m.uses_workspace:
+            key = (m.dtype, m.inner.device)
+            largest[key] = max(largest.get(key, 0), m.out_features * m.in_features * m.dtype.itemsize)
+    return sum(largest.values())
+
+
 def prefill_workspace_bytes(model: nn.Module) -> int:
-    """The bytes of the dense workspaces the model's DecodeLinears share (one per shape, dtype and device),
-    whether or not a prefill has made them yet."""
-    shapes = {(m.out_features, m.in_features, m.dtype, m.inner.device) for m in model.modules()
-              if isinstance(m, DecodeLinear) and m.uses_workspace}
-    return sum(rows * cols * dtype.itemsize for rows, cols, dtype, _ in shapes)
+    """The bytes of the dense workspace the model's DecodeLinears share (one per dtype and device, of the
+    largest shape), whether or not a prefill has made it yet."""
+    return _workspace_bytes(model.modules())
 
 
 def linear_bytes(model: nn.Module, names: Iterable[str]) -> int:
-    """Device bytes of the modules `names` (nn.Linear or DecodeLinear) of `model`, plus the prefill workspaces
-    their DecodeLinears share (each counted once)."""
-    total, shapes = 0, set()
-    for name in names:
-        module = model.get_submodule(name)
+    """Device bytes of the modules `names` (nn.Linear or DecodeLinear) of `model`, plus the prefill workspace
+    their DecodeLinears share (counted once, at the largest of their shapes)."""
+    total, modules = 0, [model.get_submodule(name) for name in names]
+    for module in modules:
         if isinstance(module, DecodeLinear):
             total += module.device_bytes()
-            if module.uses_workspace:
-                shapes.add((module.out_features, module.in_features, module.dtype))
         else:
             total += sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
-    return total + sum(rows * cols * dtype.itemsize for rows, cols, dtype in shapes)
+    return total + _workspace_bytes(modules)
 
 
 def decoder_linear_names(model: nn.Module) -> list[str]:

@@ -506,7 +506,28 @@ def test_the_shared_prefill_workspace_serves_calls_in_and_out_of_inference_mode(
         for layer, lin in zip(layers, linears):
             assert torch.allclose(layer(x), lin(x), atol=1e-6)
     assert torch.allclose(layers[1](x), linears[1](x), atol=1e-6)
-    assert layers[0].dense_weight().data_ptr() == layers[1].dense_weight().data_ptr()  # one buffer per shape
+    assert layers[0].dense_weight().data_ptr() == layers[1].dense_weight().data_ptr()  # one buffer
+
+
+def test_layers_of_every_shape_share_one_workspace_grown_to_the_largest():
+    """Prefill writes each layer's W into one buffer per (dtype, device), read by its matmul before the next
+    layer writes: shapes of different sizes in turn stay right, the buffer grows to the largest, and the
+    memory counts it once, at that size."""
+    from sparseforge.nn.llm import linear_bytes, prefill_workspace_bytes
+
+    torch.manual_seed(0)
+    linears = [nn.Linear(16, 8), nn.Linear(16, 40), nn.Linear(40, 16)]
+    prune_model(nn.ModuleList(linears), sparsity=0.5, keep_masks=False)
+    model = nn.Sequential(*[DecodeLinear(SparseLinear.from_dense(lin, policy="sparse"), [1]) for lin in linears])
+    for _ in range(2):  # the second round: the grown buffer serves the smaller shape too
+        for layer, lin in zip(model, linears):
+            x = torch.randn(3, lin.in_features)
+            assert torch.allclose(layer(x), lin(x), atol=1e-6)
+    views = [layer.dense_weight() for layer in model]
+    assert views[0].data_ptr() == views[1].data_ptr() == views[2].data_ptr()
+    assert prefill_workspace_bytes(model) == 40 * 16 * 4
+    assert linear_bytes(model, ["0", "1"]) == sum(model[i].device_bytes() for i in (0, 1)) + 40 * 16 * 4
+    assert linear_bytes(model, ["0"]) == model[0].device_bytes() + 8 * 16 * 4
 
 
 def test_a_2of4_layer_without_its_dense_w_prefills_from_the_shared_workspace():
@@ -544,7 +565,7 @@ def test_a_2of4_layer_without_its_dense_w_prefills_from_the_shared_workspace():
     x = torch.randn(5, 64, dtype=torch.float16)  # 5 tokens: not a decode width, so dense from the workspace
     for layer, w in zip(model, weights):
         assert torch.equal(layer(x), torch.nn.functional.linear(x, w))
-    assert model[0].dense_weight().data_ptr() == model[1].dense_weight().data_ptr()  # one buffer per shape
+    assert model[0].dense_weight().data_ptr() == model[1].dense_weight().data_ptr()  # one buffer
     packed = pack_24(weights[0]).nbytes
     assert model[0].device_bytes() == packed
     assert prefill_workspace_bytes(model) == 32 * 64 * 2
