@@ -435,6 +435,10 @@ def test_a_decode_layer_keeps_no_dense_w_on_the_gpu_and_prefills_from_the_worksp
     twin.prepare()
     assert twin.inner.dense_on_host
     captured(twin, 1)
+    before = inner.decisions
+    layer.to("cuda").to(dtype)  # where it is already: released still, nothing decided again
+    assert inner.dense_on_host and inner.decisions == before
+    captured(layer, 1)
     saved = sparseforge.save(nn.Sequential(layer), tmp_path / "released")
     loaded = sparseforge.load(saved, model=nn.Sequential(nn.Linear(1024, 512)), device="cuda")
     assert loaded[0].inner.dense_on_host

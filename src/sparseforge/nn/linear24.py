@@ -36,7 +36,8 @@ class SparseLinear24(nn.Module):
     where every decided width runs 2:4: the device then holds the packed copy (0.5625x of the dense bytes),
     and cuSPARSELt's compressed one where a width runs it. The parameter stays (state_dict, saving, to_dense
     read it there); `device` is where the layer computes either way, and densify_into writes W back on the
-    device. A width decided later, an edit of the weight or a move brings the dense W back to the device."""
+    device. A width decided later, an edit of the weight, a cast or a move to another device brings the dense W
+    back to the device (a move to the device it is on, model.to("cuda") on a model there, does not)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=torch.float16, policy: str = "measure", min_speedup: float = MIN_SPEEDUP):
@@ -299,6 +300,15 @@ class SparseLinear24(nn.Module):
         self.layer_id = register(self)  # a copy is its own layer for the torch.library op's registry
 
     def _apply(self, fn, recurse=True):
-        # .to() / .cuda() / .half(): the runtime belongs to the old tensors; forget it.
+        # .to() / .cuda() / .half() to another device or dtype: the runtime belongs to the old tensors; forget it.
+        # One that changes neither (model.to("cuda") on a model already there, as pipelines do) keeps the
+        # runtime and its decisions, and a dense W in host memory goes back there (fn brought it to the device).
+        anchor, runtime, released = self._buffers.get("_device_anchor"), self._runtime, self.dense_on_host
+        kept = runtime is not None and self._runtime_key == self._current_key()
         self._runtime, self._runtime_key = None, None
-        return super()._apply(fn, recurse)
+        result = super()._apply(fn, recurse)
+        if kept and anchor is not None and self._buffers["_device_anchor"] is anchor:
+            if released and not self.dense_on_host:
+                self._move_weight(torch.device("cpu"))
+            self._runtime, self._runtime_key = runtime, self._current_key()
+        return result

@@ -371,3 +371,16 @@ def test_a_state_dict_without_the_weight_leaves_a_host_weight_where_it_is():
     layer.load_state_dict({"bias": torch.ones(48, dtype=torch.float16)}, strict=False)
     assert layer.weight is weight and layer.weight.device.type == "cpu" and torch.equal(layer.weight, w)
     assert torch.equal(layer.bias, torch.ones(48, dtype=torch.float16))
+
+
+def test_a_move_to_where_the_layer_is_keeps_its_runtime_and_a_cast_forgets_it():
+    """model.to(its own device) or .half() on an fp16 model (pipelines move models they are given) keeps the
+    runtime and its decisions; a real cast or move builds them again."""
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    runtime = PackedRuntime(layer.weight)
+    layer._runtime, layer._runtime_key = runtime, layer._current_key()
+    layer.to("cpu")
+    layer.half()
+    assert layer._runtime is runtime and layer._runtime_key == layer._current_key()
+    layer.to(torch.bfloat16)
+    assert layer._runtime is None and layer.weight.dtype == torch.bfloat16 and layer.device.type == "cpu"
