@@ -149,6 +149,9 @@ def test_prefill_densifies_from_the_kernels_copy_on_the_gpu():
         want = x.double() @ linear.weight.double().T + linear.bias.double()
         got = layer(x).double()
     assert ((got - want).norm() / want.norm()).item() < 5e-3
+    kernel = inner.kernel_at(1)
+    layer.to("cuda").half()  # where it is already (pipelines move the models they are given): nothing rebuilt
+    assert inner.csr_on_host and inner.kernel_at(1) is kernel
 
 
 def test_a_layers_widths_share_one_device_packing_of_w():
@@ -218,6 +221,8 @@ def test_a_gated_mlp_runs_gate_and_up_as_one_kernel_in_eager_calls_graphs_and_th
 
     mlp, fused, widths = _fused_mlp(dtype, {1: DeltaRunsConfig(), 2: DeltaRunsConfig()})
     assert widths == [1, 2]
+    fused.to("cuda").to(dtype)  # where it is already: the gated kernels stand
+    assert fused.fused_widths == [1, 2]
     g, u = (p.inner.to_dense().weight.double() for p in (mlp.gate_proj, mlp.up_proj))
     tolerance = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
     for n in (1, 2):

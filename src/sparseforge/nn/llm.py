@@ -266,8 +266,8 @@ class GatedDecodeMLP(nn.Module):
     (a width between them on the next wider one's kernel, its rows padded with zeros); every other call runs the
     MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own
     modules, under their names (the state dict is the MLP's). fuse() builds the gated kernels from the two
-    layers' kernels, sharing their arrays (nothing copied); after a move, a cast or a copy the MLP runs unfused
-    until fuse() is called again (convert and load call it)."""
+    layers' kernels, sharing their arrays (nothing copied); after a move to another device, a cast or a copy the
+    MLP runs unfused until fuse() is called again (convert and load call it)."""
 
     def __init__(self, mlp: nn.Module):
         super().__init__()
@@ -373,8 +373,13 @@ class GatedDecodeMLP(nn.Module):
         self.layer_id = register(self)  # a copy is a layer of its own for the op
 
     def _apply(self, fn, recurse=True):
-        self._unfuse()  # .to() / .cuda() / .half(): the projections rebuild their kernels; fuse() again
-        return super()._apply(fn, recurse)
+        # .to() / .cuda() / .half(): the gated kernels whose projections rebuilt theirs go (fuse() again); a move
+        # to where the MLP is keeps the projections' kernels, and so the gated kernels built from them
+        out = super()._apply(fn, recurse)
+        for n in list(self._fused):
+            self._gated(n)
+        self._fused_widths = frozenset(self._fused)
+        return out
 
 
 def _is_silu(act: nn.Module) -> bool:

@@ -418,9 +418,16 @@ class _SparseWeight(nn.Module):
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .half(): kernels and the dense copy belong to the old tensors. fn meets the CSR
         # buffers where they are: a device move takes host-held ones to the new device too (.cpu() leaves
-        # them), a dtype cast keeps them in host memory; the anchor says where the layer is afterwards
-        self._reset()
+        # them), a dtype cast keeps them in host memory; the anchor says where the layer is afterwards. One that
+        # changes neither device nor dtype (model.to("cuda") on a model there, as pipelines do) keeps the
+        # kernels and decisions, and CSR buffers fn brought over from host memory go back there.
+        anchor, on_host = self._buffers.get("_device_anchor"), self.csr_on_host
         out = super()._apply(fn, recurse)
+        if anchor is not None and self._buffers.get("_device_anchor") is anchor:
+            if on_host and not self.csr_on_host:
+                self._move_csr("cpu")
+            return out
+        self._reset()
         if self.csr_on_host and self.device.type != "cuda":
             self._csr_to_device()
         return out

@@ -768,17 +768,25 @@ def test_the_gated_kernel_is_for_silu_whatever_class_computes_it():
     assert not _is_silu(transformers.activations.ACT2FN["gelu"]) and not _is_silu(nn.ReLU())
 
 
-def test_a_gated_mlp_copies_and_moves_unfused_and_an_in_place_silu_is_recognised(converted):
+def test_a_gated_mlp_copies_and_casts_unfused_and_an_in_place_silu_is_recognised(converted):
     from sparseforge.nn import GatedDecodeMLP
     from sparseforge.nn.llm import _is_silu
 
     _, model, _ = converted
     wrapped = GatedDecodeMLP(copy.deepcopy(model.model.layers[1].mlp))
-    wrapped._fused = {1: ("a kernel", None, None)}  # as fuse() leaves it on a GPU
+    kernels = object(), object()  # the projections' kernels a gated kernel was built from (fuse() on a GPU)
+    wrapped._fused = {1: ("a kernel", *kernels)}
     twin = copy.deepcopy(wrapped)
     assert twin._fused == {} and twin.layer_id != wrapped.layer_id
-    wrapped.float()
-    assert wrapped._fused == {}
+    wrapped.float()  # the projections run other kernels (none, here) than it was built from: dropped
+    assert wrapped._fused == {} and wrapped._fused_widths == frozenset()
+    for proj, kernel in zip((wrapped.gate_proj.inner, wrapped.up_proj.inner), kernels):
+        proj.kernel_at = lambda n, kernel=kernel: kernel
+    wrapped._fused, wrapped._fused_widths = {1: ("a kernel", *kernels)}, frozenset({1})
+    wrapped.float()  # already float32: the projections keep their kernels, so the gated one stands
+    assert wrapped._fused == {1: ("a kernel", *kernels)} and wrapped._fused_widths == frozenset({1})
+    for proj in (wrapped.gate_proj.inner, wrapped.up_proj.inner):
+        del proj.kernel_at
     assert _is_silu(nn.SiLU(inplace=True))
     x = torch.randn(1, SIZES["hidden_size"])
     assert torch.is_grad_enabled() and not wrapped._records_grad(x)  # nothing requires grad: fused is fine

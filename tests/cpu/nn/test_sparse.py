@@ -546,3 +546,16 @@ def test_a_channels_last_dense_weight_is_not_made_during_a_capture(monkeypatch):
     w = layer.dense_weight(torch.channels_last)
     assert w.is_contiguous() and not w.is_contiguous(memory_format=torch.channels_last)
     assert layer._dense_in_layout is None
+
+
+def test_a_move_to_where_the_layer_is_keeps_its_decisions_and_a_cast_forgets_them():
+    """model.to(its own device) (pipelines move the models they are given) keeps what the layer decided and
+    built; a cast to another dtype builds them again."""
+    torch.manual_seed(0)
+    layer = SparseLinear.from_dense(nn.Linear(16, 8), policy="sparse")
+    layer._decided[1] = "decided at conversion"
+    layer.to("cpu")
+    layer.float()
+    assert layer._decided == {1: "decided at conversion"}
+    layer.double()
+    assert layer._decided == {} and layer.weight_values.dtype == torch.float64
