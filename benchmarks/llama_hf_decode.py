@@ -5,7 +5,7 @@ same pruned model run dense by the same transformers code:
 
 - conversion: seconds cold (an empty kernel cache: a temporary one unless SPARSEFORGE_CACHE_DIR is set) and
   warm (the same model again: what the caches hold is not measured again), peak GPU memory, the bytes of
-  the decoder Linears (224 at 32 layers; lm_head apart) before and after, the shared prefill workspaces
+  the decoder Linears (224 at 32 layers; lm_head apart) before and after, the shared prefill workspace
   counted;
 - one decode step per token at each batch (--batches) and context (--contexts): a static KV cache filled to
   the context, the step captured in a CUDA graph on both sides (runtime.timing.graph_time_us); the decoder
@@ -13,7 +13,7 @@ same pruned model run dense by the same transformers code:
   weight but the embedding, and the KV cache up to the context);
 - generate of --generate new tokens at --generate-batches (greedy, one static cache reused by every call;
   transformers compiles the decode step with CUDA graphs on both sides): seconds, the decode part apart (the same generate of 1 token,
-  the prompt's prefill, subtracted: prefill runs dense on the converted side, W scattered from host memory),
+  the prompt's prefill, subtracted: prefill runs dense on the converted side, W written from the kernels' copies),
   the GPU's own time and kernels a decode token (CUPTI; the rest of the wall time a token is the GPU waiting
   on the host's loop), and whether the tokens equal the dense model's;
 - correctness: each step's logits against the same pruned model's in float32 (a copy of it, run the same
