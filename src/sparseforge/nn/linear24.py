@@ -10,6 +10,7 @@ from ..ops import register
 from ..semi.cusparselt import ALIGN_BYTES, Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, Decision, fixed
 from ..semi.packed import unpack_24
+from .sparse import changes_nothing
 from ..semi.runtime import Linear24Runtime, check_pinned, check_policy
 
 
@@ -301,14 +302,10 @@ class SparseLinear24(nn.Module):
 
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() / .half() to another device or dtype: the runtime belongs to the old tensors; forget it.
-        # One that changes neither (model.to("cuda") on a model already there, as pipelines do) keeps the
-        # runtime and its decisions, and a dense W in host memory goes back there (fn brought it to the device).
-        anchor, runtime, released = self._buffers.get("_device_anchor"), self._runtime, self.dense_on_host
-        kept = runtime is not None and self._runtime_key == self._current_key()
+        # One that changes nothing (model.to("cuda") on a model there, as pipelines do) keeps the runtime and its
+        # decisions, and a dense W released to host memory stays there.
+        host = [self._parameters["weight"]] if self.dense_on_host else []
+        if changes_nothing(self, fn, host):
+            return super()._apply(lambda t: t if any(t is h for h in host) else fn(t), recurse)
         self._runtime, self._runtime_key = None, None
-        result = super()._apply(fn, recurse)
-        if kept and anchor is not None and self._buffers["_device_anchor"] is anchor:
-            if released and not self.dense_on_host:
-                self._move_weight(torch.device("cpu"))
-            self._runtime, self._runtime_key = runtime, self._current_key()
-        return result
+        return super()._apply(fn, recurse)

@@ -6,8 +6,9 @@ Decoding calls each Linear on batch x 1 tokens, so the decode widths are given a
 batch 1 and 8) and decided then; `generate` never compiles or times anything. A width between them runs on the
 next larger width's kernel (its input padded with zero rows); a wider one (the prefill: batch x prompt tokens)
 runs dense, W written into one workspace per (dtype, device) that every layer shares (the layers run one after
-another on a stream: each reads W before the next writes its own), sized to the largest shape, so no layer
-keeps a dense W of its own.
+another on a stream: each reads W before the next writes its own; host threads take turns through a lock;
+prefills on several CUDA streams at once would need a workspace each, and are not supported), sized to the
+largest shape, so no layer keeps a dense W of its own.
 
 Conversion decides once per distinct (weight shape, bias, dtype, sparsity bucket, 2:4 or not): the first layer of a
 group is timed at every decode width (nn.convert.measure_layer: the unstructured kernels, 2:4 where the weight
@@ -23,6 +24,7 @@ of SparseLinear), for tests and for saving.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -117,6 +119,9 @@ def check_tokens(tokens) -> tuple[int, ...]:
 # (dtype, device) -> [the flat dense-W scratch every prefill call shares, whether a CUDA graph captured a use]
 _WORKSPACES: dict = {}
 _RETIRED: list = []  # outgrown workspaces a captured graph may still write: kept while the process lives
+# held from writing W into the workspace until its matmul is enqueued: host threads that share a stream (a
+# server's) take turns, and the stream runs each matmul before the next write
+_WORKSPACE_LOCK = threading.RLock()
 
 
 def reserve_workspace(numel: int, dtype: torch.dtype, device: torch.device) -> list:
@@ -203,7 +208,21 @@ class DecodeLinear(nn.Module):
         if bucket is not None and n:  # within a decode width: its kernel on zero rows beyond the tokens
             rows = F.pad(x.reshape(n, self.in_features), (0, 0, 0, bucket - n))
             return self.inner(rows)[:n].view(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.dense_weight(x), self.bias)
+        if self._own_dense(x):
+            return F.linear(x, self.dense_weight(x), self.bias)
+        with _WORKSPACE_LOCK:
+            return F.linear(x, self.dense_weight(x), self.bias)
+
+    def _own_dense(self, x: torch.Tensor | None) -> bool:
+        """Whether a dense call on x gets a W of its own, not the shared workspace: under torch.compile (traced
+        code keeps no state), and where autograd saves W for backward (x or W's values require grad)."""
+        if torch.compiler.is_compiling():
+            return True
+        if not torch.is_grad_enabled():
+            return False
+        inner = self.inner
+        values = inner.weight if isinstance(inner, SparseLinear24) else inner.weight_values
+        return (x is not None and x.requires_grad) or values.requires_grad
 
     def prepare(self) -> None:
         """Build the kernels of the decode widths now, on a CUDA device (from the kernel cache; the inner layer
@@ -230,7 +249,7 @@ class DecodeLinear(nn.Module):
         if x is not None and (x.device != device or (x.dtype != dtype and not torch.is_autocast_enabled(device.type))):
             raise SparseShapeError(f"input is {x.dtype} on {x.device}; this layer is {dtype} on {device}: cast or move "
                                    "one of them")
-        own = torch.compiler.is_compiling() or (x is not None and torch.is_grad_enabled() and x.requires_grad)
+        own = self._own_dense(x)
         if isinstance(inner, SparseLinear24):  # its W or one launch from its packed copy: a capture may take either
             if not inner.dense_on_host or own:
                 return inner.dense_weight()
@@ -246,7 +265,8 @@ class DecodeLinear(nn.Module):
         out = torch.zeros(self.out_features, self.in_features, dtype=dtype, device=device) if own else \
             _workspace(self.out_features, self.in_features, dtype, device).zero_()
         indptr = inner.weight_indptr.to(device, non_blocking=True)
-        values = inner.weight_values.detach().to(device, non_blocking=True)
+        values = inner.weight_values if own else inner.weight_values.detach()  # a W of its own: autograd sees it
+        values = values.to(device, non_blocking=True)
         rows = torch.repeat_interleave(torch.arange(self.out_features, device=device), torch.diff(indptr),
                                        output_size=values.numel())  # output_size: no device-to-host sync
         out.index_put_((rows, inner.weight_indices.to(device, torch.int64, non_blocking=True)), values)

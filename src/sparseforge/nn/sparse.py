@@ -419,18 +419,33 @@ class _SparseWeight(nn.Module):
         # .to() / .cuda() / .half(): kernels and the dense copy belong to the old tensors. fn meets the CSR
         # buffers where they are: a device move takes host-held ones to the new device too (.cpu() leaves
         # them), a dtype cast keeps them in host memory; the anchor says where the layer is afterwards. One that
-        # changes neither device nor dtype (model.to("cuda") on a model there, as pipelines do) keeps the
-        # kernels and decisions, and CSR buffers fn brought over from host memory go back there.
-        anchor, on_host = self._buffers.get("_device_anchor"), self.csr_on_host
-        out = super()._apply(fn, recurse)
-        if anchor is not None and self._buffers.get("_device_anchor") is anchor:
-            if on_host and not self.csr_on_host:
-                self._move_csr("cpu")
-            return out
+        # changes nothing (model.to("cuda") on a model there, as pipelines do) keeps the kernels and decisions,
+        # and the host-held buffers where they are.
+        host = [self._buffers[name] for name in ("weight_indptr", "weight_indices", "weight_values")] \
+            if self.csr_on_host else []
+        if changes_nothing(self, fn, host):  # the host-held buffers stay where they are, not copied over and back
+            return super()._apply(lambda t: t if any(t is h for h in host) else fn(t), recurse)
+        if fn(self._buffers["weight_indptr"]).dtype != torch.int64:  # rows + 1 elements: a cheap probe
+            raise TypeError(f"this casts every tensor of the {self._kind}, its CSR indices too (Module.type() does): "
+                            "cast with .to(dtype), .half(), .bfloat16() or .float(), which leave the indices alone")
         self._reset()
+        out = super()._apply(fn, recurse)
         if self.csr_on_host and self.device.type != "cuda":
             self._csr_to_device()
         return out
+
+
+def changes_nothing(module: nn.Module, fn, host=()) -> bool:
+    """Whether Module._apply's `fn` (.to(), .cuda(), .half(), .type()) leaves `module`'s own parameters and buffers
+    as they are, each coming back as the same tensor (model.to("cuda") on a model already there). `host`: tensors
+    the module holds in host memory, which a device move would carry over: left out. The device anchor is asked
+    first: a real move or cast changes it, so nothing else is converted twice."""
+    anchor = module._buffers.get("_device_anchor")
+    with torch.no_grad():
+        if anchor is None or fn(anchor) is not anchor:
+            return False
+        own = [t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None]
+        return all(fn(t) is t for t in own if not any(t is h for h in host))
 
 
 def _shape_key(height: int, width: int, layout: torch.memory_format):

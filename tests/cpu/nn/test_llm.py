@@ -530,6 +530,47 @@ def test_layers_of_every_shape_share_one_workspace_grown_to_the_largest():
     assert linear_bytes(model, ["0"]) == model[0].device_bytes() + 8 * 16 * 4
 
 
+def test_the_workspace_grows_to_the_largest_shape_and_keeps_a_buffer_a_capture_used(monkeypatch):
+    from sparseforge.nn import llm
+
+    monkeypatch.setattr(llm, "_WORKSPACES", {})
+    monkeypatch.setattr(llm, "_RETIRED", [])
+    small = llm.reserve_workspace(8 * 16, torch.float32, torch.device("cpu"))
+    assert small[0].numel() == 128 and not small[1]
+    assert llm.reserve_workspace(100, torch.float32, "cpu") is small  # fits: the same buffer
+    grown = llm.reserve_workspace(640, torch.float32, "cpu")
+    assert grown[0].numel() == 640 and llm._RETIRED == []  # the outgrown one is freed: no capture used it
+    grown[1] = True  # as when a CUDA graph captured a prefill on it
+    larger = llm.reserve_workspace(1000, torch.float32, "cpu")
+    assert larger[0].numel() == 1000 and len(llm._RETIRED) == 1 and llm._RETIRED[0] is grown[0]
+    assert llm.reserve_workspace(10, torch.float16, "cpu")[0].dtype == torch.float16  # one per dtype
+    view = llm._workspace(8, 16, torch.float32, torch.device("cpu"))
+    assert view.shape == (8, 16) and view.is_contiguous() and view.data_ptr() == larger[0].data_ptr()
+
+
+def test_prefills_of_several_host_threads_take_turns_on_the_shared_workspace():
+    """Two threads prefilling layers of different shapes at once: each layer's W stays in the workspace until
+    its own matmul is done (a lock from the write to the matmul)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    linears = [nn.Linear(512, 256), nn.Linear(256, 512)]
+    prune_model(nn.ModuleList(linears), sparsity=0.5, keep_masks=False)
+    layers = [DecodeLinear(SparseLinear.from_dense(lin, policy="sparse"), [1]) for lin in linears]
+
+    def run(i: int) -> int:
+        wrong = 0
+        x = torch.randn(3, linears[i].in_features)
+        with torch.no_grad():
+            want = linears[i](x)
+            for _ in range(200):
+                wrong += not torch.allclose(layers[i](x), want, atol=1e-5)
+        return wrong
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(run, [0, 1])) == [0, 0]
+
+
 def test_a_2of4_layer_without_its_dense_w_prefills_from_the_shared_workspace():
     """A 2:4 DecodeLinear whose dense W is off the device (its weight stands in host memory: a meta tensor
     here, which holds no values, so that only the packed copy can give W) runs its prefill on the workspace
@@ -775,18 +816,18 @@ def test_a_gated_mlp_copies_and_casts_unfused_and_an_in_place_silu_is_recognised
     _, model, _ = converted
     wrapped = GatedDecodeMLP(copy.deepcopy(model.model.layers[1].mlp))
     kernels = object(), object()  # the projections' kernels a gated kernel was built from (fuse() on a GPU)
-    wrapped._fused = {1: ("a kernel", *kernels)}
+    for proj, kernel in zip((wrapped.gate_proj.inner, wrapped.up_proj.inner), kernels):
+        proj._refresh()
+        proj._paths[1] = kernel
+    wrapped._fused, wrapped._fused_widths = {1: ("a kernel", *kernels)}, frozenset({1})
     twin = copy.deepcopy(wrapped)
     assert twin._fused == {} and twin.layer_id != wrapped.layer_id
-    wrapped.float()  # the projections run other kernels (none, here) than it was built from: dropped
-    assert wrapped._fused == {} and wrapped._fused_widths == frozenset()
-    for proj, kernel in zip((wrapped.gate_proj.inner, wrapped.up_proj.inner), kernels):
-        proj.kernel_at = lambda n, kernel=kernel: kernel
-    wrapped._fused, wrapped._fused_widths = {1: ("a kernel", *kernels)}, frozenset({1})
     wrapped.float()  # already float32: the projections keep their kernels, so the gated one stands
     assert wrapped._fused == {1: ("a kernel", *kernels)} and wrapped._fused_widths == frozenset({1})
-    for proj in (wrapped.gate_proj.inner, wrapped.up_proj.inner):
-        del proj.kernel_at
+    assert wrapped.gate_proj.inner.kernel_at(1) is kernels[0]
+    wrapped.double()  # a cast: the projections build their kernels again, the gated one goes
+    assert wrapped._fused == {} and wrapped._fused_widths == frozenset()
+    wrapped.float()
     assert _is_silu(nn.SiLU(inplace=True))
     x = torch.randn(1, SIZES["hidden_size"])
     assert torch.is_grad_enabled() and not wrapped._records_grad(x)  # nothing requires grad: fused is fine

@@ -559,3 +559,11 @@ def test_a_move_to_where_the_layer_is_keeps_its_decisions_and_a_cast_forgets_the
     assert layer._decided == {1: "decided at conversion"}
     layer.double()
     assert layer._decided == {} and layer.weight_values.dtype == torch.float64
+
+
+def test_a_cast_of_every_tensor_is_refused_before_it_reaches_the_csr_indices():
+    layer = SparseLinear.from_dense(nn.Linear(16, 8), policy="sparse")
+    indices = layer.weight_indices.clone()
+    with pytest.raises(TypeError, match=r"CSR indices too.*\.to\(dtype\)"):
+        layer.type(torch.DoubleTensor)
+    assert torch.equal(layer.weight_indices, indices) and layer.weight_values.dtype == torch.float32
