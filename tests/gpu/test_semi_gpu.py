@@ -439,6 +439,12 @@ def test_a_decode_layer_keeps_no_dense_w_on_the_gpu_and_prefills_from_the_worksp
     layer.to("cuda").to(dtype)  # where it is already: released still, nothing decided again
     assert inner.dense_on_host and inner.decisions == before
     captured(layer, 1)
+    layer.float().to(dtype)  # real casts: the runtime goes; prepare builds it again (pinned) and releases W
+    assert inner.chosen_paths() == {}
+    sparseforge.prepare(nn.Sequential(layer), [1])
+    assert inner.dense_on_host and inner.weight.device.type == "cpu"
+    captured(layer, 1)
+    captured(layer, 37)
     saved = sparseforge.save(nn.Sequential(layer), tmp_path / "released")
     loaded = sparseforge.load(saved, model=nn.Sequential(nn.Linear(1024, 512)), device="cuda")
     assert loaded[0].inner.dense_on_host

@@ -79,7 +79,9 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Decision]:
     """Decide now, for every SparseLinear24 and SparseLinear of `model` (on a CUDA device) and every input
     width n in `widths`, between the sparse kernels and dense (measuring on seeded random inputs), so that a
-    later CUDA graph capture or latency-critical call finds every decision made. Returns the decisions."""
+    later CUDA graph capture or latency-critical call finds every decision made. A converted LLM's
+    DecodeLinears prepare their own decode widths instead (DecodeLinear.prepare: after a move or cast, what
+    conversion left them). Returns the decisions."""
     import numbers
 
     # int() would read "16" as the widths 1 and 6, and 1.5 as 1: exact integers only
@@ -92,10 +94,19 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
     widths = sorted({int(n) for n in given})
     if not widths or widths[0] < 1:
         raise ValueError(f"widths must be positive input row counts, got {widths}")
+    from .llm import DecodeLinear  # here: nn.llm builds on this module
     from .sparse import SparseLinear
 
-    made = []
+    made, decoders = [], [m for m in model.modules() if isinstance(m, DecodeLinear)]
+    for layer in decoders:  # its kernel widths, its dense W released, the prefill workspace grown
+        if layer.inner.device.type != "cuda":
+            raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")
+        layer.prepare()
+        made.extend(layer.decisions)
+    inside = {id(layer.inner) for layer in decoders}
     for module in model.modules():
+        if id(module) in inside:
+            continue
         if isinstance(module, SparseLinear):
             if module.device.type != "cuda":
                 raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")

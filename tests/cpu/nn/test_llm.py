@@ -530,6 +530,12 @@ def test_layers_of_every_shape_share_one_workspace_grown_to_the_largest():
     assert linear_bytes(model, ["0"]) == model[0].device_bytes() + 8 * 16 * 4
 
 
+def test_prepare_of_a_converted_model_on_a_cpu_names_the_fix(converted):
+    _, model, _ = converted
+    with pytest.raises(ValueError, match=r"CUDA device: call model.cuda\(\) first"):
+        sparseforge.prepare(model, [1])
+
+
 def test_the_workspace_grows_to_the_largest_shape_and_keeps_a_buffer_a_capture_used(monkeypatch):
     from sparseforge.nn import llm
 
