@@ -10,7 +10,11 @@ Python and holds the GIL, so on many cores threads leave the jobs waiting on one
 cores: 222 s of a 261 s cold conversion in the prebuild, against ptxas's few seconds). processes=True forks
 the workers: each inherits the job list and is sent only an index, so a job need not pickle (a closure is
 fine), only its result (an int) comes back, and the CUDA context is never touched there (the jobs make no
-CUDA call: they plan, render and run ptxas), as PyTorch's DataLoader workers are forked."""
+CUDA call: they plan, render and run ptxas), as PyTorch's DataLoader workers are forked. Like those, a
+worker runs torch's CPU ops on one thread: OpenMP's thread pool does not survive a fork, and a child entering a
+parallel region after the parent used the pool waits forever (a conversion of a model pruned on the CPU hung
+so). A worker that stalls anyway is given up after STALL_S with no job finished: the measuring pass compiles
+what it needs."""
 from __future__ import annotations
 
 import itertools
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from .. import env
+
+STALL_S = 600.0  # seconds with no prebuild job finished, after which the rest are given up as stalled
 
 
 @dataclass(frozen=True)
@@ -74,9 +80,25 @@ def _run_forked(run: int, index: int) -> tuple[int, str | None]:
     return _attempt(*_FORKED_JOBS[run][index])
 
 
-def _done(future) -> None:
-    """Wait for a job; a failure is its outcome, but a KeyboardInterrupt (Ctrl-C in a thread's job) is raised."""
-    futures.wait([future])
+def _one_thread_in_worker() -> None:
+    """A forked worker's start: torch's CPU ops on one thread (the parent's OpenMP pool is not the child's)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+class PrebuildStalled(Exception):
+    """No prebuild job finished for STALL_S seconds: the jobs left are given up (a head start, not a result)."""
+
+
+def _done(future, stall_s: float | None = None) -> None:
+    """Wait for a job; a failure is its outcome, but a KeyboardInterrupt (Ctrl-C in a thread's job) is raised,
+    and PrebuildStalled where stall_s pass first."""
+    done, _ = futures.wait([future], timeout=stall_s)
+    if not done:
+        raise PrebuildStalled(f"no prebuild job finished in {stall_s:.0f} s")
     error = future.exception()
     if error is not None and not isinstance(error, Exception):
         raise error
@@ -103,11 +125,13 @@ class PrebuildRun:
         self._what, self._count = what, len(jobs)
         self.workers = max(1, min(workers or env.cpu_cores(), max(1, len(jobs))))
         self._stop = threading.Event()
+        self._stalled: str | None = None  # why the jobs left were given up (no job finished for STALL_S)
         self._number = None
         if processes and can_fork() and len(jobs) > 1:
             self._number = next(_run_numbers)
             _FORKED_JOBS[self._number] = list(jobs)
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("fork"))
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("fork"),
+                                             initializer=_one_thread_in_worker)
             with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process: the jobs take no lock
                 warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks",
                                         category=DeprecationWarning)
@@ -131,10 +155,27 @@ class PrebuildRun:
             _CURRENT.run = None
 
     def wait(self, index: int) -> None:
-        """Block until job `index` is done (its outcome, failed or not, is finish's to report)."""
-        _done(self.pending[index][1])
+        """Block until job `index` is done (its outcome, failed or not, is finish's to report), or until the
+        run is given up as stalled (then at once)."""
+        if self._stalled is None:
+            try:
+                _done(self.pending[index][1], STALL_S)
+            except PrebuildStalled as exc:
+                self.give_up(str(exc))
+
+    def give_up(self, why: str) -> None:
+        """Drop the jobs not done: queued ones cancelled, forked workers stopped (a stalled one never returns),
+        running threads told to stop before their next candidate. finish() then counts them as failures."""
+        self._stalled = why
+        self._stop.set()
+        workers = getattr(self._pool, "_processes", None) or {}  # ProcessPoolExecutor's own (3.14: terminate_workers)
+        for process in list(workers.values()):
+            process.terminate()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _outcome(self, label: str, future) -> tuple[int, str | None]:
+        if self._stalled is not None and not future.done():
+            return 0, f"{label}: given up ({self._stalled})"
         try:
             return future.result()
         except Exception as exc:  # noqa: BLE001 - a worker process that died (BrokenProcessPool): a missed head start
@@ -142,7 +183,7 @@ class PrebuildRun:
 
     def finish(self) -> Prebuilt:
         outcomes = [self._outcome(label, future) for label, future in self.pending]
-        self._pool.shutdown()
+        self._pool.shutdown(wait=self._stalled is None)
         self._forget()
         built = sum(count for count, _ in outcomes)
         self._failures = [failure for _, failure in outcomes if failure is not None]
@@ -176,6 +217,6 @@ def run_prebuilds(jobs: Sequence[tuple[str, Callable[[], int]]], workers: int | 
     as they finish. Ctrl-C drops the queued jobs, stops the running ones before their next candidate, and is
     raised again."""
     with PrebuildRun(jobs, workers, what, processes) as run:
-        for _, future in (progress(run.pending) if progress is not None else run.pending):
-            _done(future)
+        for index, _ in enumerate(progress(run.pending) if progress is not None else run.pending):
+            run.wait(index)
         return run.finish()

@@ -141,3 +141,33 @@ def test_a_forked_worker_that_dies_is_a_missed_head_start_not_a_crash():
     with pytest.warns(UserWarning, match=r"prebuilding .* failed .*BrokenProcessPool"):
         done = run_prebuilds([("dies", lambda: os._exit(3)), ("other", lambda: 1)], workers=2, processes=True)
     assert done.jobs == 2 and any(f.startswith("dies: BrokenProcessPool") for f in done.failures)
+
+
+@pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
+def test_forked_workers_run_torch_cpu_ops_after_the_parent_used_its_thread_pool():
+    """OpenMP's pool does not survive a fork: a worker entering a parallel region the parent had used waited
+    forever (a model pruned on the CPU, then converted). Workers run torch's CPU ops on one thread."""
+    import torch
+
+    x = torch.randn(4_000_000)
+    for _ in range(3):
+        (x * 2).sum()  # the parent's intra-op pool has run
+
+    def job() -> int:
+        return int((torch.ones(4_000_000) * 3).sum().item() == 12_000_000) + torch.get_num_threads() - 1
+
+    done = run_prebuilds([("a", job), ("b", job), ("c", job)], workers=2, processes=True)
+    assert done.built == 3 and done.failures == ()
+
+
+@pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
+def test_a_stalled_forked_worker_is_given_up_and_the_run_goes_on(monkeypatch):
+    from sparseforge.runtime import prebuild
+
+    monkeypatch.setattr(prebuild, "STALL_S", 1.0)
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match=r"prebuilding 1 of 2 .* failed .*stalls: given up \(no prebuild job "
+                                         r"finished in 1 s\)"):
+        done = run_prebuilds([("quick", lambda: 1), ("stalls", lambda: time.sleep(3600) or 1)], workers=2,
+                             processes=True)
+    assert done.built == 1 and time.monotonic() - started < 30
