@@ -13,8 +13,9 @@ fine), only its result (an int) comes back, and the CUDA context is never touche
 CUDA call: they plan, render and run ptxas), as PyTorch's DataLoader workers are forked. Like those, a
 worker runs torch's CPU ops on one thread: OpenMP's thread pool does not survive a fork, and a child entering a
 parallel region after the parent used the pool waits forever (a conversion of a model pruned on the CPU hung
-so). A worker that stalls anyway is given up after STALL_S with no job finished: the measuring pass compiles
-what it needs."""
+so). Should forked workers stall anyway, STALL_S with no job finished gives the rest up (the workers killed):
+the measuring pass compiles what it needs. Threads cannot be stopped, and cannot meet that stall: they are
+waited for."""
 from __future__ import annotations
 
 import itertools
@@ -89,16 +90,9 @@ def _one_thread_in_worker() -> None:
         torch.set_num_threads(1)
 
 
-class PrebuildStalled(Exception):
-    """No prebuild job finished for STALL_S seconds: the jobs left are given up (a head start, not a result)."""
-
-
-def _done(future, stall_s: float | None = None) -> None:
-    """Wait for a job; a failure is its outcome, but a KeyboardInterrupt (Ctrl-C in a thread's job) is raised,
-    and PrebuildStalled where stall_s pass first."""
-    done, _ = futures.wait([future], timeout=stall_s)
-    if not done:
-        raise PrebuildStalled(f"no prebuild job finished in {stall_s:.0f} s")
+def _done(future) -> None:
+    """Wait for a job; a failure is its outcome, but a KeyboardInterrupt (Ctrl-C in a thread's job) is raised."""
+    futures.wait([future])
     error = future.exception()
     if error is not None and not isinstance(error, Exception):
         raise error
@@ -126,6 +120,8 @@ class PrebuildRun:
         self.workers = max(1, min(workers or env.cpu_cores(), max(1, len(jobs))))
         self._stop = threading.Event()
         self._stalled: str | None = None  # why the jobs left were given up (no job finished for STALL_S)
+        self._given_up: set[int] = set()  # id() of the futures not done when the run was given up
+        self._progress_at, self._seen_done = time.monotonic(), 0  # when a job was last seen finishing; how many
         self._number = None
         if processes and can_fork() and len(jobs) > 1:
             self._number = next(_run_numbers)
@@ -155,26 +151,40 @@ class PrebuildRun:
             _CURRENT.run = None
 
     def wait(self, index: int) -> None:
-        """Block until job `index` is done (its outcome, failed or not, is finish's to report), or until the
-        run is given up as stalled (then at once)."""
+        """Block until job `index` is done (its outcome, failed or not, is finish's to report); with forked
+        workers, or until STALL_S pass with no job finished (then the run is given up, and this and later waits
+        return at once)."""
+        target = self.pending[index][1]
+        if not self.processes:
+            _done(target)
+            return
+        while self._stalled is None and not target.done():
+            finished = sum(future.done() for _, future in self.pending)
+            if finished != self._seen_done:  # a job finished since the last look (maybe between two waits)
+                self._progress_at, self._seen_done = time.monotonic(), finished
+            left = self._progress_at + STALL_S - time.monotonic()
+            if left <= 0:
+                self.give_up(f"no prebuild job finished in {STALL_S:.0f} s")
+                return
+            futures.wait([future for _, future in self.pending if not future.done()], timeout=left,
+                         return_when=futures.FIRST_COMPLETED)
         if self._stalled is None:
-            try:
-                _done(self.pending[index][1], STALL_S)
-            except PrebuildStalled as exc:
-                self.give_up(str(exc))
+            _done(target)
 
     def give_up(self, why: str) -> None:
-        """Drop the jobs not done: queued ones cancelled, forked workers stopped (a stalled one never returns),
-        running threads told to stop before their next candidate. finish() then counts them as failures."""
+        """Drop the jobs not done: queued ones cancelled, forked workers killed (a stalled one never returns, and
+        SIGKILL cannot be caught), running threads told to stop before their next candidate. finish() reports
+        each of them as given up."""
         self._stalled = why
+        self._given_up = {id(future) for _, future in self.pending if not future.done()}
         self._stop.set()
-        workers = getattr(self._pool, "_processes", None) or {}  # ProcessPoolExecutor's own (3.14: terminate_workers)
+        workers = getattr(self._pool, "_processes", None) or {}  # ProcessPoolExecutor's own (3.14: kill_workers)
         for process in list(workers.values()):
-            process.terminate()
+            process.kill()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _outcome(self, label: str, future) -> tuple[int, str | None]:
-        if self._stalled is not None and not future.done():
+        if id(future) in self._given_up:  # whatever the pool made of it since (broken, cancelled)
             return 0, f"{label}: given up ({self._stalled})"
         try:
             return future.result()

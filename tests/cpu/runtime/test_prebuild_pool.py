@@ -1,4 +1,5 @@
 """runtime/prebuild.py: the pool nn.prebuild_layers and `sparseforge bench` run their prebuild jobs in."""
+import multiprocessing
 import threading
 import time
 
@@ -144,30 +145,74 @@ def test_a_forked_worker_that_dies_is_a_missed_head_start_not_a_crash():
 
 
 @pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
-def test_forked_workers_run_torch_cpu_ops_after_the_parent_used_its_thread_pool():
+def test_forked_workers_run_torch_cpu_ops_after_the_parent_used_its_thread_pool(monkeypatch):
     """OpenMP's pool does not survive a fork: a worker entering a parallel region the parent had used waited
     forever (a model pruned on the CPU, then converted). Workers run torch's CPU ops on one thread."""
     import torch
 
-    x = torch.randn(4_000_000)
-    for _ in range(3):
-        (x * 2).sum()  # the parent's intra-op pool has run
+    from sparseforge.runtime import prebuild
 
-    def job() -> int:
-        return int((torch.ones(4_000_000) * 3).sum().item() == 12_000_000) + torch.get_num_threads() - 1
+    monkeypatch.setattr(prebuild, "STALL_S", 60.0)  # a regression fails in a minute, not ten
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a pool to inherit, even on a one-core runner
+    try:
+        x = torch.randn(4_000_000)
+        for _ in range(3):
+            (x * 2).sum()  # the parent's intra-op pool has run
 
-    done = run_prebuilds([("a", job), ("b", job), ("c", job)], workers=2, processes=True)
+        def job() -> int:
+            return int((torch.ones(4_000_000) * 3).sum().item() == 12_000_000) + torch.get_num_threads() - 1
+
+        done = run_prebuilds([("a", job), ("b", job), ("c", job)], workers=2, processes=True)
+    finally:
+        torch.set_num_threads(threads)
     assert done.built == 3 and done.failures == ()
 
 
 @pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
 def test_a_stalled_forked_worker_is_given_up_and_the_run_goes_on(monkeypatch):
+    """No job finishing for STALL_S gives the rest up: the stalled worker killed (even one whose inherited
+    SIGTERM handler would ignore a terminate), the queued jobs cancelled, each reported as given up."""
+    import signal
+
     from sparseforge.runtime import prebuild
 
     monkeypatch.setattr(prebuild, "STALL_S", 1.0)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # inherited by the forked workers
     started = time.monotonic()
-    with pytest.warns(UserWarning, match=r"prebuilding 1 of 2 .* failed .*stalls: given up \(no prebuild job "
-                                         r"finished in 1 s\)"):
-        done = run_prebuilds([("quick", lambda: 1), ("stalls", lambda: time.sleep(3600) or 1)], workers=2,
-                             processes=True)
+    try:
+        with pytest.warns(UserWarning, match=r"prebuilding 3 of 4 .* failed .*stalls: given up \(no prebuild job "
+                                             r"finished in 1 s\)"):
+            done = run_prebuilds([("quick", lambda: 1), ("stalls", lambda: time.sleep(3600) or 1),
+                                  ("stalls too", lambda: time.sleep(3600) or 1), ("queued", lambda: 1)],
+                                 workers=2, processes=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert done.built == 1 and time.monotonic() - started < 30
+    deadline = time.monotonic() + 10  # the workers are gone (alive, they would hold the interpreter's exit)
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()
+    assert sorted(done.failures) == sorted(f"{label}: given up (no prebuild job finished in 1 s)"
+                                           for label in ("queued", "stalls", "stalls too"))
+
+
+@pytest.mark.skipif(not can_fork(), reason="forked workers need fork (Linux, macOS)")
+def test_a_slow_job_is_not_a_stall_while_others_finish(monkeypatch):
+    """The stall clock restarts whenever any job finishes: a job slower than STALL_S among ones that keep
+    finishing is waited for."""
+    from sparseforge.runtime import prebuild
+
+    monkeypatch.setattr(prebuild, "STALL_S", 1.5)
+    jobs = [("slow", lambda: time.sleep(2.5) or 1)] + [(f"q{i}", lambda i=i: time.sleep(0.2 * i) or 1)
+                                                       for i in range(1, 12)]
+    done = run_prebuilds(jobs, workers=2, processes=True)
+    assert done.built == 12 and done.failures == ()
+
+
+def test_threads_are_waited_for_whatever_the_stall_clock(monkeypatch):
+    from sparseforge.runtime import prebuild
+
+    monkeypatch.setattr(prebuild, "STALL_S", 0.2)
+    done = run_prebuilds([("slow", lambda: time.sleep(0.6) or 1), ("other", lambda: 1)], workers=2)
+    assert done.built == 2 and done.failures == ()
