@@ -384,3 +384,14 @@ def test_a_move_to_where_the_layer_is_keeps_its_runtime_and_a_cast_forgets_it():
     assert layer._runtime is runtime and layer._runtime_key == layer._current_key()
     layer.to(torch.bfloat16)
     assert layer._runtime is None and layer.weight.dtype == torch.bfloat16 and layer.device.type == "cpu"
+
+
+def test_a_dense_call_captured_without_the_packed_copy_is_refused(monkeypatch):
+    """A layer whose dense W waits in host memory (the device stood for by "meta") and whose runtime is gone
+    (an edit, a pin) cannot write W inside a capture: a host copy there would break it."""
+    layer = SparseLinear24.from_dense(linear_from(weight_24(48, 32)))
+    layer._buffers["_device_anchor"] = torch.empty(0, dtype=torch.float16, device="meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="prepare it before capturing"):
+        layer.densify_into(torch.empty(48, 32, dtype=torch.float16))

@@ -554,6 +554,16 @@ def test_the_workspace_grows_to_the_largest_shape_and_keeps_a_buffer_a_capture_u
     assert view.shape == (8, 16) and view.is_contiguous() and view.data_ptr() == larger[0].data_ptr()
 
 
+def test_the_workspace_refuses_to_grow_inside_a_capture(monkeypatch):
+    from sparseforge.nn import llm
+
+    monkeypatch.setattr(llm, "_WORKSPACES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="prepare the model .* before capturing"):
+        llm.reserve_workspace(16, torch.float16, torch.device("cuda"))
+    assert llm._WORKSPACES == {}
+
+
 def test_prefills_of_several_host_threads_take_turns_on_the_shared_workspace():
     """Two threads prefilling layers of different shapes at once: each layer's W stays in the workspace until
     its own matmul is done (a lock from the write to the matmul)."""

@@ -115,3 +115,19 @@ def test_gemv_refuses_what_it_cannot_serve():
         render_gemv24("float16", 0, False)
     with pytest.raises(Sparse24Error, match="CUDA device"):
         Gemv24(weight_24(16, 16, torch.float16))
+
+
+def test_densify_refuses_an_output_it_cannot_write_before_launching():
+    """The dense writer's output checks (shape, dtype, device, contiguity, the 16-byte alignment its stores
+    need) run before any CUDA call: checked here on a GEMV whose packed W lives on the CPU."""
+    w = weight_24(32, 64, torch.float16)
+    gemv = Gemv24.__new__(Gemv24)
+    gemv.packed, gemv.dtype, gemv.device = pack_24(w), w.dtype, w.device
+    with pytest.raises(Sparse24Error, match=r"32 x 64 torch.float16 .* got \(64, 32\)"):
+        gemv.densify(torch.empty(64, 32, dtype=torch.float16))
+    with pytest.raises(Sparse24Error, match="got \\(32, 64\\) torch.float32"):
+        gemv.densify(torch.empty(32, 64))
+    with pytest.raises(Sparse24Error, match="not contiguous"):
+        gemv.densify(torch.empty(64, 32, dtype=torch.float16).t())
+    with pytest.raises(Sparse24Error, match="misaligned"):
+        gemv.densify(torch.empty(32 * 64 + 1, dtype=torch.float16)[1:].view(32, 64))
