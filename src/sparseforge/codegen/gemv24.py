@@ -4,8 +4,10 @@ the bytes of the dense weight once, for all n columns (n = 9-16: 130-142 registe
 the H200 but measured 0.20-0.75x of cuBLAS at n = 16, so the 2:4 runtime does not time those widths:
 semi/gemv.py DECISION_MAX_N).
 
-One warp per output row. Per step a lane takes one 16-column chunk: its 8 kept values (one 16-byte load),
-their positions (one 16-bit load) and, for each of the n inputs, the chunk's 16 x values (two 16-byte
+One warp per output row. A lane takes 16-column chunks (lane, lane + 32, ...) in two register sets of `unroll`
+chunks, one set's loads in flight while the other's chunks are used (the loads in flight are what a memory-bound
+kernel's speed is made of): a chunk's 8 kept values (one 16-byte load), their positions (one 16-bit load) and,
+for each of the n inputs, the chunk's 16 x values (two 16-byte
 loads, coalesced across the warp, L1-resident: X is small). A kept value's x is picked from the two words
 of its group with one `prmt` whose selector comes from the 2-bit position. fp32 accumulation, a butterfly
 reduction, lane 0 stores. render_gemv24 is pure: the same arguments always give the same text.
@@ -22,8 +24,18 @@ WARPS = 8
 MAX_N = 16
 
 
-def kernel_name(dtype: str, n: int, bias: bool) -> str:
-    return f"gemv24_{dtype}_n{n}{'_bias' if bias else ''}"
+MAX_UNROLL = 4
+
+
+def default_unroll(n: int) -> int:
+    """Chunks in a register set (two sets: one's loads in flight while the other's chunks are used): a shape of
+    few rows leaves an SM few warps (1024 rows: 8), whose loads in flight must cover HBM's latency; a wider set
+    costs registers, which the n accumulators and x words already take at larger n."""
+    return 4 if n <= 4 else 2 if n <= 8 else 1
+
+
+def kernel_name(dtype: str, n: int, bias: bool, unroll: int = 1) -> str:
+    return f"gemv24_{dtype}_n{n}{f'_u{unroll}' if unroll > 1 else ''}{'_bias' if bias else ''}"
 
 
 def _to_f32(e: Emitter, dtype: str, dst: str, word: str, high: bool) -> None:
@@ -34,23 +46,61 @@ def _to_f32(e: Emitter, dtype: str, dst: str, word: str, high: bool) -> None:
         e.lines([f"mov.b32 {{%h0, %h1}}, {word};", f"cvt.f32.f16 {dst}, {'%h1' if high else '%h0'};"])
 
 
-def _chunk(e: Emitter, dtype: str, n: int) -> None:
-    """One lane's 16-column chunk: weights and selectors once, then each input's FMAs."""
-    e.lines(["ld.global.nc.v4.b32 {%v0, %v1, %v2, %v3}, [%rdv];", "ld.global.nc.u16 %rm16, [%rdm];",
-             "cvt.u32.u16 %rm, %rm16;"])
-    for j in range(4):
-        for s in range(2):  # the group's first and second kept value
-            i = 2 * j + s
-            _to_f32(e, dtype, f"%w{i}", f"%v{j}", high=bool(s))
-            e.lines([f"bfe.u32 %rp, %rm, {4 * j + 2 * s}, 2;", f"mad.lo.u32 %sel{i}, %rp, 34, 16;"])
-    for col in range(n):
-        e.lines([f"ld.global.nc.v4.b32 {{%x0, %x1, %x2, %x3}}, [%rdx{col}];",
-                 f"ld.global.nc.v4.b32 {{%x4, %x5, %x6, %x7}}, [%rdx{col}+16];"])
-        for i in range(8):
-            j = i // 2
-            e.line(f"prmt.b32 %t, %x{2 * j}, %x{2 * j + 1}, %sel{i};")
-            _to_f32(e, dtype, "%f", "%t", high=False)
-            e.line(f"fma.rn.f32 %acc{col}, %w{i}, %f, %acc{col};")
+def _guard(e: Emitter, slot: int) -> None:
+    """%pc: whether chunk slot `slot` ahead of the loop's pointers (chunk %rc + 32 * slot) is the lane's."""
+    e.lines([f"add.u32 %t, %rc, {32 * slot};", "setp.lt.u32 %pc, %t, %rchunks;"])
+
+
+def _load_set(e: Emitter, s: int, unroll: int, first: int) -> None:
+    """Register set s: the kept values (16 bytes) and positions (2 bytes) of chunk slots first .. first +
+    unroll - 1 ahead of the pointers, each load guarded by its chunk being the lane's."""
+    for u in range(unroll):
+        slot = first + u
+        _guard(e, slot)
+        v = ", ".join(f"%v{s}_{u}_{j}" for j in range(4))
+        e.lines([f"@%pc ld.global.nc.v4.b32 {{{v}}}, [%rdv+{512 * slot}];",
+                 f"@%pc ld.global.nc.u16 %mm{s}_{u}, [%rdm+{64 * slot}];"])
+
+
+def _use_set(e: Emitter, dtype: str, n: int, s: int, unroll: int, first: int) -> None:
+    """Register set s's chunks (slots first ..): weights and selectors, then each input's x words and FMAs,
+    all guarded like the loads."""
+    for u in range(unroll):
+        slot = first + u
+        _guard(e, slot)
+        e.line(f"cvt.u32.u16 %rm, %mm{s}_{u};")
+        for j in range(4):
+            for h in range(2):  # the group's first and second kept value
+                i = 2 * j + h
+                _to_f32(e, dtype, f"%w{i}", f"%v{s}_{u}_{j}", high=bool(h))
+                e.lines([f"bfe.u32 %rp, %rm, {4 * j + 2 * h}, 2;", f"mad.lo.u32 %sel{i}, %rp, 34, 16;"])
+        for col in range(n):
+            e.lines([f"@%pc ld.global.nc.v4.b32 {{%x0, %x1, %x2, %x3}}, [%rdx{col}+{1024 * slot}];",
+                     f"@%pc ld.global.nc.v4.b32 {{%x4, %x5, %x6, %x7}}, [%rdx{col}+{1024 * slot + 16}];"])
+            for i in range(8):
+                j = i // 2
+                e.line(f"prmt.b32 %t, %x{2 * j}, %x{2 * j + 1}, %sel{i};")
+                _to_f32(e, dtype, "%f", "%t", high=False)
+                e.line(f"@%pc fma.rn.f32 %acc{col}, %w{i}, %f, %acc{col};")
+
+
+def _walk(e: Emitter, dtype: str, n: int, unroll: int) -> None:
+    """The lane's chunks, two register sets of `unroll` chunks: one set's loads in flight while the other's
+    chunks are used (the loop unrolled twice, as delta-runs walks its slots). Without the second set ptxas
+    issues a chunk's loads only after the previous chunk's FMAs, whatever the unrolling: one 16-byte load in
+    flight a lane."""
+    u2 = 2 * unroll
+    _load_set(e, 0, unroll, 0)
+    e.label("LOOP")
+    e.lines([f"add.u32 %t, %rc, {32 * unroll};", "setp.lt.u32 %pmore, %t, %rchunks;"])
+    _load_set(e, 1, unroll, unroll)
+    _use_set(e, dtype, n, 0, unroll, 0)
+    e.line("@!%pmore bra REDUCE;")
+    _load_set(e, 0, unroll, u2)
+    _use_set(e, dtype, n, 1, unroll, unroll)
+    e.lines([f"add.u32 %rc, %rc, {32 * u2};", f"add.s64 %rdv, %rdv, {512 * u2};", f"add.s64 %rdm, %rdm, {64 * u2};"]
+            + [f"add.s64 %rdx{col}, %rdx{col}, {1024 * u2};" for col in range(n)]
+            + ["setp.lt.u32 %pmore, %rc, %rchunks;", "@%pmore bra LOOP;"])
 
 
 def _reduce_and_store(e: Emitter, dtype: str, n: int, bias: bool) -> None:
@@ -72,14 +122,18 @@ def _reduce_and_store(e: Emitter, dtype: str, n: int, bias: bool) -> None:
             e.line("add.s64 %rdy, %rdy, %rdstride;")
 
 
-def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90) -> KernelSource:
-    """PTX of Y = X W^T (+ bias) for packed 2:4 W, n inputs. Parameters: values, meta, x, y, bias
-    pointers, M, K (K a multiple of 16). Launch: WARPS*32 threads, ceil(M / WARPS) blocks."""
+def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90, unroll: int | None = None) -> KernelSource:
+    """PTX of Y = X W^T (+ bias) for packed 2:4 W, n inputs, `unroll` chunks a register set (default_unroll(n)
+    unless given). Parameters: values, meta, x, y, bias pointers, M, K (K a multiple of 16). Launch: WARPS*32
+    threads, ceil(M / WARPS) blocks."""
     if dtype not in ("float16", "bfloat16"):
         raise ValueError(f"the 2:4 GEMV takes float16 or bfloat16, got {dtype!r}")
     if not 1 <= n <= MAX_N:
         raise ValueError(f"the 2:4 GEMV serves 1..{MAX_N} inputs (decode widths), got n = {n}")
-    name = kernel_name(dtype, n, bias)
+    unroll = default_unroll(n) if unroll is None else unroll
+    if not (isinstance(unroll, int) and 1 <= unroll <= MAX_UNROLL):
+        raise ValueError(f"the 2:4 GEMV holds 1..{MAX_UNROLL} chunks a register set, got unroll = {unroll!r}")
+    name = kernel_name(dtype, n, bias, unroll)
     e = Emitter()
     e.comment("one warp per row; lanes take 16-column chunks lane, lane+32, ...")
     e.lines(["ld.param.u32 %rM, [p_m];", "ld.param.u32 %rK, [p_k];",
@@ -100,23 +154,20 @@ def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90) -> KernelSourc
         e.line(f"add.s64 %rdx{col}, %rdx{col - 1}, %rdxs;")
     e.lines([f"mov.f32 %acc{col}, 0f00000000;" for col in range(n)])
     e.line("mov.u32 %rc, %rlane;")
-    e.label("CHUNK")
-    e.lines(["setp.ge.u32 %pl, %rc, %rchunks;", "@%pl bra REDUCE;"])
-    _chunk(e, dtype, n)
-    e.lines(["add.s64 %rdv, %rdv, 512;", "add.s64 %rdm, %rdm, 64;"]
-            + [f"add.s64 %rdx{col}, %rdx{col}, 1024;" for col in range(n)]
-            + ["add.u32 %rc, %rc, 32;", "bra.uni CHUNK;"])
+    _walk(e, dtype, n, unroll)
     e.label("REDUCE")
     _reduce_and_store(e, dtype, n, bias)
     e.label("DONE")
     e.line("ret;")
-    decl = [".reg .pred %pl;",
+    decl = [".reg .pred %pl, %pc, %pmore;",
             ".reg .b32 %rM, %rK, %rt, %rwarp, %rlane, %rrow, %rchunks, %rc, %rm, %rp, %t;",
-            ".reg .b16 %rm16, %rb16, %ho, %h0, %h1;",
-            ".reg .b32 %v<4>, %x<8>, %sel<8>;", ".reg .f32 %f, %w<8>, " + ", ".join(f"%acc{c}" for c in range(n)) + ";",
+            ".reg .b16 %rb16, %ho, %h0, %h1, " + ", ".join(f"%mm{s}_{u}" for s in (0, 1) for u in range(unroll)) + ";",
+            ".reg .b32 %x<8>, %sel<8>, " + ", ".join(f"%v{s}_{u}_{j}" for s in (0, 1) for u in range(unroll)
+                                                  for j in range(4)) + ";", ".reg .f32 %f, %w<8>, " + ", ".join(f"%acc{c}" for c in range(n)) + ";",
             ".reg .b64 %rdv, %rdm, %rdt, %rdy, %rdxs, %rdstride, " + ", ".join(f"%rdx{c}" for c in range(n)) + ";"]
     text = "\n".join([
-        f"// sparseforge generated kernel: {name}", f"// 2:4 packed GEMV, {n} input(s), {dtype}, fp32 accumulate",
+        f"// sparseforge generated kernel: {name}",
+        f"// 2:4 packed GEMV, {n} input(s), {dtype}, {unroll} chunk(s) a register set, fp32 accumulate",
         f".version {PTX_VERSION}", f".target sm_{arch}", ".address_size 64", "",
         f".visible .entry {name}(", "    .param .u64 p_values,", "    .param .u64 p_meta,", "    .param .u64 p_x,",
         "    .param .u64 p_y,", "    .param .u64 p_bias,", "    .param .u32 p_m,", "    .param .u32 p_k", ")",
@@ -157,7 +208,7 @@ def render_unpack24(arch: int = 90) -> KernelSource:
     e.lines(["st.global.v4.b32 [%rdo], {%o0, %o1, %o2, %o3};", "st.global.v4.b32 [%rdo+16], {%o4, %o5, %o6, %o7};"])
     e.label("DONE")
     e.line("ret;")
-    decl = [".reg .pred %pl;", ".reg .b32 %rn, %rc, %rt, %rm, %s0, %s1, %t, %v<4>, %o<8>;", ".reg .b16 %rm16;",
+    decl = [".reg .pred %pl, %pc, %pmore;", ".reg .b32 %rn, %rc, %rt, %rm, %s0, %s1, %t, %v<4>, %o<8>;", ".reg .b16 %rm16;",
             ".reg .b64 %rdv, %rdm, %rdo, %rdt, %rda, %rdb;"]
     text = "\n".join([
         f"// sparseforge generated kernel: {UNPACK_NAME}", "// packed 2:4 W written dense (bits copied)",

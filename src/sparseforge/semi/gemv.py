@@ -15,7 +15,8 @@ import copy
 
 import torch
 
-from ..codegen.gemv24 import MAX_N, UNPACK_NAME, UNPACK_THREADS, WARPS, kernel_name, render_gemv24, render_unpack24
+from ..codegen.gemv24 import (MAX_N, MAX_UNROLL, UNPACK_NAME, UNPACK_THREADS, WARPS, default_unroll, kernel_name,
+                              render_gemv24, render_unpack24)
 from ..dtypes import dtype_name
 from ..runtime.streams import current_stream_handle
 from .cusparselt import Sparse24Error
@@ -26,11 +27,16 @@ DECISION_MAX_N = 8
 
 
 class Gemv24:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, unroll: int | None = None):
+        """`unroll`: chunks a register set of the kernel (codegen/gemv24.py default_unroll of each width unless
+        given: a benchmark's variants)."""
+        if unroll is not None and not (isinstance(unroll, int) and 1 <= unroll <= MAX_UNROLL):
+            raise Sparse24Error(f"unroll is the chunks a register set of the kernel holds, 1..{MAX_UNROLL} (or None: "
+                                f"the default for each width); got {unroll!r}")
         if weight.device.type != "cuda":
             raise Sparse24Error(f"weight is on {weight.device}; the 2:4 GEMV runs on a CUDA device")
         self.packed = pack_24(weight)
-        self.bias, self.dtype, self.device = bias, weight.dtype, weight.device
+        self.bias, self.dtype, self.device, self.unroll = bias, weight.dtype, weight.device, unroll
         self.index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
         self._kernels: dict[int, object] = {}
         self._launches: dict[int, object] = {}  # n -> runtime.launch.PackedLaunch
@@ -40,8 +46,9 @@ class Gemv24:
         """The loaded kernel for n inputs (compiled, or taken from the disk cache, on first use)."""
         if n not in self._kernels:
             dtype, bias = dtype_name(self.dtype), self.bias is not None
-            self._kernels[n] = self._load("gemv24", f"{dtype}|{n}|{bias}", kernel_name(dtype, n, bias),
-                                          lambda arch: render_gemv24(dtype, n, bias, arch))
+            unroll = default_unroll(n) if self.unroll is None else self.unroll
+            self._kernels[n] = self._load("gemv24", f"{dtype}|{n}|{bias}|{unroll}", kernel_name(dtype, n, bias, unroll),
+                                          lambda arch: render_gemv24(dtype, n, bias, arch, unroll))
         return self._kernels[n]
 
     def _load(self, kind: str, spec: str, name: str, render):

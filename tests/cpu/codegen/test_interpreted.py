@@ -158,16 +158,22 @@ def test_single_nonzero_and_all_zero_matrices():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("n,bias", [(1, False), (3, True), (16, True)])
-def test_packed_24_gemv_matches_float64_reference(dtype, n, bias):
-    """The packed 2:4 GEMV (codegen/gemv24.py): chunk loop, prmt selection, warp shuffle reduction."""
+@pytest.mark.parametrize("n,bias,k,unroll", [(1, False, 96, None), (3, True, 96, None), (16, True, 96, None),
+                                             (1, False, 2720, 4), (5, True, 1600, 2), (2, False, 2080, 3),
+                                             (1, False, 2720, 1), (3, True, 4128, 2)])
+def test_packed_24_gemv_matches_float64_reference(dtype, n, bias, k, unroll):
+    """The packed 2:4 GEMV (codegen/gemv24.py): two register sets of chunks, prmt selection, warp shuffle
+    reduction. K = 96: 6 chunks over 32 lanes (most lanes none, the rest one); 2720 = 170 chunks: 5 or 6 a
+    lane (sets of 4: the second set partly the lane's; sets of 1: three trips round the loop); 1600 = 100
+    chunks: 3 or 4 a lane in sets of 2; 2080 = 130 chunks: 4 or 5 in sets of 3; 4128 = 258 chunks: 8 or 9 in
+    sets of 2 (the loop twice, then a first set of one chunk)."""
     import torch
 
     from sparseforge.codegen.gemv24 import WARPS, render_gemv24
     from sparseforge.prune import nm_mask
     from sparseforge.semi.packed import pack_24
 
-    m, k = 11, 96  # M not a multiple of the warps per block; K: 6 chunks of 16 over 32 lanes
+    m = 11 if k == 96 else 3  # M not a multiple of the warps per block
     w = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
     w = (w * nm_mask(w)).to(getattr(torch, dtype))
     w[0, :4] = 0  # a 2:4 group with no nonzero
@@ -176,7 +182,7 @@ def test_packed_24_gemv_matches_float64_reference(dtype, n, bias):
     b = np.linspace(-1, 1, m) if bias else None
     as_np = {"float16": lambda t: t.numpy(), "bfloat16": lambda t: t.view(torch.int16).numpy().view(np.uint16)}[dtype]
     y = _poisoned((n, m), dtype)
-    source = render_gemv24(dtype, n, bias)
+    source = render_gemv24(dtype, n, bias, unroll=unroll)
     launch(source.text, source.name, (-(-m // WARPS), 1, 1), WARPS * 32, as_np(packed.values), packed.meta.numpy(),
            _encode(x, dtype), y, None if b is None else _encode(b, dtype), m, k)
     ref = _decode(_encode(x, dtype), dtype) @ w.double().numpy().T

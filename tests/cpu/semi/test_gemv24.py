@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sparseforge.codegen.gemv24 import render_gemv24, render_unpack24
+from sparseforge.codegen.gemv24 import default_unroll, render_gemv24, render_unpack24
 from sparseforge.prune import nm_mask
 from sparseforge.runtime import find_tool
 from sparseforge.semi import Sparse24Error
@@ -54,8 +54,10 @@ def _decode_constants(text: str) -> list[tuple[int, int, int]]:
     """(bit offset, selector multiplier, selector addend) of each of a chunk's 8 values, read from the PTX."""
     fields = [int(v) for v in re.findall(r"bfe\.u32 %rp, %rm, (\d+), 2;", text)]
     selectors = [(int(a), int(b)) for a, b in re.findall(r"mad\.lo\.u32 %sel\d, %rp, (\d+), (\d+);", text)]
-    assert len(fields) == len(selectors) == 8
-    return [(f, a, b) for f, (a, b) in zip(fields, selectors)]
+    assert len(fields) == len(selectors) and len(fields) % 8 == 0
+    constants = [(f, a, b) for f, (a, b) in zip(fields, selectors)]
+    assert all(constants[i:i + 8] == constants[:8] for i in range(0, len(constants), 8))  # every chunk alike
+    return constants[:8]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -85,11 +87,15 @@ def test_kernel_arithmetic_emulated_matches_dense(dtype):
 
 @pytest.mark.parametrize("arch", [90, 80])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("n", [1, 3, 8, 16])
+@pytest.mark.parametrize("n,unroll", [(1, None), (3, None), (8, None), (16, None), (1, 1), (1, 4), (4, 4), (8, 4),
+                                      (16, 2)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv_ptx_assembles_without_spills(arch, dtype, n, bias):
-    source = render_gemv24(dtype, n, bias, arch)
-    assert source.modules[0].count("fma.rn.f32") == 8 * n and source.modules[0].count("prmt.b32") == 8 * n
+def test_gemv_ptx_assembles_without_spills(arch, dtype, n, unroll, bias):
+    source = render_gemv24(dtype, n, bias, arch, unroll)
+    text, chunks = source.modules[0], 2 * (default_unroll(n) if unroll is None else unroll)  # two register sets
+    assert text.count("fma.rn.f32") == 8 * n * chunks and text.count("prmt.b32") == 8 * n * chunks
+    # W: the first set before the loop and both sets in it; x: two 16-byte loads an input a chunk used
+    assert text.count("ld.global.nc.v4.b32") == 3 * chunks // 2 + 2 * n * chunks
     done = subprocess.run([find_tool("ptxas"), f"-arch=sm_{arch}", "-c", "-v", "-o", "/dev/null", "-"],
                           input=source.modules[0], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -113,6 +119,11 @@ def test_gemv_refuses_what_it_cannot_serve():
         render_gemv24("float16", 17, False)
     with pytest.raises(ValueError, match="1..16 inputs"):
         render_gemv24("float16", 0, False)
+    for unroll in (0, 5, 2.0):
+        with pytest.raises(ValueError, match="chunks a register set"):
+            render_gemv24("float16", 1, False, unroll=unroll)
+    with pytest.raises(Sparse24Error, match="unroll is the chunks a register set"):
+        Gemv24(weight_24(16, 16, torch.float16), unroll=0)
     with pytest.raises(Sparse24Error, match="CUDA device"):
         Gemv24(weight_24(16, 16, torch.float16))
 
