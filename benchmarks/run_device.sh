@@ -60,7 +60,7 @@
 #                 register moves or all from one line (L1 hits), the value loads or the stored starts replaced
 #                 (benchmarks/proto/bitmap_tc_probe.py; N = 8, X as N x K, fp16, weights rotated; timing only)
 #   gemv24        the packed 2:4 GEMV's register-set widths (1, 2, 4 chunks) beside cuBLAS on the Llama shapes,
-#                 N in $G24_NS ("1 2 4 8"), dtypes $G24_DTYPES ("float16"), weights rotated (benchmarks/gemv24_sets.py)
+#                 N in $G24_NS ("1 2 4 8 16"), dtypes $G24_DTYPES ("float16"), weights rotated (benchmarks/gemv24_sets.py)
 #   gated_mlp     the Llama MLP's gate and up in one kernel against the pair apart and dense, 14336 x 4096 at
 #                 50 / 70 / 90%, fp16, weights rotated: bitmap-tc at N = 8, then delta-runs at N = 1
 #                 (benchmarks/gated_mlp.py)
@@ -286,7 +286,7 @@ stage() {
       WARPS="4 8" US="2 4 8" run delta_runs_fp16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_fp16.json"
       BF16=1 WARPS=8 US="2 4" run delta_runs_bf16 python3 benchmarks/proto/delta_runs_bench.py "$OUT/delta_runs_bf16.json" ;;
     gemv24)
-      run gemv24_sets python3 benchmarks/gemv24_sets.py "$OUT/gemv24_sets.json" --ns ${G24_NS:-1 2 4 8} \
+      run gemv24_sets python3 benchmarks/gemv24_sets.py "$OUT/gemv24_sets.json" --ns ${G24_NS:-1 2 4 8 16} \
         --dtypes ${G24_DTYPES:-float16} ;;
     gated_mlp)
       run gated_mlp_n8_fp16 python3 benchmarks/gated_mlp.py "$OUT/gated_mlp_n8_fp16.json" --sparsities 0.5 0.7 0.9 --n 8

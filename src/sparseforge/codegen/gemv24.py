@@ -1,16 +1,15 @@
 """Lowering target: a 2:4 GEMV/skinny GEMM on CUDA cores over sparseforge's packed format (semi/packed.py),
 Y (n x M) = X (n x K) @ W^T [+ bias], for decode widths n <= 16. Memory-bound at small n: it streams 0.5625x
-the bytes of the dense weight once, for all n columns (n = 9-16: 130-142 registers, no spills; correct on
-the H200 but measured 0.20-0.75x of cuBLAS at n = 16, so the 2:4 runtime does not time those widths:
-semi/gemv.py DECISION_MAX_N).
+the bytes of the dense weight once, for all n columns (n = 9-16: 76-96 registers at their default set width,
+no spills; the one-set kernel before took 130-142 and measured 0.20-0.75x of cuBLAS at n = 16, so the 2:4
+runtime does not time those widths: semi/gemv.py DECISION_MAX_N).
 
 One warp per output row. A lane takes 16-column chunks (lane, lane + 32, ...) in two register sets of `unroll`
 chunks, one set's loads in flight while the other's chunks are used (the loads in flight are what a memory-bound
 kernel's speed is made of): a chunk's 8 kept values (one 16-byte load), their positions (one 16-bit load) and,
-for each of the n inputs, the chunk's 16 x values (two 16-byte
-loads, coalesced across the warp, L1-resident: X is small). A kept value's x is picked from the two words
-of its group with one `prmt` whose selector comes from the 2-bit position. fp32 accumulation, a butterfly
-reduction, lane 0 stores. render_gemv24 is pure: the same arguments always give the same text.
+for each of the n inputs, the chunk's 16 x values (two 16-byte loads, coalesced across the warp, L1-resident: X
+is small). A kept value's x is picked from the two words of its group with one `prmt` whose selector comes from
+the 2-bit position. fp32 accumulation, a butterfly reduction, lane 0 stores. render_gemv24 is pure: the same arguments always give the same text.
 
 render_unpack24 is the format's dense writer: W (M x K) back from the packed arrays, one thread a chunk, for
 the dense calls (prefill) of a layer that keeps no dense W of its own.
