@@ -45,37 +45,38 @@ def _to_f32(e: Emitter, dtype: str, dst: str, word: str, high: bool) -> None:
         e.lines([f"mov.b32 {{%h0, %h1}}, {word};", f"cvt.f32.f16 {dst}, {'%h1' if high else '%h0'};"])
 
 
-def _guard(e: Emitter, slot: int) -> None:
-    """%pc: whether chunk slot `slot` ahead of the loop's pointers (chunk %rc + 32 * slot) is the lane's."""
-    e.lines([f"add.u32 %t, %rc, {32 * slot};", "setp.lt.u32 %pc, %t, %rchunks;"])
+def _chunk(e: Emitter, slot: int) -> None:
+    """%pc: whether chunk %rc + 32 * slot is the lane's; %t: that chunk, clamped to the row's last, so that every
+    load reads a valid address and none is predicated (a predicated load keeps its register's old value, which
+    ties it to that register's last use: ptxas then issues x's loads one after another)."""
+    e.lines([f"add.u32 %t, %rc, {32 * slot};", "setp.lt.u32 %pc, %t, %rchunks;", "min.u32 %t, %t, %rlast;"])
 
 
 def _load_set(e: Emitter, s: int, unroll: int, first: int) -> None:
     """Register set s: the kept values (16 bytes) and positions (2 bytes) of chunk slots first .. first +
-    unroll - 1 ahead of the pointers, each load guarded by its chunk being the lane's."""
+    unroll - 1 from the loop's chunk %rc."""
     for u in range(unroll):
-        slot = first + u
-        _guard(e, slot)
+        _chunk(e, first + u)
         v = ", ".join(f"%v{s}_{u}_{j}" for j in range(4))
-        e.lines([f"@%pc ld.global.nc.v4.b32 {{{v}}}, [%rdv+{512 * slot}];",
-                 f"@%pc ld.global.nc.u16 %mm{s}_{u}, [%rdm+{64 * slot}];"])
+        e.lines(["mul.wide.u32 %rdt, %t, 16;", "add.s64 %rda, %rdv, %rdt;",
+                 f"ld.global.nc.v4.b32 {{{v}}}, [%rda];",
+                 "mul.wide.u32 %rdt, %t, 2;", "add.s64 %rda, %rdm, %rdt;", f"ld.global.nc.u16 %mm{s}_{u}, [%rda];"])
 
 
 def _use_set(e: Emitter, dtype: str, n: int, s: int, unroll: int, first: int) -> None:
-    """Register set s's chunks (slots first ..): weights and selectors, then each input's x words and FMAs,
-    all guarded like the loads."""
+    """Register set s's chunks (slots first ..): weights and selectors, then each input's x words and FMAs, the
+    FMAs of a chunk past the lane's last predicated off."""
     for u in range(unroll):
-        slot = first + u
-        _guard(e, slot)
-        e.line(f"cvt.u32.u16 %rm, %mm{s}_{u};")
+        _chunk(e, first + u)
+        e.lines(["mul.wide.u32 %rdo, %t, 32;", f"cvt.u32.u16 %rm, %mm{s}_{u};"])
         for j in range(4):
             for h in range(2):  # the group's first and second kept value
                 i = 2 * j + h
                 _to_f32(e, dtype, f"%w{i}", f"%v{s}_{u}_{j}", high=bool(h))
                 e.lines([f"bfe.u32 %rp, %rm, {4 * j + 2 * h}, 2;", f"mad.lo.u32 %sel{i}, %rp, 34, 16;"])
         for col in range(n):
-            e.lines([f"@%pc ld.global.nc.v4.b32 {{%x0, %x1, %x2, %x3}}, [%rdx{col}+{1024 * slot}];",
-                     f"@%pc ld.global.nc.v4.b32 {{%x4, %x5, %x6, %x7}}, [%rdx{col}+{1024 * slot + 16}];"])
+            e.lines([f"add.s64 %rda, %rdx{col}, %rdo;", "ld.global.nc.v4.b32 {%x0, %x1, %x2, %x3}, [%rda];",
+                     "ld.global.nc.v4.b32 {%x4, %x5, %x6, %x7}, [%rda+16];"])
             for i in range(8):
                 j = i // 2
                 e.line(f"prmt.b32 %t, %x{2 * j}, %x{2 * j + 1}, %sel{i};")
@@ -84,11 +85,12 @@ def _use_set(e: Emitter, dtype: str, n: int, s: int, unroll: int, first: int) ->
 
 
 def _walk(e: Emitter, dtype: str, n: int, unroll: int) -> None:
-    """The lane's chunks, two register sets of `unroll` chunks: one set's loads in flight while the other's
-    chunks are used (the loop unrolled twice, as delta-runs walks its slots). Without the second set ptxas
-    issues a chunk's loads only after the previous chunk's FMAs, whatever the unrolling: one 16-byte load in
-    flight a lane."""
+    """The lane's chunks %rc = lane, lane + 32, ..., two register sets of `unroll` chunks: one set's loads in
+    flight while the other's chunks are used (the loop unrolled twice, as delta-runs walks its slots). Without
+    the second set ptxas issues a chunk's loads only after the previous chunk's FMAs, whatever the unrolling:
+    one 16-byte load of W in flight a lane."""
     u2 = 2 * unroll
+    e.lines(["setp.eq.u32 %pl, %rchunks, 0;", "@%pl bra REDUCE;", "sub.u32 %rlast, %rchunks, 1;"])
     _load_set(e, 0, unroll, 0)
     e.label("LOOP")
     e.lines([f"add.u32 %t, %rc, {32 * unroll};", "setp.lt.u32 %pmore, %t, %rchunks;"])
@@ -97,9 +99,7 @@ def _walk(e: Emitter, dtype: str, n: int, unroll: int) -> None:
     e.line("@!%pmore bra REDUCE;")
     _load_set(e, 0, unroll, u2)
     _use_set(e, dtype, n, 1, unroll, unroll)
-    e.lines([f"add.u32 %rc, %rc, {32 * u2};", f"add.s64 %rdv, %rdv, {512 * u2};", f"add.s64 %rdm, %rdm, {64 * u2};"]
-            + [f"add.s64 %rdx{col}, %rdx{col}, {1024 * u2};" for col in range(n)]
-            + ["setp.lt.u32 %pmore, %rc, %rchunks;", "@%pmore bra LOOP;"])
+    e.lines([f"add.u32 %rc, %rc, {32 * u2};", "setp.lt.u32 %pmore, %rc, %rchunks;", "@%pmore bra LOOP;"])
 
 
 def _reduce_and_store(e: Emitter, dtype: str, n: int, bias: bool) -> None:
@@ -139,15 +139,12 @@ def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90, unroll: int | 
              "mov.u32 %rt, %tid.x;", "shr.u32 %rwarp, %rt, 5;", "and.b32 %rlane, %rt, 31;",
              "mov.u32 %rrow, %ctaid.x;", f"mad.lo.u32 %rrow, %rrow, {WARPS}, %rwarp;",
              "setp.ge.u32 %pl, %rrow, %rM;", "@%pl bra DONE;", "shr.u32 %rchunks, %rK, 4;"])
-    e.comment("values row base + lane chunk (16 bytes a chunk), meta (2 bytes a chunk), x (32 bytes a chunk)")
+    e.comment("the row's values (16 bytes a chunk) and meta (2 bytes a chunk), x's rows (32 bytes a chunk)")
     e.lines(["ld.param.u64 %rdv, [p_values];", "cvta.to.global.u64 %rdv, %rdv;",
              "mul.wide.u32 %rdt, %rrow, %rK;", "add.s64 %rdv, %rdv, %rdt;",  # row * (K/2) values * 2 bytes
-             "mul.wide.u32 %rdt, %rlane, 16;", "add.s64 %rdv, %rdv, %rdt;",
              "ld.param.u64 %rdm, [p_meta];", "cvta.to.global.u64 %rdm, %rdm;",
              "mul.wide.u32 %rdt, %rrow, %rchunks;", "shl.b64 %rdt, %rdt, 1;", "add.s64 %rdm, %rdm, %rdt;",
-             "mul.wide.u32 %rdt, %rlane, 2;", "add.s64 %rdm, %rdm, %rdt;",
              "ld.param.u64 %rdx0, [p_x];", "cvta.to.global.u64 %rdx0, %rdx0;",
-             "mul.wide.u32 %rdt, %rlane, 32;", "add.s64 %rdx0, %rdx0, %rdt;",
              "mul.wide.u32 %rdxs, %rK, 2;", "ld.param.u32 %rt, [p_m];", "mul.wide.u32 %rdstride, %rt, 2;"])
     for col in range(1, n):
         e.line(f"add.s64 %rdx{col}, %rdx{col - 1}, %rdxs;")
@@ -159,11 +156,11 @@ def render_gemv24(dtype: str, n: int, bias: bool, arch: int = 90, unroll: int | 
     e.label("DONE")
     e.line("ret;")
     decl = [".reg .pred %pl, %pc, %pmore;",
-            ".reg .b32 %rM, %rK, %rt, %rwarp, %rlane, %rrow, %rchunks, %rc, %rm, %rp, %t;",
+            ".reg .b32 %rM, %rK, %rt, %rwarp, %rlane, %rrow, %rchunks, %rlast, %rc, %rm, %rp, %t;",
             ".reg .b16 %rb16, %ho, %h0, %h1, " + ", ".join(f"%mm{s}_{u}" for s in (0, 1) for u in range(unroll)) + ";",
             ".reg .b32 %x<8>, %sel<8>, " + ", ".join(f"%v{s}_{u}_{j}" for s in (0, 1) for u in range(unroll)
                                                   for j in range(4)) + ";", ".reg .f32 %f, %w<8>, " + ", ".join(f"%acc{c}" for c in range(n)) + ";",
-            ".reg .b64 %rdv, %rdm, %rdt, %rdy, %rdxs, %rdstride, " + ", ".join(f"%rdx{c}" for c in range(n)) + ";"]
+            ".reg .b64 %rdv, %rdm, %rdt, %rda, %rdo, %rdy, %rdxs, %rdstride, " + ", ".join(f"%rdx{c}" for c in range(n)) + ";"]
     text = "\n".join([
         f"// sparseforge generated kernel: {name}",
         f"// 2:4 packed GEMV, {n} input(s), {dtype}, {unroll} chunk(s) a register set, fp32 accumulate",
