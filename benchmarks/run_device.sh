@@ -35,6 +35,8 @@
 #   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70%, 50%, then 2:4
 #                 (LLAMA_HF_PATTERNS picks some of them)
 #   llama_hf_24   llama_hf_b1 for 2:4 alone, its decode step only (one conversion, no generate): the shortest 2:4 run
+#   generate_host  where the host's time goes in generate, dense against converted at 70% (the 8B widths, $GEN_LAYERS
+#                 layers, default 8; cProfile's top functions, sparseforge's calls a token: generate_host_profile.py)
 #   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
 #   llama_hf_memory  llama_hf_b1 with memory_slack 0.07 (a layer may give 7% of its decode time for fewer bytes of
 #                 W), 70% then 50%: the decoder Linears' memory against their speed
@@ -204,6 +206,9 @@ stage() {
     llama_hf_24)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_24_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 2:4 \
         --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --no-warm --out "$OUT/llama_hf_24_fp16.json" ;;
+    generate_host)
+      run generate_host_profile python3 benchmarks/generate_host_profile.py "$OUT/generate_host_profile.json" \
+        --layers ${GEN_LAYERS:-8} --tokens 64 ;;
     llama_hf_memory)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_memory_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 \
         --patterns 0.7,0.5 --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --memory-slack 0.07 \

@@ -27,10 +27,11 @@ MAX_UNROLL = 4
 
 
 def default_unroll(n: int) -> int:
-    """Chunks in a register set (two sets: one's loads in flight while the other's chunks are used): a shape of
-    few rows leaves an SM few warps (1024 rows: 8), whose loads in flight must cover HBM's latency; a wider set
-    costs registers, which the n accumulators and x words already take at larger n."""
-    return 4 if n <= 4 else 2 if n <= 8 else 1
+    """Chunks in a register set (two sets: one's loads in flight while the other's chunks are used). Measured on
+    an H100 against cuBLAS, weights from HBM, the four Llama-3-8B shapes (benchmarks/gemv24_sets.py): sets of 2
+    give 1.71-1.81x at n = 1 (1 chunk: 1.49-1.63x; 4: 1.67-1.84x) and are best or within 10% of best at n = 2
+    and 4; from n = 8 on the kernel is bound by its x loads and FMAs (0.6x at 8), where a set of 1 was fastest."""
+    return 2 if n <= 4 else 1
 
 
 def kernel_name(dtype: str, n: int, bias: bool, unroll: int = 1) -> str:
