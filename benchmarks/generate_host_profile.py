@@ -41,6 +41,9 @@ def _profiled_generate(model, args, device) -> dict:
         torch.cuda.synchronize()
         return time.perf_counter() - started
 
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     with torch.no_grad():
         run(args.tokens)  # compiles the decode step, records its graph
         run(args.tokens)
@@ -57,7 +60,22 @@ def _profiled_generate(model, args, device) -> dict:
     ours = [{"function": f"{key[0]}:{key[1]}({key[2]})", "calls": value[1], "own_s": value[2]}
             for key, value in rows if "sparseforge" in key[0]]
     per_token = (seconds - one) / (args.tokens - 1)
-    return {"seconds": seconds, "prefill_seconds": one, "ms_per_decode_token": per_token * 1e3,
+    # whether the compiled step ran as CUDA graphs at all, and in how many pieces
+    compiled = {group: dict(values) for group, values in counters.items()
+                if group in ("stats", "inductor", "graph_break", "recompiles", "unimplemented")}
+    with torch.no_grad():
+        cache.reset()
+        model(prompt, **{hf.cache_argument(model): cache}, cache_position=torch.arange(prompt.shape[1], device=device),
+              use_cache=True)
+        token = prompt[:, -1:]
+        position = torch.tensor([prompt.shape[1]], device=device)
+        explained = torch._dynamo.explain(model)(token, **{hf.cache_argument(model): cache}, cache_position=position,
+                                                 position_ids=position.expand(1, 1), use_cache=True)
+    return {"graphs": explained.graph_count, "graph_breaks": explained.graph_break_count,
+            "break_reasons": [str(b.reason)[:300] for b in explained.break_reasons[:20]],
+            "graph_inputs": [len(list(g.graph.find_nodes(op="placeholder"))) for g in explained.graphs],
+            "counters": compiled,
+            "seconds": seconds, "prefill_seconds": one, "ms_per_decode_token": per_token * 1e3,
             "top_own_time": top, "sparseforge_calls_per_token": sum(r["calls"] for r in ours) / args.tokens,
             "sparseforge_functions": ours[:40]}
 
@@ -90,6 +108,11 @@ def main(argv=None) -> int:
     hf.phase(f"converted: {result['converted']['ms_per_decode_token']:.2f} ms a token, "
              f"{result['converted']['sparseforge_calls_per_token']:.0f} sparseforge calls a token")
     for side in ("dense", "converted"):
+        r = result[side]
+        print(f"== {side}: {r['graphs']} graphs, {r['graph_breaks']} breaks, inputs {r['graph_inputs']}; "
+              f"counters {json.dumps(r['counters'], default=str)[:1500]}")
+        for reason in r["break_reasons"][:8]:
+            print(f"  break: {reason}")
         print(f"== {side}: top own time")
         for row in result[side]["top_own_time"][:20]:
             print(f"  {row['own_s'] * 1e3:9.2f} ms {row['calls']:7d}  {row['function']}")
