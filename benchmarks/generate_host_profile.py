@@ -29,15 +29,28 @@ def _profiled_generate(model, args, device) -> dict:
 
     generator = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, model.config.vocab_size, (1, 128), generator=generator).to(device)
-    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + args.tokens)
+    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + 2 * args.tokens)
     options = {"do_sample": False, "attention_mask": torch.ones_like(prompt), "pad_token_id": 0,
                hf.cache_argument(model): cache}
 
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    stamps: list[float] = []
+
+    class Stamp(StoppingCriteria):
+        """The host's clock at each token's stopping check (generate reads the tokens there, a sync a token)."""
+
+        def __call__(self, input_ids, scores, **kwargs):
+            stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
     def run(new: int) -> float:
         cache.reset()
+        stamps.clear()
         torch.cuda.synchronize()
         started = time.perf_counter()
-        model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **options)
+        model.generate(prompt, max_new_tokens=new, min_new_tokens=new, stopping_criteria=StoppingCriteriaList([Stamp()]),
+                       **options)
         torch.cuda.synchronize()
         return time.perf_counter() - started
 
@@ -48,6 +61,8 @@ def _profiled_generate(model, args, device) -> dict:
         run(args.tokens)  # compiles the decode step, records its graph
         run(args.tokens)
         seconds = run(args.tokens)
+        gaps = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]  # ms between tokens' stopping checks
+        twice = run(2 * args.tokens)
         one = min(run(1) for _ in range(3))
         profiler = cProfile.Profile()
         profiler.enable()
@@ -76,6 +91,9 @@ def _profiled_generate(model, args, device) -> dict:
             "graph_inputs": [len(list(g.graph.find_nodes(op="placeholder"))) for g in explained.graphs],
             "counters": compiled,
             "seconds": seconds, "prefill_seconds": one, "ms_per_decode_token": per_token * 1e3,
+            "ms_per_token_marginal": (twice - seconds) / args.tokens * 1e3,
+            "token_gaps_ms": {"first": gaps[:4], "median": sorted(gaps)[len(gaps) // 2] if gaps else None,
+                              "max": max(gaps, default=None)},
             "top_own_time": top, "sparseforge_calls_per_token": sum(r["calls"] for r in ours) / args.tokens,
             "sparseforge_functions": ours[:40]}
 
@@ -100,12 +118,14 @@ def main(argv=None) -> int:
     result = {"provenance": provenance(sys.argv if argv is None else ["benchmarks/generate_host_profile.py", *argv]),
               "layers": args.layers, "sparsity": args.sparsity, "tokens": args.tokens}
     result["dense"] = _profiled_generate(model, args, device)
-    hf.phase(f"dense: {result['dense']['ms_per_decode_token']:.2f} ms a token")
+    hf.phase(f"dense: {result['dense']['ms_per_decode_token']:.2f} ms a token, marginal "
+             f"{result['dense']['ms_per_token_marginal']:.2f}, gaps {result['dense']['token_gaps_ms']}")
     torch._dynamo.reset()
     sparseforge.convert(model, tokens=(1,), policy="measure", tune_budget=1.0, progress=False)
     hf.phase("converted")
     result["converted"] = _profiled_generate(model, args, device)
-    hf.phase(f"converted: {result['converted']['ms_per_decode_token']:.2f} ms a token, "
+    hf.phase(f"converted: {result['converted']['ms_per_decode_token']:.2f} ms a token, marginal "
+             f"{result['converted']['ms_per_token_marginal']:.2f}, gaps {result['converted']['token_gaps_ms']}, "
              f"{result['converted']['sparseforge_calls_per_token']:.0f} sparseforge calls a token")
     for side in ("dense", "converted"):
         r = result[side]
