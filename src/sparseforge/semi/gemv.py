@@ -2,7 +2,9 @@
 widths n <= 16, one launch and no transpose. Compiled once per (dtype, n, bias) through the kernel cache.
 
 Measured on the H200 at N = 1 (bench24, dfaac08): 1.5-2.2x faster than cuBLAS under graph replay and
-1.1-1.6x called eagerly, on BERT and Llama shapes in fp16 and bf16, where cuSPARSELt lost to dense. So the
+1.1-1.6x called eagerly, on BERT and Llama shapes in fp16 and bf16, where cuSPARSELt lost to dense. With W
+streamed from HBM (an H100, benchmarks/gemv24_sets.py, the two-set kernel): 1.71-1.81x at N = 1 on the four
+Llama-3-8B shapes (the byte bound is 1.78x), 1.40-1.66x at 2, 1.07-1.39x at 4, 0.6-0.96x at 8. So the
 2:4 runtime times it next to cuSPARSELt for widths n <= DECISION_MAX_N (USE_IN_DECISIONS). n = 9-16 runs
 correctly on the H200 (tests/gpu, n = 12 and 16, e1a6cad) but at n = 16 measured 0.20-0.75x of cuBLAS on
 all 14 shape x dtype cases (bench24, 8d1233c: 4096x4096 fp16 42.6 us against 9.7 us, 7.7x its N = 1 time
