@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
+from sparseforge.bench.gpu import TOLERANCE
 from sparseforge.bench.report import provenance
 from sparseforge.bench.semi import random_24_weight
 from sparseforge.codegen.gemv24 import default_unroll
 from sparseforge.runtime.timing import l2_bytes, rotating_graph_time_us, weight_copies
 from sparseforge.semi.gemv import Gemv24
 
-TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2}  # relative error against float64, fp32 accumulation
 LLAMA_SHAPES = ("4096x4096", "1024x4096", "14336x4096", "4096x14336")  # q / o, k / v, gate / up, down
 
 

@@ -127,6 +127,13 @@ def main(argv=None) -> int:
     hf.phase(f"converted: {result['converted']['ms_per_decode_token']:.2f} ms a token, marginal "
              f"{result['converted']['ms_per_token_marginal']:.2f}, gaps {result['converted']['token_gaps_ms']}, "
              f"{result['converted']['sparseforge_calls_per_token']:.0f} sparseforge calls a token")
+    dense, converted = result["dense"], result["converted"]
+    result["summary"] = [{"model": f"llama3-8b-hf-{args.layers}L", "sparsity": float(args.sparsity),
+                          "dtype": "float16", "batch": 1, "layout": "nk", "n": 1,
+                          # a decode token of generate, dense over converted (host time and all)
+                          "geomean_speedup_vs_cublas": dense["ms_per_decode_token"] / converted["ms_per_decode_token"],
+                          "generate_decode_speedup_marginal": dense["ms_per_token_marginal"]
+                          / converted["ms_per_token_marginal"]}]
     for side in ("dense", "converted"):
         r = result[side]
         print(f"== {side}: {r['graphs']} graphs, {r['graph_breaks']} breaks, inputs {r['graph_inputs']}; "
