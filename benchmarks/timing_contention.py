@@ -1,8 +1,8 @@
 """Graph-replay timing with and without the stream held (runtime/timing.py), quiet and with busy Python
 threads holding the GIL as bench's prebuild threads do: the evidence for the hold. Then beside a thread that
 works on the GPU and copies to the host on the default stream (as a prebuild packing W does), held on the
-current stream (what runtime/timing.py does) against held on a stream of the timing's own, which the default
-stream's work neither waits for nor delays: on one H100 host the first dropped every sample (TimingContention).
+current stream against held on a non-blocking stream of the timing's own (what runtime/timing.py does), which the
+default stream's work neither waits for nor delays: on one H100 host the first dropped every sample (TimingContention).
 Prints one JSON line.
 
     python benchmarks/timing_contention.py [threads]
@@ -33,15 +33,11 @@ def both(graph, calls):
             "unheld_us": timing._median_of(graph.replay, 25, hold=False) / calls}
 
 
-def held_on(stream, graph, calls) -> dict:
-    """Held timing with the hold, the events and the replays on `stream` (None: the current one); a measurement
-    that gave up is a result too."""
+def held_on(own_stream: bool, graph, calls) -> dict:
+    """Held timing with the hold, the events and the replays on a non-blocking stream of the timing's own
+    (what runtime/timing.py does) or on the current one; a measurement that gave up is a result too."""
     try:
-        if stream is None:
-            return {"held_us": timing._median_of(graph.replay, 25, hold=True) / calls}
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            return {"held_us": timing._median_of(graph.replay, 25, hold=True) / calls}
+        return {"held_us": timing._median_of(graph.replay, 25, hold=True, own_stream=own_stream) / calls}
     except timing.TimingContention as err:
         return {"held_us": None, "error": str(err)[:200]}
 
@@ -62,7 +58,7 @@ def beside_a_syncing_thread(graph, calls) -> dict:
     thread = threading.Thread(target=packing, daemon=True)
     thread.start()
     try:
-        return {"current_stream": held_on(None, graph, calls), "own_stream": held_on(torch.cuda.Stream(), graph, calls),
+        return {"current_stream": held_on(False, graph, calls), "own_stream": held_on(True, graph, calls),
                 "thread_errors": errors}
     finally:
         stop.set()

@@ -7,14 +7,14 @@ import sys
 import traceback
 from pathlib import Path
 
-import torch
 from rich.progress import track
 from rich.table import Table
 
 from .checkpoint import load_state, save_state
 from .console import check_output_path, console, print_error
 from .formats import SparseFormatError
-from .prune import NMError, PruneReport, parse_nm, prune_state_dict
+from .prune import NMError, NothingSelectedError, PruneReport, Skipped, parse_nm, prune_state_dict
+from .prune.api import SCOPES
 from .suite import discover
 
 
@@ -43,13 +43,7 @@ def print_prune_report(report: PruneReport) -> None:
         table.add_row(layer.name, "x".join(map(str, layer.shape)), str(layer.nonzero_before),
                       str(layer.nonzero_after), f"{layer.sparsity:.4f}")
     console.print(table)
-    if report.skipped:
-        skipped = Table(title="skipped")
-        skipped.add_column("tensor")
-        skipped.add_column("reason")
-        for item in report.skipped:
-            skipped.add_row(str(item.name), item.reason)  # a checkpoint key need not be a str
-        console.print(skipped)
+    print_skipped(report.skipped)
     console.print(f"{len(report.layers)} layers pruned, overall sparsity {report.sparsity:.4f}; "
                   f"{len(report.skipped)} skipped")
     if report.state_key is not None:
@@ -57,6 +51,16 @@ def print_prune_report(report: PruneReport) -> None:
                       "kept as they were)", highlight=False)
     for warning in report.warnings:
         print(f"WARNING: {warning}", file=sys.stderr)
+
+
+def print_skipped(items: list[Skipped]) -> None:
+    if items:
+        skipped = Table(title="skipped")
+        skipped.add_column("tensor")
+        skipped.add_column("reason")
+        for item in items:
+            skipped.add_row(str(item.name), item.reason)  # a checkpoint key need not be a str
+        console.print(skipped)
 
 
 def _prune(args) -> int:
@@ -72,8 +76,12 @@ def _prune(args) -> int:
         raise ValueError(f"--nm {args.nm} keeps every weight (N = M), so the output would be a copy of the input; "
                          "give N < M, e.g. --nm 2:4")
     state = load_state(source)
-    pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
-                                      include=args.include, exclude=args.exclude)
+    try:
+        pruned, report = prune_state_dict(state, sparsity=args.sparsity, nm=args.nm, scope=args.scope,
+                                          include=args.include, exclude=args.exclude)
+    except NothingSelectedError as err:
+        print_skipped(err.skipped)
+        raise ValueError(f"{source}: nothing was pruned, so nothing was written: {err.as_options()}") from None
     print_prune_report(report)
     if not report.layers:
         raise ValueError(f"{source}: nothing was pruned, so nothing was written: no tensor is a 2-D or 4-D "
@@ -102,12 +110,19 @@ examples:
 `sparseforge COMMAND --help` lists the options of a command."""
 
 
+PRUNE_DESCRIPTION = """\
+Prune the Linear (2-D) and Conv2d (4-D) floating-point weights of a saved state dict, by magnitude (--sparsity) or
+to N:M (--nm), and write the pruned copy; other tensors are kept as they are. A table lists every tensor pruned
+and every one skipped, with the reason."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparseforge", description=DESCRIPTION, epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    info = sub.add_parser("info", help="statistics of one .smtx file or a DLMC-style directory")
+    info_help = "statistics of one .smtx file or a DLMC-style directory"
+    info = sub.add_parser("info", help=info_help, description=info_help[0].upper() + info_help[1:] + ".")
     info.add_argument("path", help="a .smtx file, a DLMC-style directory, or llm[:sparsities[:shapes[:methods]]]")
     info.add_argument("--batch", type=int, default=1, help="ResNet-50 batch size (N = pixels x batch)")
     info.add_argument("--tokens", type=int, default=None,
@@ -115,13 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--n", type=int, default=None, help="force one N for every matrix")
     info.set_defaults(run=_info)
 
-    prune = sub.add_parser("prune", help="prune a saved state dict (.pt/.pth) or .safetensors file")
-    prune.add_argument("input")
-    prune.add_argument("output")
+    prune = sub.add_parser("prune", help="prune a saved state dict (.pt/.pth) or .safetensors file",
+                           description=PRUNE_DESCRIPTION)
+    prune.add_argument("input", help="a state dict saved with torch.save (.pt / .pth, also a checkpoint that nests "
+                                     "one) or a .safetensors file")
+    prune.add_argument("output", help="where the pruned state dict is written, in the format its suffix names "
+                                      "(.safetensors, else torch.save)")
     how = prune.add_mutually_exclusive_group(required=True)
     how.add_argument("--sparsity", type=float, help="magnitude pruning: fraction of weights removed")
     how.add_argument("--nm", help="N:M pruning along the input dimension, e.g. 2:4")
-    prune.add_argument("--scope", choices=("layer", "global"), default="layer")
+    prune.add_argument("--scope", choices=SCOPES, default="layer",
+                       help="with --sparsity, where the fraction applies: each tensor (layer, the default), each "
+                            "output row of every tensor (row: as many nonzeros in every row), or one threshold "
+                            "over all tensors together (global)")
     prune.add_argument("--include", help="regex: prune only tensors whose name matches")
     prune.add_argument("--exclude", help="regex: leave tensors whose name matches dense")
     prune.add_argument("--force", action="store_true", help="allow OUTPUT to be the INPUT file (overwrites it)")

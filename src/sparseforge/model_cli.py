@@ -26,9 +26,9 @@ def add_model_parsers(sub) -> None:
     for name, help_text in (("convert", "convert a saved model's Linear / Conv2d layers to the fastest of dense, "
                                         "unstructured sparse and 2:4, by measurement"),
                             ("profile", "measure every Linear / Conv2d of a saved model dense and sparse, "
-                                        "without converting it")):
-        p = sub.add_parser(name, help=help_text, description=help_text + ".", epilog=MODEL_EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                                        "without converting it (needs a CUDA GPU)")):
+        p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
+                           epilog=MODEL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("input", type=Path, help="a model saved with torch.save(model), or with --model a state dict "
                                                 "(.pt / .safetensors, e.g. what `sparseforge prune` writes)")
         if name == "convert":
@@ -84,6 +84,7 @@ def _run(args) -> int:
     from .console import check_input_file, check_output_path, console, write_output
     from .nn import convert, fuse_epilogues
     from .nn.convert import ExampleInputError, one_line
+    from .prune.targets import NothingSelectedError
     from .tune.choose import check_tune_budget
 
     if args.command == "profile" and args.cpu:
@@ -139,6 +140,10 @@ def _run(args) -> int:
                              f"({one_line(err.__cause__)}); give --example-shape the shape of the model's one "
                              "input (a model that takes token ids or several inputs needs the Python API: "
                              "sparseforge.nn.convert(model, example_inputs))") from None
+        except NothingSelectedError as err:  # in this command's words: its options, the patterns as given
+            # (a bare layer's filter is a callable), the wrapper's layer "0" as the model itself
+            skipped = [replace(item, name="") for item in err.skipped] if bare else err.skipped
+            raise NothingSelectedError(skipped, args.include, args.exclude, err.what, err.verb, "--") from None
     if bare:  # the wrapper's layer "0" is the model itself, whose qualified name is ""
         model = model[0]
         for layer in report.layers:
@@ -261,11 +266,12 @@ def _model_from_spec(spec: str):
             raise ValueError(f"--model {spec}: {attribute}() returned a {type(model).__name__}, not a "
                              "torch.nn.Module")
         return model
-    tried = []
+    tried, missing = [], []
     try:
         import torchvision.models
     except ImportError:
-        tried.append("torchvision is not installed")
+        missing.append("torchvision")
+        tried.append("torchvision is not installed (pip install torchvision)")
     else:
         if spec in torchvision.models.list_models():
             return torchvision.models.get_model(spec, weights=None)
@@ -273,11 +279,16 @@ def _model_from_spec(spec: str):
     try:
         import timm
     except ImportError:
-        tried.append("timm is not installed")
+        missing.append("timm")
+        tried.append("timm is not installed (pip install timm)")
     else:
         if timm.is_model(spec):
             return timm.create_model(spec, pretrained=False)
         tried.append("not a timm model")
+    if len(missing) == 2:  # the name may well be right: what is missing is the library that builds it
+        raise ValueError(f"--model {spec}: neither torchvision nor timm is installed, and model names are built by "
+                         "them: pip install torchvision (or pip install timm for a timm model), or give "
+                         "module:factory (a function returning the model)")
     raise ValueError(f"--model {spec}: {', '.join(tried)}; give a torchvision or timm model name, or "
                      "module:factory (a function returning the model)")
 

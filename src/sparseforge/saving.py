@@ -33,7 +33,7 @@ from torch import nn
 from ._version import __version__
 
 FORMAT = 1
-MANIFEST, TENSORS = "sparseforge.json", "model.safetensors"
+MANIFEST, TENSORS, CONFIG = "sparseforge.json", "model.safetensors", "config.json"
 NONPERSISTENT = "nonpersistent/"
 
 
@@ -113,6 +113,29 @@ def _build(record: dict, device) -> nn.Module:
                             record["tune_budget"], relu=record["relu"], residual=record["residual"])
     raise SavedModelError(f"the saved module class {kind!r} is not one this sparseforge {__version__} knows: load "
                           "with the version that saved it")
+
+
+def _load_device(device) -> str:
+    """The device load puts the tensors on, checked before anything is read: safetensors asked for a CUDA device
+    that is not there fails inside torch (pin_memory needs a CUDA device)."""
+    if device is None:
+        return "cpu"
+    target = torch.device(device)
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r}, but there is no CUDA GPU here: load with device='cpu'")
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise ValueError(f"device={str(device)!r}, but this machine has {torch.cuda.device_count()} CUDA GPU(s): "
+                             f"give cuda:0 to cuda:{torch.cuda.device_count() - 1}, or device='cpu'")
+    return str(target)
+
+
+def _mismatch_fix(source: str, directory: Path) -> str:
+    """What to do where the saved modules or tensors do not fit the model they are loaded into."""
+    if source == "transformers":  # the model came from the directory's own config.json: the files disagree
+        return f"{directory / TENSORS} or {MANIFEST} is damaged, or not of the model {CONFIG} describes; save the " \
+               "model again"
+    return "pass a model of the architecture that was saved"
 
 
 def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -196,18 +219,27 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
     transformers model is rebuilt from config.json (needs the llm extra); any other model is restored into
     `model`, a module of the same architecture (its converted layers replaced by the saved ones). Nothing is
     measured: a DecodeLinear runs its kernels on the widths decided at conversion. Raises FileNotFoundError for
-    a missing directory or manifest, SavedModelError for a corrupt or mismatched one."""
+    a missing directory or manifest, SavedModelError for a corrupt or mismatched one, ValueError for a CUDA
+    device this machine does not have."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from .nn.llm import require_transformers
 
     directory = Path(directory)
+    target = _load_device(device)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is not a directory; give the directory sparseforge.save(model, "
                                 "directory) wrote")
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
+        if (directory / CONFIG).is_file() and not (directory / (MANIFEST + ".tmp")).exists():
+            # config.json beside the weights and no manifest: what save_pretrained writes
+            raise FileNotFoundError(f"{directory} has no {MANIFEST}: it is not a sparseforge-saved model (a "
+                                    "save_pretrained directory?): load it with transformers, convert it first "
+                                    "(sparseforge.convert(model)) and save it with sparseforge.save(model, "
+                                    "directory); if sparseforge.save wrote it, that save did not finish: save the "
+                                    "model again")
         raise FileNotFoundError(f"{directory} has no {MANIFEST}: not a directory sparseforge.save wrote, or a save "
                                 "that did not finish; save the model again")
     try:
@@ -220,7 +252,6 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
         raise SavedModelError(f"{manifest_path} is format {manifest.get('format')!r}; this sparseforge "
                               f"{__version__} reads format {FORMAT}: load with the version that saved it")
     try:  # straight onto the device: an 8B model need not pass through host memory
-        target = "cpu" if device is None else str(torch.device(device))
         tensors = load_file(str(directory / TENSORS), device=target)
     except (SafetensorError, OSError, ValueError) as err:
         raise SavedModelError(f"{directory / TENSORS} is missing or corrupt ({type(err).__name__}: {err}); save the "
@@ -234,6 +265,9 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
         if cls is None:
             raise SavedModelError(f"transformers {transformers.__version__} has no class {manifest['class']!r}; "
                                   "install the version the model was saved with")
+        if not (directory / CONFIG).is_file():
+            raise SavedModelError(f"{directory} has no {CONFIG}, which a saved transformers model is rebuilt from; "
+                                  "save the model again")
         config = transformers.AutoConfig.from_pretrained(directory)
         with torch.device("meta"):
             model = cls(config)
@@ -250,8 +284,8 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
         try:
             parent = model.get_submodule(parent_name) if parent_name else model
         except AttributeError as err:
-            raise SavedModelError(f"the saved module {name} has no place in this {type(model).__name__}: pass a model "
-                                  "of the architecture that was saved") from err
+            raise SavedModelError(f"the saved module {name} has no place in this {type(model).__name__}: "
+                                  + _mismatch_fix(source, directory)) from err
         setattr(parent, child, new)
     extra = {key[len(NONPERSISTENT):]: tensors.pop(key) for key in list(tensors) if key.startswith(NONPERSISTENT)}
     for alias, canonical in aliases.items():
@@ -262,8 +296,8 @@ def load(directory, model: nn.Module | None = None, device=None) -> nn.Module:
     try:
         model.load_state_dict(tensors, strict=True, assign=True)
     except RuntimeError as err:
-        raise SavedModelError(f"the saved tensors do not fit the model ({' '.join(str(err).split())[:400]}); pass a "
-                              "model of the architecture that was saved") from err
+        raise SavedModelError(f"the saved tensors do not fit the model ({' '.join(str(err).split())[:400]}): "
+                              + _mismatch_fix(source, directory)) from err
     for name, buffer in extra.items():
         owner, leaf = _owner(model, name)
         owner._buffers[leaf] = buffer

@@ -141,3 +141,45 @@ def test_prune_names_the_tensor_holding_nan(tmp_path, cli_error):
     torch.save({"good.weight": torch.randn(4, 4), "bad.weight": torch.full((4, 4), float("nan"))}, src)
     assert "bad.weight holds NaN or inf" in cli_error("prune", src, tmp_path / "p.pt", "--sparsity", "0.5")
     assert not (tmp_path / "p.pt").exists()
+
+
+def test_prune_with_an_include_that_matches_no_tensor_names_the_option(tmp_path, cli_error):
+    src, dst = tmp_path / "m.pt", tmp_path / "p.pt"
+    torch.save(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).state_dict(), src)
+    message = cli_error("prune", src, dst, "--sparsity", "0.5", "--include", "nomatch")
+    assert "--include matched no tensor: 'nomatch' is found in none of the names of the 2 weights that can be " \
+           "pruned (0.weight, 2.weight)" in message and not dst.exists()
+    assert "--exclude matched every tensor" in cli_error("prune", src, dst, "--sparsity", "0.5", "--exclude", "weight")
+
+
+def test_prune_scope_row_prunes_every_row_alike(tmp_path):
+    src, dst = tmp_path / "m.pt", tmp_path / "p.pt"
+    torch.save(nn.Linear(16, 8).state_dict(), src)
+    assert main(["prune", str(src), str(dst), "--sparsity", "0.75", "--scope", "row"]) == 0
+    assert (torch.load(dst, weights_only=True)["weight"] != 0).sum(dim=1).tolist() == [4] * 8
+
+
+def _help(*command: str) -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([*command, "--help"])
+    return " ".join(out.getvalue().split())  # argparse wraps lines at the terminal's width
+
+
+def test_prune_help_describes_the_command_and_every_argument():
+    text = _help("prune")
+    assert "Prune the Linear (2-D) and Conv2d (4-D) floating-point weights of a saved state dict" in text
+    assert "input a state dict saved with torch.save" in text and "output where the pruned state dict" in text
+    assert "--scope {layer,row,global}" in text and "each output row of every tensor" in text
+
+
+@pytest.mark.parametrize("command, description", [
+    ("info", "Statistics of one .smtx file or a DLMC-style directory."),
+    ("bench", "Benchmark sparseforge's generated kernels against cuBLAS and cuSPARSE"),
+    ("bench24", "Time 2:4 matrix products on Sparse Tensor Cores (cuSPARSELt)"),
+])
+def test_each_command_help_opens_with_a_description(command, description):
+    assert description in _help(command)

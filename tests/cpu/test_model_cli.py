@@ -161,7 +161,7 @@ def test_convert_refuses_to_overwrite_its_input_and_a_negative_budget(tmp_path, 
 
 @pytest.mark.parametrize("layer, shape, kind", [(nn.Linear(16, 8), (2, 16), SparseLinear),
                                                 (nn.Conv2d(4, 8, 3, padding=1), (1, 4, 6, 6), SparseConv2d)])
-def test_convert_a_model_that_is_itself_a_layer(tmp_path, layer, shape, kind):
+def test_convert_a_model_that_is_itself_a_layer(tmp_path, capsys, layer, shape, kind):
     torch.manual_seed(0)
     with torch.no_grad():
         layer.weight.mul_((torch.rand_like(layer.weight) < 0.3).float())
@@ -176,10 +176,13 @@ def test_convert_a_model_that_is_itself_a_layer(tmp_path, layer, shape, kind):
     x = torch.randn(shape)
     assert torch.allclose(converted(x), layer(x), atol=1e-5)
     assert [entry["name"] for entry in json.loads(report.read_text())["layers"]] == [""]
-    # --include / --exclude see the model's own name "", as the Python API does
+    # --include / --exclude see the model's own name "", as the Python API does: a pattern that would match only
+    # the name of a layer inside a model matches nothing here, and nothing is written
+    out.unlink()
     assert main(["convert", str(path), str(out), "--example-shape", example, "--cpu", "--policy", "sparse",
-                 "--include", "conv|fc"]) == 0
-    assert type(torch.load(out, weights_only=False)) is type(layer)
+                 "--include", "conv|fc"]) == 2
+    assert "--include matched no layer: 'conv|fc' is found in none of the names of the 1 Linear / Conv2d layers " \
+           "(the model itself)" in capsys.readouterr().err and not out.exists()
 
 
 def test_the_readmes_main_job_chains_prune_into_convert():
@@ -198,3 +201,27 @@ def test_the_readmes_main_job_chains_prune_into_convert():
              if words and words[0] == "sparseforge"}
     prune, convert = build_parser().parse_args(lines["prune"]), build_parser().parse_args(lines["convert"])
     assert str(convert.input) == prune.output and convert.model
+
+
+def test_profile_help_says_it_needs_a_cuda_gpu():
+    assert "needs a CUDA GPU" in _help("profile")
+
+
+def test_a_model_name_without_torchvision_or_timm_names_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # None in sys.modules: the import raises ImportError
+    monkeypatch.setitem(sys.modules, "timm", None)
+    state = tmp_path / "w.pt"
+    torch.save(nn.Linear(12, 4).state_dict(), state)
+    message = _cli_error(capsys, "convert", state, tmp_path / "o.pt", "--model", "resnet50", "--example-shape",
+                         "1,12", "--cpu", "--policy", "sparse")
+    assert "--model resnet50: neither torchvision nor timm is installed" in message
+    assert "pip install torchvision" in message and "give a torchvision or timm model name" not in message
+    assert not (tmp_path / "o.pt").exists()
+
+
+def test_include_or_exclude_leaving_no_layer_is_named_with_the_option(tmp_path, capsys):
+    _, path = _saved_model(tmp_path)
+    message = _cli_error(capsys, "convert", path, tmp_path / "o.pt", "--example-shape", "1,3,6,6", "--cpu",
+                         "--policy", "sparse", "--include", "nomatch")
+    assert "--include matched no layer: 'nomatch' is found in none of the names of the 2 Linear / Conv2d layers " \
+           "(0, 4)" in message and not (tmp_path / "o.pt").exists()

@@ -155,7 +155,17 @@ def test_prebuild_slots_split_one_problem_into_its_candidates_and_cover_them_all
 def test_the_disk_cache_off_means_nothing_is_prebuilt_for_a_model(cache, monkeypatch):
     monkeypatch.setenv("SPARSEFORGE_NO_CACHE", "1")
     layer = nn.Linear(32, 16)
+    with torch.no_grad():  # pruned: an unpruned layer is not prebuilt anyway
+        layer.weight.mul_(torch.rand(layer.weight.shape) > 0.5)
     assert prebuild_layers([(layer, [(4, 32)])], 5.0, arch=90) == 0 and _cubins(cache) == 0
+
+
+def test_a_layer_with_nothing_pruned_is_not_prebuilt(cache):
+    """measure_layer keeps such a layer dense without timing it: its kernels would be compiled for nothing."""
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 16)
+    assert prebuild_layers([(layer, [(4, 32)]), (nn.Conv2d(4, 8, 3), [(1, 4, 8, 8)])], 5.0, arch=90) == 0
+    assert _cubins(cache) == 0
 
 
 def test_prebuild_layers_builds_each_layer_as_measure_layer_will_decide_it(cache):
@@ -201,6 +211,8 @@ def test_a_failed_prebuild_warns_and_the_rest_goes_on(cache, monkeypatch, tmp_pa
     monkeypatch.setattr(spmm_module, "prebuild_spmm", flaky)
     torch.manual_seed(1)
     linear = nn.Linear(32, 16)
+    with torch.no_grad():  # pruned: a layer with nothing pruned is kept dense, so nothing is prebuilt for it
+        linear.weight.mul_(torch.rand(linear.weight.shape) > 0.5)
     with pytest.warns(UserWarning, match="1 of 2 layer shapes failed .* OSError: No space left"):
         built = prebuild_layers([(linear, [(4, 32), (8, 32)])], 5.0, arch=90, workers=2)
     calls = sorted(int(p.name) for p in (tmp_path / "calls").iterdir())

@@ -17,7 +17,10 @@ DTYPES = SHORT_NAMES  # the one table lives in dtypes.py
 
 
 def add_bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmark generated kernels against cuBLAS and cuSPARSE")
+    bench = sub.add_parser("bench", help="benchmark generated kernels against cuBLAS and cuSPARSE",
+                           description="Benchmark sparseforge's generated kernels against cuBLAS and cuSPARSE (and "
+                                       "convolutions against cuDNN) on an NVIDIA GPU; without one, check every "
+                                       "kernel plan on the CPU and assemble its PTX instead of timing it.")
     bench.add_argument("path", help="a .smtx file, a DLMC-style directory, llm[:sparsities[:shapes[:methods]]] "
                                     "(e.g. llm:0.9:llama_4096x4096 or llm:0.7:qwen2_3584x3584:wanda): Llama- or "
                                     "Qwen2-shaped layers pruned by global magnitude or by Wanda-style row masks, or "
@@ -376,7 +379,9 @@ def _fmt(value, spec: str) -> str:
 def add_bench24_parser(sub) -> None:
     from .semi import SHAPES, WIDTHS
 
-    bench = sub.add_parser("bench24", help="2:4 on Sparse Tensor Cores vs cuBLAS vs torch's semi-structured path")
+    bench = sub.add_parser("bench24", help="2:4 on Sparse Tensor Cores vs cuBLAS vs torch's semi-structured path",
+                           description="Time 2:4 matrix products on Sparse Tensor Cores (cuSPARSELt) against cuBLAS "
+                                       "and torch's semi-structured path; needs an NVIDIA GPU (sm_80+).")
     bench.add_argument("--shapes", default="bert,llama",
                        help=f"comma-separated groups ({', '.join(SHAPES)}) or MxK shapes (out x in), e.g. 4096x4096")
     bench.add_argument("--n", default=",".join(map(str, WIDTHS)), help="comma-separated input widths (tokens)")

@@ -246,7 +246,13 @@ class SparseMatrix:
         write_smtx(path, self.shape, self.indptr, self.indices)
 
     def save(self, path: str | Path) -> None:
-        """Write pattern and values into one .npz file."""
+        """Write pattern and values into one .npz file (`path` must end in .npz: the one format it writes)."""
+        suffix = Path(path).suffix
+        if suffix.lower() != ".npz":
+            hint = (": .smtx holds the pattern only, written by to_smtx(path)" if suffix.lower() == ".smtx" else
+                    f", not the {suffix} format" if suffix else "")
+            raise SparseFormatError(f"{path}: SparseMatrix.save writes a .npz archive (pattern and values){hint}; "
+                                    "give a path ending in .npz")
         with open(path, "wb") as f:
             np.savez(f, format_version=_FORMAT_VERSION, indptr=self.indptr, indices=self.indices,
                      values=self.values, shape=np.array(self.shape), dtype=np.array(self.dtype))

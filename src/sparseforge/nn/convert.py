@@ -10,7 +10,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..prune.targets import LayerFilter, Skipped, select_layers
+from ..prune.targets import LayerFilter, Skipped, check_selected, select_layers
 from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.decide import DENSE, MIN_SPEEDUP, SPARSE, UNSTRUCTURED, Decision
 from ..ops import conv_memory_format
@@ -198,7 +198,9 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
     2:4 in float16 / bfloat16). policy="measure" times every candidate under CUDA-graph replay on the shapes
     `example_inputs` (a tuple of the model's positional inputs, or one tensor) feed each layer, and keeps a
     sparse one only with the chooser's margin over dense; "sparse" puts in the unstructured modules without
-    timing; "dense" replaces nothing (the report still lists the layers). dtype: cast the model first.
+    timing; "dense" replaces nothing (the report still lists the layers). A layer with nothing pruned (unpruned():
+    under half the lowest sparsity bucket of zeros) stays dense under every policy. A model with no Linear /
+    Conv2d to convert (or include / exclude leaving none) raises NothingSelectedError. dtype: cast the model first.
     fold_bn: fold each BatchNorm2d into the Conv2d it follows (eval mode; fold.py says which pairs).
     Returns a ModelReport: per layer its shape, sparsity, choice and measured times; whole-model latency
     before and after (graph replay, time_model); memory before and after; the conversion time.
@@ -283,8 +285,6 @@ def convert(model: nn.Module, example_inputs=None, dtype=None, include: LayerFil
 def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tune_budget) -> None:
     """convert()'s arguments checked before the model is cast, timed or changed: a mistake found after the
     whole-model timing or BatchNorm folding would surface from deep inside, or leave the model half done."""
-    from ..prune.targets import name_filter
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_not_a_bare_layer(model, "convert")
@@ -299,8 +299,8 @@ def _check_convert_arguments(model, example_inputs, dtype, include, exclude, tun
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float16, or None; got {dtype!r}")
     check_tune_budget(tune_budget)
-    name_filter(include, "include")
-    name_filter(exclude, "exclude")
+    # the patterns checked, and a model with nothing to convert refused (else: a report of no layer)
+    check_selected(*select_layers(model, include, exclude), include, exclude, "layer", "convert")
 
 
 class ExampleInputError(ValueError):
@@ -335,6 +335,10 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     layer = LayerReport(name, kind, tuple(weight.shape), sparsity, [list(s) for s in input_shapes], DENSE)
     if policy == "dense":
         layer.reason = "policy='dense'"
+        return layer, None
+    if unpruned(sparsity):  # a sparse module of it would hold W twice over and run no faster
+        layer.reason = "nothing pruned: kept dense" if sparsity == 0 else \
+            f"{sparsity:.2%} zeros, under {_sparsity_bucket() / 2:.1%}: not pruned, kept dense"
         return layer, None
     if not is_linear and not _padding_taken(module):
         layer.reason = "padding the sparse convolution does not take: kept dense"
@@ -402,6 +406,19 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     return layer, candidates.get(picked)
 
 
+def _sparsity_bucket() -> float:
+    from .llm import SPARSITY_BUCKET  # here: nn.llm builds on this module
+
+    return SPARSITY_BUCKET
+
+
+def unpruned(sparsity: float) -> bool:
+    """A weight with too few zeros to be a pruned one: its sparsity rounds to the lowest sparsity bucket (none,
+    or the stray zeros of random or 16-bit-rounded weights), where no sparse path pays. convert_causal_lm's
+    bound."""
+    return round(sparsity / _sparsity_bucket()) == 0
+
+
 def _padding_taken(conv: nn.Conv2d) -> bool:
     return conv.padding_mode == "zeros" and not (isinstance(conv.padding, str) and conv.padding == "same" and
                                                  any(d * (k - 1) % 2 for d, k in zip(conv.dilation, conv.kernel_size)))
@@ -436,8 +453,10 @@ def prebuild_layers(layers: list, tune_budget: float | None, arch: int | None = 
     for module, entries in layers:
         conv = isinstance(module, nn.Conv2d)
         target = arch if arch is not None else _arch(module.weight.device) if module.weight.is_cuda else None
-        if target is None or conv and not _padding_taken(module):
-            continue
+        weight = module.weight.detach()
+        if target is None or conv and not _padding_taken(module) or \
+                unpruned(1.0 - float(torch.count_nonzero(weight)) / max(weight.numel(), 1)):
+            continue  # measure_layer keeps it dense, untimed
         try:
             sparse = (SparseConv2d if conv else SparseLinear).from_dense(module, policy="measure",
                                                                          tune_budget=tune_budget)

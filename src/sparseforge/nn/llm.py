@@ -18,8 +18,8 @@ SparseLinear.pin) for their own weights at the widths where it won, side by side
 under its shape, bias, dtype, sparsity bucket, 2:4-ness, decode widths, tune budget, GPU and the chooser's code
 (not the weight), so converting the same architecture again on that GPU measures nothing.
 Each layer's dense weight is dropped as it is replaced (peak GPU memory in the report).
-On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, the CPU path
-of SparseLinear), for tests and for saving.
+On a CPU nothing can be timed: policy="sparse" puts in the modules (which compute densely there, every width
+from the shared workspace), for tests and for saving.
 """
 from __future__ import annotations
 
@@ -151,17 +151,26 @@ def _workspace(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -
     return found[0][: rows * cols].view(rows, cols)
 
 
+def _next_width(widths: Iterable[int], n: int) -> int | None:
+    """The smallest of `widths` above n, or None. A loop, which torch.compile traces (min(..., default=) it
+    cannot: a graph break at every layer)."""
+    for width in sorted(widths):
+        if width > n:
+            return width
+    return None
+
+
 class DecodeLinear(nn.Module):
-    """A decoder Linear converted for decoding: the inputs of `kernel_widths` tokens (x.numel() / in_features,
-    decided at conversion) run on `inner` (a SparseLinear: the generated kernels; or a SparseLinear24: 2:4 on
-    Sparse Tensor Cores); a width below the largest of them runs on the next larger one's kernel, its input
-    padded with zero rows (rows are independent, and a decode kernel's time is W's bytes, not the tokens:
-    batch 4 on a model converted for (1, 8) takes the 8-token kernel, nothing compiled or timed); wider
-    inputs (the prefill) run dense, W written into a workspace shared by every DecodeLinear of that shape
-    (prefill is compute-bound: writing W is small beside the matmul, and no layer keeps a dense W): a
-    SparseLinear's W scattered from its CSR buffers, a SparseLinear24's from its packed 2:4 copy (one
-    kernel; prepare moved its dense weight to host memory: SparseLinear24.release_dense). Input x:
-    (..., in_features) in the layer's dtype and device.
+    """A decoder Linear converted for decoding: on a CUDA device the inputs of `kernel_widths` tokens
+    (x.numel() / in_features, decided at conversion) run on `inner` (a SparseLinear: the generated kernels; or a
+    SparseLinear24: 2:4 on Sparse Tensor Cores); a width below the largest of them runs on the next larger one's
+    kernel, its input padded with zero rows (rows are independent, and a decode kernel's time is W's bytes, not
+    the tokens: batch 4 on a model converted for (1, 8) takes the 8-token kernel, nothing compiled or timed);
+    wider inputs (the prefill), and every input off a CUDA device, run dense, W written into a workspace shared
+    by every DecodeLinear of that shape (prefill is compute-bound: writing W is small beside the matmul, and no
+    layer keeps a dense W): a SparseLinear's W scattered from its CSR buffers, a SparseLinear24's from its
+    packed 2:4 copy (one kernel; prepare moved its dense weight to host memory: SparseLinear24.release_dense).
+    Input x: (..., in_features) in the layer's dtype and device.
 
     Once a kernel holds W, SparseLinear keeps its CSR buffers in host memory (one copy of W on the device), so
     the workspace is filled from the kernel's own device arrays where its family can (runtime.kernel densify:
@@ -201,17 +210,24 @@ class DecodeLinear(nn.Module):
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.in_features:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise SparseShapeError(f"input has shape {shape}; this layer takes (..., {self.in_features})")
-        n = x.numel() // self.in_features
-        if n in self.kernel_widths:
-            return self.inner(x)
-        bucket = min((w for w in self.kernel_widths if w > n), default=None)
-        if bucket is not None and n:  # within a decode width: its kernel on zero rows beyond the tokens
-            rows = F.pad(x.reshape(n, self.in_features), (0, 0, 0, bucket - n))
-            return self.inner(rows)[:n].view(*x.shape[:-1], self.out_features)
+        if self._runs_kernels(x):
+            n = x.numel() // self.in_features
+            if n in self.kernel_widths:
+                return self.inner(x)
+            bucket = _next_width(self.kernel_widths, n)
+            if bucket is not None and n:  # within a decode width: its kernel on zero rows beyond the tokens
+                rows = F.pad(x.reshape(n, self.in_features), (0, 0, 0, bucket - n))
+                return self.inner(rows)[:n].view(*x.shape[:-1], self.out_features)
         if self._own_dense(x):
             return F.linear(x, self.dense_weight(x), self.bias)
         with _WORKSPACE_LOCK:
             return F.linear(x, self.dense_weight(x), self.bias)
+
+    @staticmethod
+    def _runs_kernels(x: torch.Tensor) -> bool:
+        """Whether a call on x may run the inner layer's kernels: on a CUDA device. Elsewhere the inner layer
+        would compute densely from a W it keeps, one per layer; the shared workspace serves every width there."""
+        return x.is_cuda
 
     def _own_dense(self, x: torch.Tensor | None) -> bool:
         """Whether a dense call on x gets a W of its own, not the shared workspace: under torch.compile (traced
@@ -357,7 +373,7 @@ class GatedDecodeMLP(nn.Module):
         n = x.numel() // x.shape[-1] if x.dim() else 0
         # a width between fused ones runs the next wider gated kernel on zero rows beyond the tokens, as the
         # projections' DecodeLinear would run their kernels (rows are independent)
-        width = n if n in self._fused_widths else min((w for w in self._fused_widths if w > n), default=None)
+        width = n if n in self._fused_widths else _next_width(self._fused_widths, n)
         if width is not None and n and x.is_cuda and not self._records_grad(x):
             rows = x.reshape(n, x.shape[-1])
             if width > n:
@@ -522,6 +538,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     memory_slack = check_memory_slack(memory_slack)
     check_causal_lm(model)
     require_transformers()
+    check_not_converted(model)
     tokens = check_tokens(tokens)
     if policy not in ("measure", "sparse", "dense"):
         raise ValueError(f"policy must be 'measure', 'sparse' or 'dense', got {policy!r}")
@@ -594,6 +611,16 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated(device)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def check_not_converted(model: nn.Module) -> None:
+    """Refuse a model already converted for decoding (it holds DecodeLinears), naming its widths and the fix: a
+    DecodeLinear is no nn.Linear, so a second conversion would find no candidate and change nothing."""
+    widths = sorted({n for m in model.modules() if isinstance(m, DecodeLinear) for n in m.kernel_widths})
+    if widths:
+        raise ValueError(f"{type(model).__name__} is already converted for decoding (decode widths {widths}); a "
+                         "second conversion changes nothing: convert the dense model (reload it) to convert for "
+                         "other tokens; sparseforge.prepare(model, widths) readies it after a move")
 
 
 def check_memory_slack(value) -> float:

@@ -190,7 +190,11 @@ class _SparseWeight(nn.Module):
     def dense_weight_2d(self) -> torch.Tensor:
         """W dense (rows x cols) on the layer's device and dtype. Made only when something asks for it (a shape
         decided dense, the CPU or autograd path, to_dense(), keep_dense) and kept from then on; under
-        torch.compile made from the buffers each time (a traced function keeps no Python state)."""
+        torch.compile made from the buffers each time (a traced function keeps no Python state); where autograd
+        tracks the values (they require grad), made from them at each call and never kept (a training step
+        changes them, and their gradient flows through it)."""
+        if self._tracks_values():
+            return self._build_dense(tracked=True)
         if torch.compiler.is_compiling():
             return self._build_dense()
         self._refresh()
@@ -211,10 +215,17 @@ class _SparseWeight(nn.Module):
         """Make the dense W a dense call on inputs like `example` reads, now (a later call may be a capture)."""
         ready_dense_fallback(self.dense_weight_2d(), self.bias)
 
-    def _build_dense(self) -> torch.Tensor:
+    def _tracks_values(self) -> bool:
+        """Whether autograd records what is made from W's values now (grad enabled, the values requiring it)."""
+        return torch.is_grad_enabled() and self._buffers["weight_values"].requires_grad
+
+    def _build_dense(self, tracked: bool = False) -> torch.Tensor:
+        """W dense from the CSR buffers; `tracked`: from the values as autograd sees them (their gradient flows
+        back through it), else from a detached view."""
         rows, cols = self._shape2d
         device = self.device
-        values = self.weight_values.detach().to(device)
+        values = self.weight_values if tracked else self.weight_values.detach()
+        values = values.to(device)
         dense = torch.zeros(rows, cols, dtype=values.dtype, device=device)
         which = torch.repeat_interleave(torch.arange(rows, device=device), torch.diff(self.weight_indptr.to(device)),
                                         output_size=values.numel())  # output_size: no device-to-host sync
@@ -344,7 +355,8 @@ class _SparseWeight(nn.Module):
                         self._decide_eagerly(key, n, kernel, example)
         self._paths[key], self._decided[key] = kernel, decision
         if kernel is None:
-            self._make_dense_for(example)  # made now, not at the call, which may be a graph capture
+            with torch.no_grad():  # made now and kept, not at the call, which may be a graph capture
+                self._make_dense_for(example)
         self._csr_to_host()  # a kernel holds W on the device now
         return kernel
 
@@ -797,7 +809,7 @@ class SparseConv2d(_SparseWeight):
         weight = self.dense_weight_2d().view(self.out_channels, self.in_channels // self.groups, *self.kernel_size)
         if weight.is_contiguous(memory_format=memory_format):
             return weight
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or self._tracks_values():  # nothing kept: W is made at each call there
             return weight.contiguous(memory_format=memory_format)
         kept = getattr(self, "_dense_in_layout", None)
         if kept is None or kept[0] is not self._dense or kept[1] != memory_format:

@@ -11,7 +11,7 @@ from torch import nn
 from .magnitude import check_sparsity, global_magnitude_masks, magnitude_mask, row_magnitude_mask
 from .masking import apply_mask
 from .nm import NMError, nm_mask
-from .targets import LayerFilter, Skipped, select_layers, select_state_dict, weight_matrix_view
+from .targets import LayerFilter, Skipped, check_selected, select_layers, select_state_dict, weight_matrix_view
 
 # An importance criterion: (qualified name, module or None for a state dict entry, weight) -> a nonnegative
 # score of the weight's shape; the masks keep the highest scores. None: the magnitude |w|.
@@ -174,10 +174,12 @@ def prune_model(model: nn.Module, sparsity: float | None = None, nm=None, scope:
     importance(name, module, weight) -> nonnegative scores of the weight's shape instead of |w| (for
     activation-aware Wanda scores see ActivationNorms). With keep_masks the masks stay attached as
     parametrizations so fine-tuning cannot revive pruned weights (remove_masks() bakes them in). Returns a
-    report listing every pruned layer and every skipped one with the reason.
+    report listing every pruned layer and every skipped one with the reason. Raises NothingSelectedError where
+    no layer is left to prune (no Linear / Conv2d, or include / exclude leave none).
     """
     report = PruneReport(importance_method(sparsity, nm, scope, importance))
     layers, report.skipped = select_layers(model, include, exclude)
+    check_selected(layers, report.skipped, include, exclude, "layer", "prune")
     modules = dict(layers)
     weights = {name: module.weight.detach() for name, module in layers}
     masks = _masks(weights, sparsity, nm, scope, report.skipped, importance, modules)
@@ -200,13 +202,14 @@ def prune_state_dict(state: dict[str, torch.Tensor], sparsity: float | None = No
 
     A checkpoint that nests its state dict (`{"state_dict": ..., "epoch": ...}`, see find_state_dict) is
     pruned there and returned whole, its other keys unchanged; report.state_key names where. importance as in
-    prune_model, called with module None."""
+    prune_model, called with module None. Raises NothingSelectedError where no tensor is left to prune."""
     report = PruneReport(importance_method(sparsity, nm, scope, importance))
     if not isinstance(state, dict):
         raise TypeError(f"state must be a state dict (name -> tensor), got {type(state).__name__}; "
                         "pass model.state_dict(), or use prune_model for a module")
     report.state_key, weights_in = find_state_dict(state)
     chosen, report.skipped = select_state_dict(weights_in, include, exclude)
+    check_selected(chosen, report.skipped, include, exclude, "tensor", "prune")
     weights = {name: weights_in[name] for name in chosen}
     masks = _masks(weights, sparsity, nm, scope, report.skipped, importance)
     pruned = dict(weights_in)

@@ -12,7 +12,7 @@ import numbers
 from torch import nn
 
 from .api import Importance, PruneReport, importance_method, prune_model
-from .targets import LayerFilter, select_layers
+from .targets import LayerFilter, check_selected, select_layers
 
 
 def _check_step(value, what: str) -> None:
@@ -61,7 +61,7 @@ class GradualPruner:
         # scope, importance and the include / exclude patterns are checked now, not at the first update
         # thousands of training steps later
         importance_method(final_sparsity, None, scope, importance)
-        select_layers(model, include, exclude)
+        check_selected(*select_layers(model, include, exclude), include, exclude, "layer", "prune")
         self.model, self.scope, self.include, self.exclude = model, scope, include, exclude
         self.importance = importance
         self.final_sparsity, self.initial_sparsity = final_sparsity, initial_sparsity

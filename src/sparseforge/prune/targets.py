@@ -19,6 +19,70 @@ class Skipped:
     reason: str
 
 
+NOT_INCLUDED, EXCLUDED = "not matched by include", "matched by exclude"
+NOT_A_LAYER = " is not nn.Linear or nn.Conv2d"  # the end of the reason a weighted module of another kind gets
+# what a selection is of: the noun for one, and the plural naming those include / exclude were searched in
+_SELECTED = {"layer": "Linear / Conv2d layers", "tensor": "weights that can be pruned"}
+
+
+class NothingSelectedError(ValueError):
+    """include / exclude, or the model itself, leave no layer to work on: said at once, not as an empty report
+    (the call would return having done nothing). `skipped` holds every layer left out, with its reason."""
+
+    def __init__(self, skipped: list[Skipped], include: LayerFilter, exclude: LayerFilter, what: str, verb: str,
+                 option_prefix: str = ""):
+        self.skipped, self.include, self.exclude, self.what, self.verb = skipped, include, exclude, what, verb
+        super().__init__(_nothing_selected(skipped, include, exclude, what, verb, option_prefix))
+
+    def as_options(self) -> NothingSelectedError:
+        """The same error in the command line's words: include / exclude spelled as its --include / --exclude."""
+        return NothingSelectedError(self.skipped, self.include, self.exclude, self.what, self.verb, "--")
+
+
+def check_selected(chosen: list, skipped: list[Skipped], include: LayerFilter, exclude: LayerFilter, what: str,
+                   verb: str) -> None:
+    """Raise NothingSelectedError when `chosen` (select_layers' or select_state_dict's) is empty."""
+    if not chosen:
+        raise NothingSelectedError(skipped, include, exclude, what, verb)
+
+
+def _some(names: list[str], at_most: int = 4) -> str:
+    shown = ", ".join(str(n) or "the model itself" for n in names[:at_most])
+    return shown + (f" and {len(names) - at_most} more" if len(names) > at_most else "")
+
+
+def _nothing_selected(skipped: list[Skipped], include, exclude, what: str, verb: str, prefix: str) -> str:
+    not_included = [s.name for s in skipped if s.reason == NOT_INCLUDED]
+    excluded = [s.name for s in skipped if s.reason == EXCLUDED]
+    inc, exc, among = f"{prefix}include", f"{prefix}exclude", _SELECTED[what]
+    if excluded and not_included:
+        return (f"{inc} and {exc} together leave no {what} to {verb}: {exc} matched every one {inc} matched "
+                f"({_some(excluded)}); narrow {exc}, or widen {inc}")
+    if excluded:
+        return (f"{exc} matched every {what} there is to {verb} ({_some(excluded)}): nothing is left; narrow it, "
+                "or leave it out")
+    if not_included:
+        if isinstance(include, (str, re.Pattern)):
+            pattern = include if isinstance(include, str) else include.pattern
+            return (f"{inc} matched no {what}: {pattern!r} is found in none of the names of the {len(not_included)} "
+                    f"{among} ({_some(not_included)}); give a regular expression found in one of them")
+        return (f"{inc} matched no {what}: it returned False for each of the {len(not_included)} {among} "
+                f"({_some(not_included)})")
+    if what == "layer":
+        others = [s for s in skipped if not s.reason.endswith(NOT_A_LAYER)]
+        if not others:
+            kinds = _some(list(dict.fromkeys(s.reason[:-len(NOT_A_LAYER)] for s in skipped)))
+            return (f"the model has no nn.Linear or nn.Conv2d layer: nothing to {verb}"
+                    + (f" (its modules with weights are {kinds})" if skipped else ""))
+        skipped = others
+    reasons = "; ".join(f"{s.name}: {s.reason}" for s in skipped[:3]) + \
+        (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+    if what == "tensor":
+        return ("no tensor is a 2-D or 4-D floating-point weight that can be pruned as asked"
+                + (f" ({reasons})" if reasons else ": the state dict is empty"))
+    return f"nothing to {verb}: every layer is skipped ({reasons})"
+
+
 def name_filter(spec: LayerFilter, argument: str) -> Callable[[str, nn.Module | None], bool] | None:
     """The filter as a callable; a pattern is compiled here, so a bad one is named before any work is done."""
     if spec is None or callable(spec):
@@ -73,11 +137,11 @@ def select_layers(model: nn.Module, include: LayerFilter = None, exclude: LayerF
         if not isinstance(weight, torch.Tensor):
             continue
         if not isinstance(module, (nn.Linear, nn.Conv2d)):
-            skipped.append(Skipped(name, f"{type(module).__name__} is not nn.Linear or nn.Conv2d"))
+            skipped.append(Skipped(name, type(module).__name__ + NOT_A_LAYER))
         elif include is not None and not include(name, module):
-            skipped.append(Skipped(name, "not matched by include"))
+            skipped.append(Skipped(name, NOT_INCLUDED))
         elif exclude is not None and exclude(name, module):
-            skipped.append(Skipped(name, "matched by exclude"))
+            skipped.append(Skipped(name, EXCLUDED))
         elif reason := _weight_skip_reason(weight):
             skipped.append(Skipped(name, reason))
         else:
@@ -117,9 +181,9 @@ def _state_skip_reason(name: str, tensor, include, exclude) -> str | None:
     if reason := _weight_skip_reason(tensor):
         return reason
     if include is not None and not include(name, None):
-        return "not matched by include"
+        return NOT_INCLUDED
     if exclude is not None and exclude(name, None):
-        return "matched by exclude"
+        return EXCLUDED
     return None
 
 

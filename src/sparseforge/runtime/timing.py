@@ -134,17 +134,29 @@ HOLD_RETRIES = 24             # dropped samples a measurement may have before it
                               # its cap after 10: a host stalled past that is not a timing host)
 
 
-def _median_of(run, repeats: int, hold: bool = False) -> float:
+def _median_of(run, repeats: int, hold: bool = False, own_stream: bool = True) -> float:
     """Median over `repeats` samples of the GPU time between events around run(). hold=True (graph replay):
     each sample queued behind a spin kernel, kept only if the spin was still running when its stop event
-    was issued (module docstring); eager timing leaves the host's time in, so it is not held."""
+    was issued (module docstring); eager timing leaves the host's time in, so it is not held.
+
+    A held measurement runs on a non-blocking stream of its own (own_stream): the spin then delays nothing
+    another thread issues on the default stream. On the legacy default stream a thread's synchronous copy to
+    the host waited behind each 0.2 s spin, and on one H100 host this thread could not issue its replay until
+    the spin ended, so every sample was dropped (TimingContention)."""
     if not hold:
         return _sample(run, repeats, hold_us=0.0)
+    import torch
+
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(min(switch_interval, HELD_SWITCH_INTERVAL_S))
+    current = torch.cuda.current_stream()
+    stream = torch.cuda.Stream() if own_stream else current  # torch's pool streams are non-blocking
+    stream.wait_stream(current)  # what run() reads was written on the caller's stream
     try:
-        return _sample(run, repeats, hold_us=HOLD_START_US)
+        with torch.cuda.stream(stream):
+            return _sample(run, repeats, hold_us=HOLD_START_US)
     finally:
+        current.wait_stream(stream)
         sys.setswitchinterval(switch_interval)
 
 

@@ -381,3 +381,14 @@ def test_packed_is_made_once_a_key_and_not_pickled():
     assert copy.packed(("k",), lambda: "again") == "again"  # the memo did not travel
     w.drop_packed()
     assert w.packed(("k",), lambda: "anew") == "anew"
+
+
+@pytest.mark.parametrize("name, hint", [("W.safetensors", "not the .safetensors format"),
+                                        ("W.smtx", "written by to_smtx"), ("W", "")])
+def test_save_refuses_a_suffix_it_does_not_write_naming_the_one_it_does(tmp_path, name, hint):
+    w = SparseMatrix.from_dense(np.eye(4, dtype=np.float32))
+    with pytest.raises(SparseFormatError, match=f"writes a .npz archive.*{hint}.*give a path ending in .npz"):
+        w.save(tmp_path / name)
+    assert not (tmp_path / name).exists()
+    w.save(tmp_path / "W.NPZ")
+    assert SparseMatrix.load(tmp_path / "W.NPZ") == w

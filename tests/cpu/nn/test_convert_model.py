@@ -56,6 +56,14 @@ def test_only_pairs_where_the_conv_output_feeds_the_batchnorm_alone_fold():
     assert torch.allclose(model(x), want, atol=1e-5)
 
 
+def _pruned(layer: nn.Module, seed: int = 0) -> nn.Module:
+    """The layer with half of its weight zeroed: convert and measure_layer keep a layer with nothing pruned
+    dense, and these tests are about the sparse module."""
+    with torch.no_grad():
+        layer.weight.mul_(torch.rand(layer.weight.shape, generator=torch.Generator().manual_seed(seed)) > 0.5)
+    return layer
+
+
 def _model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _bn(8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
@@ -100,7 +108,7 @@ def test_measured_pick_keeps_sparse_only_with_the_margin(monkeypatch, sparse_us,
         return [Decision(8, "unstructured", "stub", sparse_us / 2, dense_us / 2, mode="graph") for _ in widths]
 
     monkeypatch.setattr(SparseLinear, "prepare", prepare)
-    linear = nn.Linear(64, 32)
+    linear = _pruned(nn.Linear(64, 32))
     layer, replacement = measure_layer("fc", linear, [(4, 64), (1, 64)], "measure", 5.0)
     assert layer.times_us == {"dense": dense_us, "unstructured": sparse_us}
     assert layer.kernel_us == {"unstructured": sparse_us}
@@ -154,7 +162,7 @@ def test_a_layer_the_kernels_refuse_stays_dense_with_the_reason(monkeypatch):
 
     monkeypatch.setattr(SparseConv2d, "_compile", refuse)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    conv = nn.Conv2d(3, 8, 11)
+    conv = _pruned(nn.Conv2d(3, 8, 11))
     layer, replacement = measure_layer("stem", conv, [(1, 3, 32, 32)], "measure", 1.0)
     assert replacement is None and layer.choice == "dense" and "not measured" in layer.reason
 
@@ -168,7 +176,8 @@ def test_a_width_kept_dense_counts_its_dense_time_for_the_unstructured_module(mo
                 Decision(512, "dense", "stub", 200.0, 50.0, mode="graph")]
 
     monkeypatch.setattr(SparseLinear, "prepare", prepare)
-    layer, replacement = measure_layer("fc", nn.Linear(64, 32), [(1, 64), (512, 64), (2, 256, 64)], "measure", 5.0)
+    layer, replacement = measure_layer("fc", _pruned(nn.Linear(64, 32)), [(1, 64), (512, 64), (2, 256, 64)], "measure",
+                                       5.0)
     assert layer.times_us == {"dense": 60.0, "unstructured": 55.0}
     assert layer.kernel_us == {"unstructured": 205.0}  # the report keeps what the kernel measured where it lost
     assert layer.as_dict()["kernel_us"] == {"unstructured": 205.0}
@@ -206,7 +215,7 @@ def test_a_channels_last_conv_input_is_decided_on_an_nhwc_kernel_and_reported_so
         return self.decisions
 
     monkeypatch.setattr(SparseConv2d, "prepare", prepare)
-    conv = nn.Conv2d(3, 8, 3, padding=1)
+    conv = _pruned(nn.Conv2d(3, 8, 3, padding=1))
     layer, replacement = measure_layer("conv", conv, [(2, 3, 5, 5, CHANNELS_LAST), (1, 3, 7, 7)], "measure", 1.0)
     assert prepared == [([(1, 3, 7, 7)], False), ([(2, 3, 5, 5)], True)]
     assert layer.times_us == {"dense": 16.0, "unstructured": 8.0} and isinstance(replacement, SparseConv2d)
@@ -244,8 +253,8 @@ def test_example_inputs_the_model_does_not_take_are_named_before_anything_is_tim
     assert isinstance(model[1], nn.BatchNorm2d) and all(torch.equal(before[k], after[k]) for k in before)
 
 
-@pytest.mark.parametrize("layer, example", [(nn.Linear(16, 8), torch.randn(2, 16)),
-                                            (nn.Conv2d(4, 8, 3), torch.randn(1, 4, 6, 6))])
+@pytest.mark.parametrize("layer, example", [(_pruned(nn.Linear(16, 8)), torch.randn(2, 16)),
+                                            (_pruned(nn.Conv2d(4, 8, 3)), torch.randn(1, 4, 6, 6))])
 def test_a_model_that_is_itself_a_layer_is_refused_with_the_fix(layer, example):
     from sparseforge.nn import to_sparse24
 
@@ -267,3 +276,40 @@ def test_a_2of4_decision_is_put_on_another_dense_times_scale():
     rotated = _rescaled(timed_in_l2, 12.0)  # the same width's dense, timed with weights streamed from HBM
     assert rotated.dense_us == 12.0 and rotated.sparse_us == 6.0 and rotated.speedup == timed_in_l2.speedup
     assert _rescaled(timed_in_l2, None) is timed_in_l2
+
+
+@pytest.mark.parametrize("policy", ["sparse", "measure"])
+@pytest.mark.parametrize("layer, shape, zeros", [(nn.Linear(64, 32), (4, 64), 0), (nn.Linear(64, 32), (4, 64), 40),
+                                                 (nn.Conv2d(3, 8, 3, padding=1), (1, 3, 6, 6), 0)])
+def test_a_layer_with_nothing_pruned_stays_dense_under_every_policy(policy, layer, shape, zeros):
+    """A sparse module of an unpruned layer would hold its W twice over (the CSR's values and indices) and run no
+    faster; under half the lowest sparsity bucket of zeros (stray ones, as a 16-bit cast rounds) counts as
+    unpruned. Nothing is measured for it either."""
+    with torch.no_grad():
+        layer.weight.view(-1)[:zeros] = 0  # 40 of 2048: about 2%
+    report, replacement = measure_layer("fc", layer, [shape], policy, 5.0)
+    assert replacement is None and report.choice == "dense" and not report.times_us
+    assert report.reason == ("nothing pruned: kept dense" if zeros == 0 else
+                             "1.95% zeros, under 2.5%: not pruned, kept dense")
+
+
+def test_convert_keeps_an_unpruned_layer_dense_and_its_memory_as_it_was():
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), _pruned(nn.Linear(512, 16)))
+    report = convert(model, torch.randn(1, 512), policy="sparse", time_model=False)
+    assert type(model[0]) is nn.Linear and isinstance(model[2], SparseLinear)
+    assert [layer.choice for layer in report.layers] == ["dense", "unstructured"]
+    model = nn.Sequential(nn.Linear(512, 512))
+    report = convert(model, torch.randn(1, 512), policy="sparse", time_model=False)
+    assert type(model[0]) is nn.Linear and report.memory_after_bytes == report.memory_before_bytes == 2**20 + 2048
+
+
+@pytest.mark.parametrize("model, kwargs, message", [
+    (nn.Sequential(nn.ReLU()), {}, "the model has no nn.Linear or nn.Conv2d layer: nothing to convert"),
+    (nn.Sequential(nn.Linear(4, 4)), {"include": "zzz"}, "include matched no layer: 'zzz' is found in none"),
+    (nn.Sequential(nn.Linear(4, 4)), {"exclude": "0"}, "exclude matched every layer there is to convert"),
+])
+def test_a_model_left_with_no_layer_to_convert_is_refused_with_the_reason(model, kwargs, message):
+    from sparseforge.prune import NothingSelectedError
+
+    with pytest.raises(NothingSelectedError, match=message):
+        convert(model, torch.randn(2, 4), policy="sparse", **kwargs)

@@ -46,6 +46,17 @@ def _model(seed: int = 0) -> nn.Module:
     return model.double().eval()
 
 
+def _pruned(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Half of each Conv2d weight zeroed: convert keeps a layer with nothing pruned dense, and these tests fuse
+    the sparse convolutions it puts in."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d):
+                m.weight.mul_(torch.rand(m.weight.shape, generator=g) > 0.5)
+    return model
+
+
 def _ops(gm) -> dict:
     counts = {"relu": 0, "add": 0}
     for node in gm.graph.nodes:
@@ -92,7 +103,7 @@ def test_what_cannot_be_fused_stays_with_the_reason():
             z = self.b(x) + self.bias  # broadcasting: not a residual
             return torch.relu(y) + y + torch.relu(z)
 
-    model = TwoUses().double().eval()
+    model = _pruned(TwoUses()).double().eval()
     x = torch.randn(1, 3, 5, 5, dtype=torch.float64)
     want = model(x)
     convert(model, x, policy="sparse")
@@ -111,7 +122,7 @@ def test_a_model_fx_cannot_trace_comes_back_unchanged():
         def forward(self, x):
             return torch.relu(self.conv(x)) if x.sum() > 0 else x
 
-    model = Branchy().eval()
+    model = _pruned(Branchy()).eval()
     x = torch.ones(1, 3, 4, 4)
     convert(model, x, policy="sparse")
     fused, report = fuse_epilogues(model, x)
@@ -198,7 +209,7 @@ def test_an_in_place_edit_between_a_conv_and_its_epilogue_blocks_the_fusion(case
             r = self.relu(h) * 2.0  # edits a's input in place after a read it: a cannot move to the add
             return y + r + self.b(x)
 
-    model = Edits().double().eval()
+    model = _pruned(Edits()).double().eval()
     x = torch.randn(1, 3, 5, 5, dtype=torch.float64)
     want = model(x)
     convert(model, x, policy="sparse")
@@ -383,7 +394,7 @@ class _IllConditioned(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.sparse, self.plain = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.sparse, self.plain = _pruned(nn.Conv2d(3, 4, 3, padding=1)), nn.Conv2d(3, 4, 3, padding=1)
         with torch.no_grad():
             self.plain.weight.copy_(self.sparse.weight)
             self.plain.bias.copy_(self.sparse.bias)

@@ -645,8 +645,9 @@ def test_a_2of4_weight_and_an_unstructured_one_of_its_sparsity_are_different_gro
 
 
 def test_a_width_between_the_decode_widths_runs_the_next_ones_kernel_on_padded_rows(monkeypatch):
-    """tokens=(1, 8): 4 tokens run the 8-token path on 4 zero rows beyond them (nothing dense, nothing new
-    decided), and the result is the layer's; wider inputs (a prefill) run dense."""
+    """tokens=(1, 8), where kernels run (a CUDA device, stubbed here): 4 tokens run the 8-token path on 4 zero
+    rows beyond them (nothing dense, nothing new decided), and the result is the layer's; wider inputs (a
+    prefill) run dense. Off a CUDA device every width runs dense, the inner layer not called."""
     torch.manual_seed(0)
     linear = nn.Linear(32, 16)
     prune_model(linear, sparsity=0.7, keep_masks=False)
@@ -654,14 +655,121 @@ def test_a_width_between_the_decode_widths_runs_the_next_ones_kernel_on_padded_r
     seen = []
     forward = SparseLinear.forward
     monkeypatch.setattr(SparseLinear, "forward", lambda self, x: seen.append(tuple(x.shape)) or forward(self, x))
-    monkeypatch.setattr(DecodeLinear, "dense_weight", lambda self, x=None: linear.weight)
     x = torch.randn(2, 2, 32)
     with torch.no_grad():
         want = linear(x)
+        assert torch.allclose(layer(x), want, atol=1e-6) and torch.allclose(layer(x[:1, :1]), want[:1, :1], atol=1e-6)
+        assert seen == []
+    monkeypatch.setattr(DecodeLinear, "_runs_kernels", staticmethod(lambda x: True))
+    monkeypatch.setattr(DecodeLinear, "dense_weight", lambda self, x=None: linear.weight)
+    with torch.no_grad():
         assert torch.allclose(layer(x), want, atol=1e-6) and seen == [(8, 32)]
         assert torch.allclose(layer(x[:1, :1]), want[:1, :1], atol=1e-6) and seen[-1] == (1, 1, 32)
         prefill = torch.randn(3, 5, 32)
         assert torch.allclose(layer(prefill), linear(prefill), atol=1e-6) and len(seen) == 2
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("batch, length", [(1, 1), (4, 1), (8, 1), (4, 5)])
+def test_a_converted_model_traces_whole_at_decode_padded_and_prefill_widths(converted, monkeypatch, kernels, batch,
+                                                                            length):
+    """torch.compile traces every DecodeLinear's choice of path, at a decode width, one between them (batch 4 of
+    (1, 8)) and a prefill, with no graph break; `kernels`: as on a CUDA device (stubbed: the inner layers run
+    their CPU path)."""
+    _, model, _ = converted
+    model = copy.deepcopy(model)
+    if kernels:
+        monkeypatch.setattr(DecodeLinear, "_runs_kernels", staticmethod(lambda x: True))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(_ids(batch, length))
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+
+
+def test_a_gated_mlp_compiles_fullgraph_at_widths_around_its_fused_one(converted):
+    from sparseforge.nn import GatedDecodeMLP
+
+    _, model, _ = converted
+    wrapped = GatedDecodeMLP(copy.deepcopy(model.model.layers[0].mlp))
+    wrapped._fused_widths = frozenset({8})  # as fuse() leaves it where width 8 fused (on a GPU)
+    for n in (1, 4, 20):
+        x = torch.randn(1, n, SIZES["hidden_size"])
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = wrapped(x)
+            assert torch.allclose(torch.compile(wrapped, fullgraph=True, backend="eager")(x), want, atol=1e-6)
+
+
+def test_a_decode_linear_compiles_fullgraph_at_a_padded_width_and_a_prefill(monkeypatch):
+    from sparseforge.nn.llm import _next_width
+
+    assert [_next_width(frozenset({8, 1}), n) for n in (0, 1, 4, 8, 20)] == [1, 8, 8, None, None]
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16)
+    prune_model(linear, sparsity=0.7, keep_masks=False)
+    layer = DecodeLinear(SparseLinear.from_dense(linear, policy="sparse"), [1, 8])
+    monkeypatch.setattr(DecodeLinear, "_runs_kernels", staticmethod(lambda x: True))
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    for n in (3, 20):
+        x = torch.randn(n, 32)
+        with torch.no_grad():
+            assert torch.allclose(compiled(x), linear(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_values_being_trained_get_their_gradient_at_decode_padded_and_prefill_widths(monkeypatch, kernels):
+    """W's values requiring grad: at a decode width, a width between them and a prefill, values.grad is the
+    dense layer's weight gradient at the stored positions, step after step; `kernels`: the path a CUDA device
+    takes (stubbed: the inner layer's CPU path)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16).double()
+    prune_model(linear, sparsity=0.7, keep_masks=False)
+    layer = DecodeLinear(SparseLinear.from_dense(linear, policy="sparse"), [1, 8])
+    if kernels:
+        monkeypatch.setattr(DecodeLinear, "_runs_kernels", staticmethod(lambda x: True))
+    inner = layer.inner
+    stored = (torch.repeat_interleave(torch.arange(16), torch.diff(inner.weight_indptr)), inner.weight_indices.long())
+    values = inner.weight_values.requires_grad_(True)
+    optimizer = torch.optim.SGD([values], lr=0.1)
+    for n in (1, 3, 20, 1):
+        x = torch.randn(n, 32, dtype=torch.float64)
+        optimizer.zero_grad()
+        linear.zero_grad()
+        got = layer(x)
+        assert torch.allclose(got, linear(x))  # the values the last step left
+        got.square().sum().backward()
+        linear(x).square().sum().backward()
+        assert torch.allclose(values.grad, linear.weight.grad[stored])
+        optimizer.step()
+        with torch.no_grad():
+            linear.weight[stored] = values
+    assert inner._dense is None  # W made at each call, from the values of that step
+
+
+def test_generate_on_a_cpu_leaves_no_layer_a_dense_w_of_its_own(converted):
+    """Off a CUDA device every width runs dense from the shared workspace: after generate, no DecodeLinear's
+    inner layer holds a dense W (the converted model stays smaller than the dense one)."""
+    dense, model, _ = converted
+    model = copy.deepcopy(model)
+    decoders = [m for m in model.modules() if isinstance(m, DecodeLinear)]
+    assert len(decoders) == 14
+    for ids in (_ids(1, 6), _ids(4, 3, seed=2)):  # batch 1 (a decode width), batch 4 (between)
+        assert torch.equal(_greedy(model, ids, new=3), _greedy(dense, ids, new=3))
+    assert all(m.inner._dense is None for m in decoders)
+
+
+def test_converting_a_converted_model_again_is_refused_naming_its_widths_and_the_fix(converted):
+    from sparseforge.nn.llm import convert_causal_lm
+
+    _, model, _ = converted
+    for convert in (lambda: sparseforge.convert(model, tokens=(1, 4), policy="sparse", progress=False),
+                    lambda: sparseforge.convert(model, policy="sparse", progress=False),
+                    lambda: convert_causal_lm(model, tokens=(1, 8), policy="dense", progress=False)):
+        with pytest.raises(ValueError, match=r"already converted for decoding \(decode widths \[1, 8\]\).*"
+                                             r"convert the dense model \(reload it\).*sparseforge.prepare"):
+            convert()
+    assert all(m.kernel_widths == {1, 8} for m in model.modules() if isinstance(m, DecodeLinear))
 
 
 @pytest.mark.parametrize("delta_runs_at_8, dense_us, switched", [(20.5, (20.0, 28.0), True), (25.0, (20.0, 28.0), False),

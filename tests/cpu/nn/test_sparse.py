@@ -567,3 +567,38 @@ def test_a_cast_of_every_tensor_is_refused_before_it_reaches_the_csr_indices():
     with pytest.raises(TypeError, match=r"CSR indices too.*\.to\(dtype\)"):
         layer.type(torch.DoubleTensor)
     assert torch.equal(layer.weight_indices, indices) and layer.weight_values.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv", "conv channels_last"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_values_being_trained_get_the_dense_layers_gradient_step_after_step(kind, compiled):
+    """W's values requiring grad (the dense path): W is made from them at each call, where autograd sees it,
+    and never kept (each step changes them), so values.grad is the dense layer's weight gradient at the stored
+    positions, after an optimizer step too; eagerly and under torch.compile."""
+    if kind == "linear":
+        dense = _pruned(nn.Linear(24, 10), 0.4, seed=7).double()
+        layer = SparseLinear.from_dense(dense)
+        shape = (5, 24)
+    else:
+        dense = _pruned(nn.Conv2d(4, 6, 3, padding=1), 0.4, seed=7).double()
+        layer = SparseConv2d.from_dense(dense)
+        shape = (2, 4, 7, 7)
+    layout = torch.channels_last if kind.endswith("channels_last") else torch.contiguous_format
+    rows, cols = layer._shape2d
+    stored = (torch.repeat_interleave(torch.arange(rows), torch.diff(layer.weight_indptr)), layer.weight_indices.long())
+    values = layer.weight_values.requires_grad_(True)
+    optimizer = torch.optim.SGD([values], lr=0.1)
+    run = torch.compile(layer, backend="aot_eager") if compiled else layer
+    for _ in range(3):
+        x = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=layout)
+        optimizer.zero_grad()
+        dense.zero_grad()
+        got = run(x)
+        assert torch.allclose(got, dense(x))  # the values the last step left
+        got.square().sum().backward()
+        dense(x).square().sum().backward()
+        assert torch.allclose(values.grad, dense.weight.grad.reshape(rows, cols)[stored])
+        optimizer.step()
+        with torch.no_grad():
+            dense.weight.view(rows, cols)[stored] = values
+    assert layer._dense is None and layer._dense_in_layout is None

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -141,9 +143,14 @@ def test_state_dict_entries_that_cannot_be_pruned_are_skipped_with_the_reason():
 
 
 def test_weights_without_rows_are_skipped_rather_than_crash():
+    from sparseforge.prune import NothingSelectedError
+
     for kwargs in ({"sparsity": 0.5}, {"nm": "2:4"}, {"sparsity": 0.5, "scope": "global"}):
-        _, report = prune_state_dict({"a.weight": torch.zeros(0, 8)}, **kwargs)
-        assert not report.layers and "holds no values (shape 0x8)" in report.skipped[0].reason
+        _, report = prune_state_dict({"a.weight": torch.zeros(0, 8), "b.weight": torch.ones(4, 8)}, **kwargs)
+        assert [p.name for p in report.layers] == ["b.weight"]
+        assert "holds no values (shape 0x8)" in report.skipped[0].reason
+        with pytest.raises(NothingSelectedError, match=r"holds no values \(shape 0x8\)"):  # nothing else to prune
+            prune_state_dict({"a.weight": torch.zeros(0, 8)}, **kwargs)
 
 
 @pytest.mark.parametrize("layer", [nn.Linear(16, 8), nn.Conv2d(4, 8, 3)])
@@ -181,3 +188,32 @@ def test_float8_weights_are_skipped_with_the_reason(dtype):
 def test_minus_zero_sparsity_is_labelled_zero():
     _, report = prune_state_dict({"fc.weight": torch.randn(4, 8)}, sparsity=-0.0)
     assert report.method == "magnitude 0 (layer)"
+
+
+@pytest.mark.parametrize("model, kwargs, message", [
+    (Net(), {"include": "zzz"}, r"include matched no layer: 'zzz' is found in none of the names of the 3 "
+                                r"Linear / Conv2d layers \(conv, odd, fc\)"),
+    (Net(), {"include": lambda name, module: False}, "include matched no layer: it returned False for each of the 3"),
+    (Net(), {"exclude": "."}, "exclude matched every layer there is to prune"),
+    (Net(), {"include": "fc", "exclude": "f"}, "include and exclude together leave no layer to prune"),
+    (nn.Sequential(nn.ReLU()), {}, "the model has no nn.Linear or nn.Conv2d layer: nothing to prune"),
+    (nn.Sequential(nn.Embedding(4, 8)), {}, r"nothing to prune \(its modules with weights are Embedding\)"),
+    (nn.Sequential(nn.Linear(4, 4).to(torch.float8_e4m3fn)), {}, "every layer is skipped .*not one pruning ranks"),
+])
+def test_a_model_left_with_no_layer_to_prune_is_refused_with_the_reason(model, kwargs, message):
+    from sparseforge.prune import NothingSelectedError
+
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(NothingSelectedError, match=message):
+        prune_model(model, sparsity=0.5, **kwargs)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_state_dict_left_with_no_tensor_to_prune_is_refused_with_the_reason():
+    from sparseforge.prune import NothingSelectedError
+
+    state = {"fc.weight": torch.randn(4, 8), "fc.bias": torch.randn(4)}
+    with pytest.raises(NothingSelectedError, match="include matched no tensor: 'zzz'.*weights that can be pruned"):
+        prune_state_dict(state, sparsity=0.5, include="zzz")
+    with pytest.raises(NothingSelectedError, match=r"no tensor is a 2-D or 4-D .*\(fc.bias: not a weight"):
+        prune_state_dict({"fc.bias": torch.randn(4)}, sparsity=0.5)

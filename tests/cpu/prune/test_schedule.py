@@ -47,6 +47,7 @@ def test_gradual_pruning_during_training_reaches_target_and_masks_hold():
     ({"scope": "model"}, ValueError, "scope must be one of"),
     ({"include": "("}, ValueError, "include '\\(' is not a valid regular expression"),
     ({"importance": 3}, TypeError, "importance must be a callable"),
+    ({"include": "zzz"}, ValueError, "include matched no layer"),
 ])
 def test_bad_pruner_arguments_are_refused_at_construction(kwargs, error, message):
     args = {"final_sparsity": 0.5, "begin_step": 0, "end_step": 10, **kwargs}

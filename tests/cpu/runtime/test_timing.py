@@ -52,10 +52,36 @@ class _FakeCuda:
             def elapsed_time(self, other):
                 return cuda.elapsed.pop(0)
 
-        self.Event = Event
+        class Stream:
+            made = 0
+
+            def __init__(self, name=None):
+                if name is None:
+                    Stream.made += 1
+                self.name = name or f"own{Stream.made}"
+
+            def wait_stream(self, other):
+                cuda.waits.append((self.name, other.name))
+
+        class use_stream:
+            def __init__(self, stream):
+                self.stream = stream
+
+            def __enter__(self):
+                self.before, cuda.current = cuda.current, self.stream
+
+            def __exit__(self, *exc):
+                cuda.current = self.before
+
+        self.Event, self.Stream, self.stream = Event, Stream, use_stream
+        self.current, self.waits, self.sleep_streams = Stream("caller"), [], []
+
+    def current_stream(self):
+        return self.current
 
     def _sleep(self, cycles):
         self.sleeps.append(cycles)
+        self.sleep_streams.append(self.current.name)
         self.log.append(("stream", "sleep"))
 
 
@@ -69,6 +95,8 @@ def fake_cuda(monkeypatch):
         fake = _FakeCuda(released, elapsed)
         monkeypatch.setattr(torch.cuda, "Event", fake.Event)
         monkeypatch.setattr(torch.cuda, "_sleep", fake._sleep, raising=False)
+        for name in ("Stream", "stream", "current_stream"):
+            monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
         monkeypatch.setattr(timing, "_clock_khz", lambda: 1_000_000.0)  # 1 GHz: 1000 cycles a microsecond
         return fake
     return install
@@ -83,6 +111,20 @@ def test_a_held_sample_is_asked_about_after_its_stop_event_and_before_waiting_fo
     # stop is waited for: afterwards every spin has ended and every sample would be dropped)
     assert fake.log == [("stream", "sleep"), ("released", "record"), ("timed", "record"), ("graph", "replay"),
                         ("timed", "record"), ("released", "query"), ("timed", "synchronize")]
+
+
+def test_a_held_measurement_runs_on_a_stream_of_its_own_ordered_after_and_before_the_callers(fake_cuda):
+    from sparseforge.runtime.timing import _median_of
+
+    # another thread's work on the default stream must not queue behind the spin (nor the spin behind it)
+    fake = fake_cuda(released=[False, False], elapsed=[1.0, 2.0])
+    _median_of(lambda: None, repeats=2, hold=True)
+    assert fake.sleep_streams == ["own1", "own1"]
+    assert fake.waits == [("own1", "caller"), ("caller", "own1")]  # inputs ready first, results seen after
+    assert fake.current.name == "caller"
+    fake = fake_cuda(released=[False], elapsed=[1.0])
+    _median_of(lambda: None, repeats=1, hold=True, own_stream=False)
+    assert fake.sleep_streams == ["caller"]
 
 
 def test_a_held_sample_the_hold_did_not_cover_is_dropped_and_the_hold_doubles_and_stays(fake_cuda):
