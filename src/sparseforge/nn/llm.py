@@ -299,8 +299,8 @@ class GatedDecodeMLP(nn.Module):
     """A decoder layer's MLP, down(silu(gate(x)) * up(x)), whose gate and up projections run as one gated kernel
     (sparseforge.compile_gated_mlp: one launch, X read once, silu and the product in its epilogue) at the decode
     widths where both run kernels of a family that has one (delta-runs; bitmap-tc at N >= 8) with one config
-    (a width between them on the next wider one's kernel, its rows padded with zeros); every other call runs the
-    MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own
+    (a width between decode widths where the projections would pad it to a fused one: that gated kernel, its
+    rows padded with zeros); every other call runs the MLP as it was. gate_proj, up_proj, down_proj and act_fn are the wrapped MLP's own
     modules, under their names (the state dict is the MLP's). fuse() builds the gated kernels from the two
     layers' kernels, sharing their arrays (nothing copied); after a move to another device, a cast or a copy the
     MLP runs unfused until fuse() is called again (convert and load call it)."""
@@ -371,9 +371,7 @@ class GatedDecodeMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel() // x.shape[-1] if x.dim() else 0
-        # a width between fused ones runs the next wider gated kernel on zero rows beyond the tokens, as the
-        # projections' DecodeLinear would run their kernels (rows are independent)
-        width = n if n in self._fused_widths else _next_width(self._fused_widths, n)
+        width = self._gated_width(n)
         if width is not None and n and x.is_cuda and not self._records_grad(x):
             rows = x.reshape(n, x.shape[-1])
             if width > n:
@@ -386,6 +384,18 @@ class GatedDecodeMLP(nn.Module):
             if kernel is not None:
                 return self.down_proj(self._run(kernel, rows)[:n].view(*x.shape[:-1], self.up_proj.out_features))
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def _gated_width(self, n: int) -> int | None:
+        """The fused width a call on n tokens runs the gated kernel at, or None (the projections apart): the
+        width the projections' DecodeLinears would run n at (n itself, or the next wider of their kernel widths,
+        its rows padded with zeros: rows are independent), where that width is fused. A width the projections
+        run kernels at but did not fuse keeps its own kernels, not a wider gated one."""
+        gate, up = self.gate_proj, self.up_proj
+        if not (isinstance(gate, DecodeLinear) and isinstance(up, DecodeLinear)):
+            return None
+        own = gate.kernel_widths & up.kernel_widths
+        width = n if n in own else _next_width(own, n)
+        return width if width in self._fused_widths else None
 
     def gated_forward(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate(x)) * up(x): by the gated kernel of x's token count where it still stands, else the two
@@ -568,7 +578,7 @@ def convert_causal_lm(model: nn.Module, tokens=(1,), dtype=None, include: LayerF
     report = CausalLMReport(tokens=tokens, skipped=skipped, memory_before_bytes=model_bytes(model),
                             linear_bytes_before=linear_bytes(model, names))
     keys = {name: _group_key(model.get_submodule(name)) for name in names}
-    firsts = list({key: name for name, key in reversed(keys.items())}.values())[::-1]
+    firsts = first_of_each_group(keys)
     decided: dict = {}  # group key -> (the measured layer's LayerReport, its kernel widths, its configs)
     gpu = gpu_identity(device) if policy == "measure" else None
     if policy == "measure":  # a group decided by an earlier conversion on this GPU is not measured again
@@ -656,6 +666,16 @@ def _group_key(linear: nn.Linear) -> tuple:
 def _group(key: tuple) -> tuple:
     """A group key without the exact sparsity: layers alike in shape, bias, dtype and sparsity bucket."""
     return key[:3] + key[4:]
+
+
+def first_of_each_group(keys: dict) -> list:
+    """The first name of each group among `keys` (name -> _group_key), in their order: the layers measured (and
+    their candidates prebuilt) for their groups. By group, not by the whole key: layers pruned globally differ
+    in exact sparsity, and each would otherwise be measured and prebuilt as a group of its own."""
+    firsts: dict = {}
+    for name, key in keys.items():
+        firsts.setdefault(_group(key), name)
+    return list(firsts.values())
 
 
 # -- group decisions kept on disk: a second conversion of a model of this shape measures nothing ----------------

@@ -700,6 +700,35 @@ def test_a_gated_mlp_compiles_fullgraph_at_widths_around_its_fused_one(converted
             assert torch.allclose(torch.compile(wrapped, fullgraph=True, backend="eager")(x), want, atol=1e-6)
 
 
+def test_a_gated_mlp_runs_the_width_its_projections_would_and_fused_only_where_that_width_fused(converted):
+    from sparseforge.nn import GatedDecodeMLP
+
+    _, model, _ = converted
+    wrapped = GatedDecodeMLP(copy.deepcopy(model.model.layers[0].mlp))
+    assert wrapped.gate_proj.kernel_widths == wrapped.up_proj.kernel_widths == frozenset({1, 8})
+    wrapped._fused_widths = frozenset({8})  # 8 fused, 1 not: one token keeps the projections' own kernels
+    assert [wrapped._gated_width(n) for n in (1, 4, 8, 20)] == [None, 8, 8, None]
+    wrapped._fused_widths = frozenset({1, 8})
+    assert [wrapped._gated_width(n) for n in (1, 4, 8, 20)] == [1, 8, 8, None]
+    wrapped._fused_widths = frozenset({1})  # 4 tokens run at 8 apart: not padded to a fused 1
+    assert [wrapped._gated_width(n) for n in (1, 4, 8, 20)] == [1, None, None, None]
+
+
+def test_each_group_is_measured_once_whatever_its_layers_exact_sparsity():
+    from sparseforge.nn.llm import _group_key, first_of_each_group
+
+    torch.manual_seed(0)
+    layers = {f"model.layers.{i}.mlp.up_proj": nn.Linear(64, 32, bias=False) for i in range(4)}
+    for i, layer in enumerate(layers.values()):  # globally pruned: 70.0%, 70.5%, 71.0%, 71.5%, one bucket
+        prune_model(layer, sparsity=0.70 + 0.005 * i, keep_masks=False)
+    other = nn.Linear(32, 64, bias=False)
+    prune_model(other, sparsity=0.7, keep_masks=False)
+    keys = {name: _group_key(layer) for name, layer in layers.items()}
+    keys["model.layers.0.mlp.down_proj"] = _group_key(other)
+    assert len({keys[name][3] for name in layers}) == 4  # the up projections' exact sparsities all differ
+    assert first_of_each_group(keys) == ["model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"]
+
+
 def test_a_decode_linear_compiles_fullgraph_at_a_padded_width_and_a_prefill(monkeypatch):
     from sparseforge.nn.llm import _next_width
 
