@@ -81,7 +81,8 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
     width n in `widths`, between the sparse kernels and dense (measuring on seeded random inputs), so that a
     later CUDA graph capture or latency-critical call finds every decision made. A converted LLM's
     DecodeLinears prepare their own decode widths instead (DecodeLinear.prepare: after a move or cast, what
-    conversion left them). Returns the decisions."""
+    conversion left them), and its GatedDecodeMLPs that a move left unfused fuse again from those kernels.
+    Returns the decisions."""
     import numbers
 
     # int() would read "16" as the widths 1 and 6, and 1.5 as 1: exact integers only
@@ -94,7 +95,7 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
     widths = sorted({int(n) for n in given})
     if not widths or widths[0] < 1:
         raise ValueError(f"widths must be positive input row counts, got {widths}")
-    from .llm import DecodeLinear  # here: nn.llm builds on this module
+    from .llm import DecodeLinear, GatedDecodeMLP  # here: nn.llm builds on this module
     from .sparse import SparseLinear
 
     made, decoders = [], [m for m in model.modules() if isinstance(m, DecodeLinear)]
@@ -103,6 +104,9 @@ def prepare(model: nn.Module, widths: Iterable[int], seed: int = 0) -> list[Deci
             raise ValueError("prepare needs the model on a CUDA device: call model.cuda() first")
         layer.prepare()
         made.extend(layer.decisions)
+    for mlp in model.modules():  # a move or cast unfused it (its kernels were the moved layers'): fused again
+        if isinstance(mlp, GatedDecodeMLP) and not mlp.fused_widths:
+            mlp.fuse()
     inside = {id(layer.inner) for layer in decoders}
     for module in model.modules():
         if id(module) in inside:

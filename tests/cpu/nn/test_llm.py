@@ -536,6 +536,24 @@ def test_prepare_of_a_converted_model_on_a_cpu_names_the_fix(converted):
         sparseforge.prepare(model, [1])
 
 
+def test_prepare_fuses_again_the_gated_mlps_a_move_left_unfused(converted, monkeypatch):
+    from sparseforge.nn import GatedDecodeMLP
+
+    _, model, _ = converted
+    model = copy.deepcopy(model)
+    for layer in model.model.layers:
+        layer.mlp = GatedDecodeMLP(layer.mlp)
+    model.model.layers[1].mlp._fused_widths = frozenset({1})  # still fused: left as it is
+    model.model.layers[1].mlp._fused = {1: ("a kernel", None, None)}
+    fused = []
+    # what a CUDA device would do, scripted: each layer prepared, each fuse() recorded
+    monkeypatch.setattr(SparseLinear, "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(DecodeLinear, "prepare", lambda self: None)
+    monkeypatch.setattr(GatedDecodeMLP, "fuse", lambda self: fused.append(self) or [1])
+    sparseforge.prepare(model, [1])
+    assert fused == [model.model.layers[0].mlp]
+
+
 def test_the_workspace_grows_to_the_largest_shape_and_keeps_a_buffer_a_capture_used(monkeypatch):
     from sparseforge.nn import llm
 
