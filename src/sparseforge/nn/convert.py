@@ -341,8 +341,7 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
         layer.reason = "policy='dense'"
         return layer, None
     if unpruned(sparsity):  # a sparse module of it would hold W twice over and run no faster
-        layer.reason = "nothing pruned: kept dense" if sparsity == 0 else \
-            f"{sparsity:.2%} zeros, under {_sparsity_bucket() / 2:.1%}: not pruned, kept dense"
+        layer.reason = unpruned_reason(sparsity)
         return layer, None
     if not is_linear and not _padding_taken(module):
         layer.reason = "padding the sparse convolution does not take: kept dense"
@@ -410,17 +409,22 @@ def measure_layer(name: str, module: nn.Module, input_shapes: list, policy: str,
     return layer, candidates.get(picked)
 
 
-def _sparsity_bucket() -> float:
-    from .llm import SPARSITY_BUCKET  # here: nn.llm builds on this module
-
-    return SPARSITY_BUCKET
+# Layers whose sparsity rounds to the same multiple of this share one measurement (nn.llm): at 32 layers of
+# magnitude-pruned weights every decoder Linear of one kind has the same sparsity, so the bucket only absorbs
+# rounding (per-row pruning of an odd width) and hand-edited weights. The lowest bucket is "not pruned".
+SPARSITY_BUCKET = 0.05
 
 
 def unpruned(sparsity: float) -> bool:
     """A weight with too few zeros to be a pruned one: its sparsity rounds to the lowest sparsity bucket (none,
-    or the stray zeros of random or 16-bit-rounded weights), where no sparse path pays. convert_causal_lm's
-    bound."""
-    return round(sparsity / _sparsity_bucket()) == 0
+    or the stray zeros of random or 16-bit-rounded weights), where no sparse path pays."""
+    return round(sparsity / SPARSITY_BUCKET) == 0
+
+
+def unpruned_reason(sparsity: float) -> str:
+    """Why an unpruned layer stays dense, as the conversion reports say it."""
+    return "nothing pruned: kept dense" if sparsity == 0 else \
+        f"{sparsity:.2%} zeros, under {SPARSITY_BUCKET / 2:.1%}: not pruned, kept dense"
 
 
 def _padding_taken(conv: nn.Conv2d) -> bool:

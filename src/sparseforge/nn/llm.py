@@ -42,16 +42,13 @@ from ..semi.cusparselt import Sparse24Error, check_weight
 from ..semi.runtime import check_pinned
 from ..semi.decide import DENSE, SPARSE, UNSTRUCTURED
 from ..tune.choose import TUNE_BUDGET_S, tuning_budget
-from .convert import LayerReport, ModelReport, measure_layer, model_bytes, prebuild_layers
+from .convert import SPARSITY_BUCKET, LayerReport, ModelReport, measure_layer, model_bytes, prebuild_layers, \
+    unpruned_reason
 from .linear24 import SparseLinear24
 from .sparse import SparseLinear, SparseShapeError
 
 EXTRA = "pip install 'sparseforge[llm]'"
 TRANSFORMERS_RANGE = ((5, 17), (6, 0))  # what the llm extra pins: >= 5.17, < 6
-# Layers whose sparsity rounds to the same multiple of this share one measurement: at 32 layers of
-# magnitude-pruned weights every decoder Linear of one kind has the same sparsity, so the bucket only
-# absorbs rounding (per-row pruning of an odd width) and hand-edited weights.
-SPARSITY_BUCKET = 0.05
 _CANDIDATE = re.compile(r"model\.layers\.\d+\..+|lm_head")
 
 
@@ -967,8 +964,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         layer.reason = "policy='dense'"
         return layer, None
     if key[4] == 0:  # the lowest bucket: unpruned, or zeros a 16-bit cast made (no sparse path pays there)
-        layer.reason = "nothing pruned: kept dense" if sparsity == 0 else \
-            f"{sparsity:.2%} zeros, under {SPARSITY_BUCKET / 2:.1%}: not pruned, kept dense"
+        layer.reason = unpruned_reason(sparsity)
         return layer, None
     on_gpu = module.weight.is_cuda
     if policy == "sparse":
