@@ -33,7 +33,8 @@
 #                 128: conversion cold and warm, memory, one decode step each side, generate of 128 tokens
 #                 (benchmarks/llama_hf_decode.py; its phases' times in the log as they end; LLAMA_HF_S 560 unless set)
 #   llama_hf_b1   the same converted for batch 1 alone (a batch-1 deployment: one format a layer), 70%, 50%, then 2:4
-#                 (LLAMA_HF_PATTERNS picks some of them)
+#                 (LLAMA_HF_PATTERNS picks some of them; LLAMA_HF_DTYPE bfloat16 for bf16; LLAMA_HF_GENERATE 0 skips
+#                 generate)
 #   llama_hf_24   llama_hf_b1 for 2:4 alone, its decode step only (one conversion, no generate): the shortest 2:4 run
 #   generate_host  where the host's time goes in generate, dense against converted at 70% (the 8B widths, $GEN_LAYERS
 #                 layers, default 8; cProfile's top functions, sparseforge's calls a token: generate_host_profile.py)
@@ -201,8 +202,9 @@ stage() {
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 0.7,0.5 \
         --dtype float16 --batches 1 8 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_fp16.json" ;;
     llama_hf_b1)
-      STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns "${LLAMA_HF_PATTERNS:-0.7,0.5,2:4}" \
-        --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 --out "$OUT/llama_hf_b1_fp16.json" ;;
+      local dt=${LLAMA_HF_DTYPE:-float16}
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_b1_$dt python3 benchmarks/llama_hf_decode.py --layers 32 --patterns "${LLAMA_HF_PATTERNS:-0.7,0.5,2:4}" \
+        --dtype $dt --batches 1 --contexts 128 --generate ${LLAMA_HF_GENERATE:-128} --tune-budget 1 --out "$OUT/llama_hf_b1_$dt.json" ;;
     llama_hf_24)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_24_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 2:4 \
         --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --no-warm --out "$OUT/llama_hf_24_fp16.json" ;;
