@@ -16,6 +16,8 @@ same pruned model run dense by the same transformers code:
   the prompt's prefill, subtracted: prefill runs dense on the converted side, W written from the kernels' copies),
   the GPU's own time and kernels a decode token (CUPTI; the rest of the wall time a token is the GPU waiting
   on the host's loop), and whether the tokens equal the dense model's;
+  --deferred-stop: with transformers' deferred stop check on the GPU too, so that the host never waits on a
+  token's stop flag;
 - correctness: each step's logits against the same pruned model's in float32 (a copy of it, run the same
   way): the converted model's error at most ERROR_FACTOR times the dense 16-bit model's own (float32 runs:
   against the dense model, within 2e-2).
@@ -34,6 +36,7 @@ CPU path), eager steps timed by the wall clock; it checks the script, not the ke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import copy
 import datetime
@@ -75,6 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--memory-slack", type=float, default=0.0,
                         help="convert with memory_slack: the share of a layer's decode time it may give for fewer "
                              "bytes of W (e.g. 0.07)")
+    parser.add_argument("--deferred-stop", action="store_true",
+                        help="generate with transformers' DeferredStopCheck on every device (it reads the stop flag "
+                             "a step late, so the host never waits on the GPU a token; transformers enables it on "
+                             "MPS only); needs a transformers that has it")
     parser.add_argument("--tiny", action="store_true", help="a small Llama on the CPU: checks the script")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -90,6 +97,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--layers, --batches and --contexts must be positive, --generate >= 0")
     if not args.tiny and not torch.cuda.is_available():
         parser.error("the full benchmark needs a CUDA GPU; --tiny runs a small model on the CPU")
+    if args.deferred_stop and args.tiny:
+        parser.error("--deferred-stop runs on a GPU (transformers' deferred check records device events, which "
+                     "the CPU lacks); drop --tiny or --deferred-stop")
     return args
 
 
@@ -226,6 +236,34 @@ def linears_us(model, names: list[str], batch: int, device) -> float:
     return step_us(run, device, f"decoder Linears b{batch}")
 
 
+@contextlib.contextmanager
+def stop_check_deferred(enabled: bool):
+    """Within it, transformers' generate defers its stop check (DeferredStopCheck: the flag copied without a
+    sync and read a step later, one extra step undone) on any device, where its own rules (the cache can be
+    cropped back) allow it as on MPS. Without that, each token's `unfinished_sequences.max() == 0` blocks the
+    host until the GPU has finished the step, and the GPU then idles through the host's loop."""
+    if not enabled:
+        yield
+        return
+    import transformers
+    from transformers.generation import utils
+
+    checker = getattr(utils, "DeferredStopCheck", None)
+    if checker is None or not isinstance(inspect.getattr_static(checker, "is_supported", None), staticmethod):
+        raise SystemExit(f"--deferred-stop needs transformers' DeferredStopCheck (5.25 has it); transformers "
+                         f"{transformers.__version__} has none: upgrade it, or run without --deferred-stop")
+    original = inspect.getattr_static(checker, "is_supported")
+
+    def is_supported(device, *args, **kwargs):  # transformers' rules, with the device check passed as MPS
+        return original.__func__(torch.device("mps"), *args, **kwargs)
+
+    checker.is_supported = staticmethod(is_supported)
+    try:
+        yield
+    finally:
+        checker.is_supported = original
+
+
 def generate(model, batch: int, args, device) -> dict:
     """A greedy generate of args.generate tokens after one warm-up call: its seconds, those of the prefill
     (the same generate of 1 token), and the tokens.
@@ -238,7 +276,8 @@ def generate(model, batch: int, args, device) -> dict:
 
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(0, model.config.vocab_size, (batch, min(args.contexts)), generator=generator).to(device)
-    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + args.generate)
+    # one slot beyond the tokens: a deferred stop check runs one step more before undoing it
+    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + args.generate + 1)
     options = {"do_sample": False, "attention_mask": torch.ones_like(prompt), "pad_token_id": 0,
                cache_argument(model): cache}
 
@@ -246,7 +285,8 @@ def generate(model, batch: int, args, device) -> dict:
         cache.reset()
         sync(device)
         started = time.perf_counter()
-        tokens = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **options)
+        with stop_check_deferred(args.deferred_stop):
+            tokens = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, **options)
         sync(device)
         return time.perf_counter() - started, tokens
 

@@ -36,6 +36,9 @@
 #                 (LLAMA_HF_PATTERNS picks some of them; LLAMA_HF_DTYPE bfloat16 for bf16; LLAMA_HF_GENERATE 0 skips
 #                 generate)
 #   llama_hf_24   llama_hf_b1 for 2:4 alone, its decode step only (one conversion, no generate): the shortest 2:4 run
+#   llama_hf_deferred  llama_hf_b1 at 70% (LLAMA_HF_PATTERNS) whose generate defers transformers' stop check on the
+#                 GPU too (--deferred-stop: no host sync a token); where the image's transformers lacks the check,
+#                 the wheels in .whl/transformers/ (transformers 5.25 and the versions it needs) for this stage alone
 #   generate_host  where the host's time goes in generate, dense against converted at 70% (the 8B widths, $GEN_LAYERS
 #                 layers, default 8; cProfile's top functions, sparseforge's calls a token: generate_host_profile.py)
 #   llama_hf_fused  llama_hf_b1 at 70% with fuse_mlp: each MLP's gate and up in one gated kernel
@@ -208,6 +211,19 @@ stage() {
     llama_hf_24)
       STEP_S=${LLAMA_HF_S:-560} run llama_hf_24_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 --patterns 2:4 \
         --dtype float16 --batches 1 --contexts 128 --generate 0 --tune-budget 1 --no-warm --out "$OUT/llama_hf_24_fp16.json" ;;
+    llama_hf_deferred)
+      # the image's transformers may lack DeferredStopCheck: then this stage alone imports the carried wheels
+      local saved=$PYTHONPATH path=$PYTHONPATH
+      if ! python3 -c "from transformers.generation.utils import DeferredStopCheck" 2>/dev/null && \
+          ls .whl/transformers/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_tf \
+          .whl/transformers/*.whl && path=/tmp/site_tf:$PYTHONPATH
+      fi
+      export PYTHONPATH=$path
+      STEP_S=${LLAMA_HF_S:-560} run llama_hf_deferred_fp16 python3 benchmarks/llama_hf_decode.py --layers 32 \
+        --patterns "${LLAMA_HF_PATTERNS:-0.7}" --dtype float16 --batches 1 --contexts 128 --generate 128 --tune-budget 1 \
+        --no-warm --deferred-stop --out "$OUT/llama_hf_deferred_fp16.json"
+      export PYTHONPATH=$saved ;;
     generate_host)
       run generate_host_profile python3 benchmarks/generate_host_profile.py "$OUT/generate_host_profile.json" \
         --layers ${GEN_LAYERS:-8} --tokens 64 ;;

@@ -91,3 +91,40 @@ def test_two_four_paths_counts_each_widths_paths_over_the_2of4_layers():
     model = nn.Sequential(layer({1: ("dense", "2:4-gemv")}), layer({1: ("dense", "2:4-gemv"), 8: ("2:4", "2:4")}),
                           nn.Linear(16, 16))
     assert script.two_four_paths(model) == {"1: dense / 2:4-gemv": 2, "8: 2:4 / 2:4": 1}
+
+
+def test_deferred_stop_passes_transformers_rule_off_mps_and_restores_it(capsys):
+    """stop_check_deferred: within it, DeferredStopCheck.is_supported answers as on MPS (its own rules: a cache
+    it can crop back, never for an assistant model) on a CUDA device too, and its rule is back after; a
+    transformers without the check stops the run naming the version and the fix; on the CPU (--tiny) the flag
+    is refused before any work (the check records device events)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers.generation import utils
+
+    spec = importlib.util.spec_from_file_location("llama_hf_decode", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit):
+        script.parse_args(["--tiny", "--deferred-stop"])
+    assert "runs on a GPU" in capsys.readouterr().err
+    checker = getattr(utils, "DeferredStopCheck", None)
+    if checker is None:
+        with pytest.raises(SystemExit, match="DeferredStopCheck"), script.stop_check_deferred(True):
+            pass
+        return
+    original = checker.__dict__["is_supported"]
+
+    class Cache:
+        is_croppable = True
+
+    cuda = torch.device("cuda")
+    assert not checker.is_supported(cuda, Cache(), True, is_assistant=False)
+    with script.stop_check_deferred(True):
+        assert checker.is_supported(cuda, Cache(), True, is_assistant=False)
+        assert not checker.is_supported(cuda, Cache(), True, is_assistant=True)
+        Cache.is_croppable = False
+        assert not checker.is_supported(cuda, Cache(), True, is_assistant=False)  # returned, not croppable
+    assert checker.__dict__["is_supported"] is original
+    with script.stop_check_deferred(False):
+        assert checker.__dict__["is_supported"] is original
