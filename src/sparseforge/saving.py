@@ -52,8 +52,7 @@ def _record(module: nn.Module) -> dict | None:
     from .tune.pipeline import config_record
 
     if isinstance(module, DecodeLinear):
-        return {"class": "DecodeLinear", "kernel_widths": sorted(module.kernel_widths),
-                "decode_widths": sorted(module.decode_widths), "inner": _record(module.inner)}
+        return {"class": "DecodeLinear", "kernel_widths": sorted(module.kernel_widths), "inner": _record(module.inner)}
     if isinstance(module, SparseLinear):
         return {"class": "SparseLinear", "in_features": module.in_features, "out_features": module.out_features,
                 "bias": module.bias is not None, "dtype": _dtype_name(module.weight_values.dtype), "nnz": module.nnz,
@@ -87,7 +86,7 @@ def _build(record: dict, device) -> nn.Module:
         # its decode widths were decided at conversion; the inner layer keeps its policy: the first layer of a
         # shape was measured ("measure": the kernel cache holds that choice with its times, so it is looked up,
         # not timed again), the others run its kernel configs (pinned: compiled, never timed)
-        return DecodeLinear(_build(record["inner"], device), record["kernel_widths"], record.get("decode_widths"))
+        return DecodeLinear(_build(record["inner"], device), record["kernel_widths"])
     dtype = getattr(torch, record["dtype"])
     if kind == "SparseLinear":
         layer = SparseLinear(record["in_features"], record["out_features"], record["bias"], record["nnz"], device,

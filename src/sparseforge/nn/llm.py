@@ -162,9 +162,8 @@ class DecodeLinear(nn.Module):
     (x.numel() / in_features, decided at conversion) run on `inner` (a SparseLinear: the generated kernels; or a
     SparseLinear24: 2:4 on Sparse Tensor Cores); a width below the largest of them runs on the next larger one's
     kernel, its input padded with zero rows (rows are independent, and a decode kernel's time is W's bytes, not
-    the tokens: batch 4 on a model converted for (1, 8) takes the 8-token kernel, nothing compiled or timed;
-    `decode_widths` are all the widths given at conversion, and one decided dense runs dense where the layer
-    keeps a dense W on the device anyway: kernel_width); wider inputs (the prefill), and every input off a CUDA device, run dense, W written into a workspace shared
+    the tokens: batch 4 on a model converted for (1, 8) takes the 8-token kernel, nothing compiled or timed);
+    wider inputs (the prefill), and every input off a CUDA device, run dense, W written into a workspace shared
     by every DecodeLinear of that shape (prefill is compute-bound: writing W is small beside the matmul, and no
     layer keeps a dense W): a SparseLinear's W scattered from its CSR buffers, a SparseLinear24's from its
     packed 2:4 copy (one kernel; prepare moved its dense weight to host memory: SparseLinear24.release_dense).
@@ -175,19 +174,13 @@ class DecodeLinear(nn.Module):
     csr, tc-scatter, bitmap-tc and delta-runs); otherwise each prefill copies the CSR buffers over, 6 bytes per nonzero in fp16 (21 GB
     for the decoder of a Llama-3-8B at 50%, on the order of a second per prefill over PCIe)."""
 
-    def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int],
-                 decode_widths: Iterable[int] | None = None):
+    def __init__(self, inner: SparseLinear | SparseLinear24, kernel_widths: Iterable[int]):
         super().__init__()
         if not isinstance(inner, (SparseLinear, SparseLinear24)):
             raise TypeError(f"inner must be a SparseLinear or SparseLinear24, got {type(inner).__name__}")
         self.inner = inner
         self.in_features, self.out_features = inner.in_features, inner.out_features
         self.kernel_widths = frozenset(int(n) for n in kernel_widths)
-        # every width given at conversion, the ones decided dense included (default: the kernel widths)
-        self.decode_widths = self.kernel_widths | frozenset(int(n) for n in (decode_widths or ()))
-
-    def __setstate__(self, state):
-        super().__setstate__({"decode_widths": state.get("kernel_widths", frozenset()), **state})  # pickled before
 
     @property
     def bias(self):
@@ -218,7 +211,7 @@ class DecodeLinear(nn.Module):
             n = x.numel() // self.in_features
             if n in self.kernel_widths:
                 return self.inner(x)
-            bucket = self.kernel_width(n)
+            bucket = _next_width(self.kernel_widths, n)
             if bucket is not None and n:  # within a decode width: its kernel on zero rows beyond the tokens
                 rows = F.pad(x.reshape(n, self.in_features), (0, 0, 0, bucket - n))
                 return self.inner(rows)[:n].view(*x.shape[:-1], self.out_features)
@@ -226,22 +219,6 @@ class DecodeLinear(nn.Module):
             return F.linear(x, self.dense_weight(x), self.bias)
         with _WORKSPACE_LOCK:
             return F.linear(x, self.dense_weight(x), self.bias)
-
-    def kernel_width(self, n: int) -> int | None:
-        """The kernel width n tokens run at on a CUDA device (n, or a wider one, the rows beyond n zero), or None:
-        dense. A width the conversion decided dense runs dense where the layer keeps a dense W on the device
-        anyway (a 2:4 layer where cuBLAS measured faster at some width), and so does a width that would pad up to
-        it; otherwise it runs the next wider kernel, as writing W into the shared workspace at each call is far
-        slower than any kernel. Wider than every decode width (prefill): None."""
-        if n in self.kernel_widths:
-            return n
-        if n < 1:
-            return None
-        inner = self.inner
-        if isinstance(inner, SparseLinear24) and not inner.dense_on_host:
-            width = n if n in self.decode_widths else _next_width(self.decode_widths, n)
-            return width if width in self.kernel_widths else None
-        return _next_width(self.kernel_widths, n)
 
     @staticmethod
     def _runs_kernels(x: torch.Tensor) -> bool:
@@ -413,8 +390,9 @@ class GatedDecodeMLP(nn.Module):
         gate, up = self.gate_proj, self.up_proj
         if not (isinstance(gate, DecodeLinear) and isinstance(up, DecodeLinear)):
             return None
-        width = gate.kernel_width(n)
-        return width if width is not None and width == up.kernel_width(n) and width in self._fused_widths else None
+        own = gate.kernel_widths & up.kernel_widths
+        width = n if n in own else _next_width(own, n)
+        return width if width in self._fused_widths else None
 
     def gated_forward(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate(x)) * up(x): by the gated kernel of x's token count where it still stands, else the two
@@ -1004,7 +982,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
                 inner.prepare(tokens)
                 layer.reason = "policy='sparse'"
             picked.setdefault(group, inner.kernel_configs())
-        return layer, DecodeLinear(inner, tokens, tokens)
+        return layer, DecodeLinear(inner, tokens)
     group = _group(key)
     if group not in decided:  # the group's first layer: timed
         measured, replacement = measure_layer(name, module, [tuple(s) for s in shapes], "measure", tune_budget)
@@ -1021,7 +999,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
             if measured.choice != DENSE:
                 measured.choice, measured.reason = DENSE, f"{measured.reason}, but at no decode width: kept dense"
             return measured, None
-        decode = DecodeLinear(replacement, widths, tokens)
+        decode = DecodeLinear(replacement, widths)
         if isinstance(replacement, SparseLinear24):
             decode.prepare()  # its widths are decided: this only drops the copies of W no chosen path reads
         return measured, decode
@@ -1040,7 +1018,7 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
         # the paths the group's first layer measured (the GEMV or cuSPARSELt, per width and mode), nothing timed
         inner = SparseLinear24.from_dense(module, policy="measure")
         inner.pin(configs)
-        replacement = DecodeLinear(inner, widths, tokens)
+        replacement = DecodeLinear(inner, widths)
         replacement.prepare()
         return layer, replacement
     # The measured layer's kernel configs, compiled for this layer's W: one measurement a group, nothing timed
@@ -1070,4 +1048,4 @@ def _convert_layer(module: nn.Linear, name: str, key: tuple, tokens: tuple, poli
                                             f"{sorted(d.n for d in refused)} tokens ({refused[0].reason}), where " \
                                             "a decoder layer keeps no dense W: kept dense"
         return layer, None
-    return layer, DecodeLinear(inner, own, tokens)
+    return layer, DecodeLinear(inner, own)

@@ -421,14 +421,13 @@ def test_2of4_and_decode_modules_save_and_load_with_their_widths(tmp_path):
     model = make()
     prune_model(model, nm="2:4", keep_masks=False)
     model[0] = SparseLinear24.from_dense(model[0], policy="sparse")
-    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [4], [1, 4])  # 1 token: dense measured faster
+    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [1, 4])
     x = torch.randn(4, 32).half()
     with torch.no_grad():
         want = model(x)
         loaded = sparseforge.load(sparseforge.save(model, tmp_path / "m"), model=make())
         assert isinstance(loaded[0], SparseLinear24) and loaded[0].policy == "sparse"
-        assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {4}
-        assert loaded[1].decode_widths == {1, 4}
+        assert isinstance(loaded[1], DecodeLinear) and loaded[1].kernel_widths == {1, 4}
         assert torch.equal(loaded(x), want)
 
 
@@ -445,7 +444,7 @@ def test_2of4_paths_pinned_or_measured_save_and_load_pinned(tmp_path):
     prune_model(model, nm="2:4", keep_masks=False)
     model[0] = SparseLinear24.from_dense(model[0])
     model[0].pin({1: (GEMV, GEMV)})
-    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [4], [1, 4])  # 1 token: dense measured faster
+    model[1] = DecodeLinear(SparseLinear24.from_dense(model[1]), [1, 4])
     model[1].inner.chosen_paths = lambda: {4: (DENSE, SPARSE)}  # as a measured runtime reports them
     path = sparseforge.save(model, tmp_path / "m")
     loaded = sparseforge.load(path, model=make())
@@ -686,40 +685,6 @@ def test_a_width_between_the_decode_widths_runs_the_next_ones_kernel_on_padded_r
         assert torch.allclose(layer(x[:1, :1]), want[:1, :1], atol=1e-6) and seen[-1] == (1, 1, 32)
         prefill = torch.randn(3, 5, 32)
         assert torch.allclose(layer(prefill), linear(prefill), atol=1e-6) and len(seen) == 2
-
-
-def test_a_width_decided_dense_runs_dense_where_the_layer_keeps_its_dense_w_and_pads_up_where_not():
-    """tokens=(1, 8, 16) where one token measured dense: a 2:4 layer keeping its dense W on the device runs 1
-    token (and nothing wider) dense, not padded into the 8-token kernel, while 2-8 tokens pad up to 8; a layer
-    keeping no dense W (unstructured, or 2:4 whose W is in host memory) pads 1 token into the 8-token kernel,
-    as writing W into the shared workspace at each token is far slower than any kernel."""
-    from sparseforge.nn import GatedDecodeMLP, SparseLinear24
-
-    torch.manual_seed(0)
-    linear = nn.Linear(32, 16).half()
-    prune_model(linear, nm="2:4", keep_masks=False)
-    two_four = DecodeLinear(SparseLinear24.from_dense(linear), [8, 16], [1, 8, 16])
-    assert not two_four.inner.dense_on_host
-    assert [two_four.kernel_width(n) for n in (0, 1, 2, 8, 9, 16, 17)] == [None, None, 8, 8, 16, 16, None]
-    two_four.decode_widths = frozenset({1, 4, 16})  # 4 decided dense too: 2-4 tokens run dense, 5-16 pad to 16
-    assert [two_four.kernel_width(n) for n in (1, 2, 4, 5, 16)] == [None, None, None, 16, 16]
-    unstructured = DecodeLinear(SparseLinear.from_dense(linear, policy="sparse"), [8, 16], [1, 8, 16])
-    assert [unstructured.kernel_width(n) for n in (0, 1, 8, 9, 17)] == [None, 8, 8, 16, None]
-    assert DecodeLinear(SparseLinear.from_dense(linear, policy="sparse"), [8]).decode_widths == {8}
-    state = unstructured.__getstate__()
-    del state["decode_widths"]  # pickled before decode widths were kept: its kernel widths stand for them
-    old = DecodeLinear.__new__(DecodeLinear)
-    old.__setstate__(state)
-    assert old.decode_widths == {8, 16} and old.kernel_width(1) == 8
-
-    class MLP(nn.Module):
-        def __init__(self, gate, up):
-            super().__init__()
-            self.gate_proj, self.up_proj, self.down_proj, self.act_fn = gate, up, nn.Identity(), nn.SiLU()
-
-    gated = GatedDecodeMLP(MLP(unstructured, two_four))
-    gated._fused_widths = frozenset({8, 16})
-    assert [gated._gated_width(n) for n in (1, 4, 8, 9)] == [None, None, 8, 16]  # 1 and 4: up runs dense
 
 
 @pytest.mark.parametrize("kernels", [True, False])
