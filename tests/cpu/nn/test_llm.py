@@ -21,6 +21,8 @@ from sparseforge.nn.llm import decoder_linear_names, require_transformers
 from sparseforge.prune import prune_model
 from sparseforge.saving import SavedModelError
 
+from .training import assert_trains_like_dense
+
 SIZES = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=4, max_position_embeddings=256)
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -778,19 +780,8 @@ def test_values_being_trained_get_their_gradient_at_decode_padded_and_prefill_wi
     inner = layer.inner
     stored = (torch.repeat_interleave(torch.arange(16), torch.diff(inner.weight_indptr)), inner.weight_indices.long())
     values = inner.weight_values.requires_grad_(True)
-    optimizer = torch.optim.SGD([values], lr=0.1)
-    for n in (1, 3, 20, 1):
-        x = torch.randn(n, 32, dtype=torch.float64)
-        optimizer.zero_grad()
-        linear.zero_grad()
-        got = layer(x)
-        assert torch.allclose(got, linear(x))  # the values the last step left
-        got.square().sum().backward()
-        linear(x).square().sum().backward()
-        assert torch.allclose(values.grad, linear.weight.grad[stored])
-        optimizer.step()
-        with torch.no_grad():
-            linear.weight[stored] = values
+    inputs = (torch.randn(n, 32, dtype=torch.float64) for n in (1, 3, 20, 1))
+    assert_trains_like_dense(layer, linear, values, stored, inputs)
     assert inner._dense is None  # W made at each call, from the values of that step
 
 

@@ -13,6 +13,8 @@ from sparseforge.mappings.csr.plan import CsrConfig
 from sparseforge.nn import SparseConv2d, SparseLinear, SparseShapeError
 from sparseforge.nn.sparse import TimedConfig
 
+from .training import assert_trains_like_dense
+
 
 def _pruned(module: nn.Module, density: float, seed: int = 0) -> nn.Module:
     g = torch.Generator().manual_seed(seed)
@@ -587,18 +589,7 @@ def test_values_being_trained_get_the_dense_layers_gradient_step_after_step(kind
     rows, cols = layer._shape2d
     stored = (torch.repeat_interleave(torch.arange(rows), torch.diff(layer.weight_indptr)), layer.weight_indices.long())
     values = layer.weight_values.requires_grad_(True)
-    optimizer = torch.optim.SGD([values], lr=0.1)
     run = torch.compile(layer, backend="aot_eager") if compiled else layer
-    for _ in range(3):
-        x = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=layout)
-        optimizer.zero_grad()
-        dense.zero_grad()
-        got = run(x)
-        assert torch.allclose(got, dense(x))  # the values the last step left
-        got.square().sum().backward()
-        dense(x).square().sum().backward()
-        assert torch.allclose(values.grad, dense.weight.grad.reshape(rows, cols)[stored])
-        optimizer.step()
-        with torch.no_grad():
-            dense.weight.view(rows, cols)[stored] = values
+    inputs = (torch.randn(shape, dtype=torch.float64).contiguous(memory_format=layout) for _ in range(3))
+    assert_trains_like_dense(run, dense, values, stored, inputs, as_matrix=lambda w: w.view(rows, cols))
     assert layer._dense is None and layer._dense_in_layout is None
