@@ -276,8 +276,8 @@ def generate(model, batch: int, args, device) -> dict:
 
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(0, model.config.vocab_size, (batch, min(args.contexts)), generator=generator).to(device)
-    # one slot beyond the tokens: a deferred stop check runs one step more before undoing it
-    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + args.generate + 1)
+    # a deferred stop check runs one step more before undoing it: a slot beyond the tokens for it
+    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + args.generate + args.deferred_stop)
     options = {"do_sample": False, "attention_mask": torch.ones_like(prompt), "pad_token_id": 0,
                cache_argument(model): cache}
 
